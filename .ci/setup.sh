@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Idempotent setup: Debian packages when absent, .venv, pinned Python deps.
+# Usage: .ci/setup.sh [demo|test]   ("test" adds slurm-wlm, munge and the test tools)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-demo}
+PY=${PYTHON:-python3}
+
+debs="pkg-config libopencv-dev libturbojpeg0-dev g++"
+[ "$what" = test ] && debs="$debs slurm-wlm munge"
+missing=""
+for p in $debs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  echo "[setup] installing Debian packages:$missing"
+  if [ "$(id -u)" != 0 ]; then echo "[setup] need root for apt-get install$missing" >&2; exit 1; fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+[ -x .venv/bin/python ] || { echo "[setup] creating .venv"; "$PY" -m venv .venv; }
+
+reqs="requirements.txt"
+[ "$what" = test ] && reqs="$reqs requirements-test.txt"
+stamp=".venv/.installed-$(cat $reqs | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "[setup] installing Python dependencies ($reqs)"
+  .venv/bin/pip install -q --upgrade pip wheel setuptools
+  # numpy, cython and pkgconfig first: ffcv's setup.py imports them at build time.
+  .venv/bin/pip install -q "numpy>=2.0,<2.5" cython pkgconfig
+  .venv/bin/pip install -q --no-build-isolation ffcv==1.0.2
+  args=""; for r in $reqs; do args="$args -r $r"; done
+  .venv/bin/pip install -q $args
+  .venv/bin/pip install -q --no-deps -e .
+  touch "$stamp"
+fi
+echo "[setup] ready ($what)"

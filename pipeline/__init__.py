@@ -1,0 +1,1 @@
+"""MoCo pretraining pipeline."""

@@ -1,0 +1,57 @@
+"""Photometric augmentation recipes, batched with per-sample randomness (kornia).
+
+The geometric part (random resized crop + flip) is fused with decoding in the loader; what
+is here runs on the training device on uint8 NCHW batches and returns normalised floats.
+"""
+from __future__ import annotations
+
+import kornia.augmentation as K
+import torch
+from torch import nn
+
+# Statistics of the embedded dataset are close enough to ImageNet's for normalisation.
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def _blur_kernel(crop_size: int) -> int:
+    k = max(3, int(0.1 * crop_size))  # ~10% of the image side, as in the papers
+    return k if k % 2 == 1 else k + 1
+
+
+def recipe(name: str, crop_size: int) -> nn.Module:
+    """``v1``: MoCo v1; ``v2``: aug+ of MoCo v2 / SimCLR; ``none``: normalisation only."""
+    k = _blur_kernel(crop_size)
+    if name == "v1":
+        ops = [K.RandomGrayscale(p=0.2), K.ColorJitter(0.4, 0.4, 0.4, 0.4, p=1.0)]
+    elif name == "v2":
+        ops = [K.ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8), K.RandomGrayscale(p=0.2),
+               K.RandomGaussianBlur((k, k), sigma=(0.1, 2.0), p=0.5)]
+    elif name == "none":
+        ops = []
+    else:
+        raise ValueError(f"unknown augmentation recipe '{name}' (v1, v2, none)")
+    return Photometric(ops)
+
+
+class Photometric(nn.Module):
+    """uint8 NCHW -> augmented, normalised float NCHW."""
+
+    def __init__(self, ops: list[nn.Module]):
+        super().__init__()
+        self.ops = K.AugmentationSequential(*ops) if ops else nn.Identity()
+        self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor(STD).view(1, 3, 1, 1))
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.float().div_(255.0)
+        x = self.ops(x)
+        return (x - self.mean) / self.std
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """uint8 NCHW -> normalised float NCHW, no augmentation (evaluation)."""
+    mean = torch.tensor(MEAN, device=images.device).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=images.device).view(1, 3, 1, 1)
+    return (images.float() / 255.0 - mean) / std

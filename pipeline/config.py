@@ -1,0 +1,115 @@
+"""One config, validated once: the JSON schema plus the cross-field rules it cannot express.
+
+The Snakefile validates the whole config at DAG build; each stage validates the sections it
+was given when run by hand. Errors name the key, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMA_PATH = REPO / "workflow" / "config" / "config.schema.yaml"
+DEFAULT_CONFIG = REPO / "workflow" / "config" / "config.yaml"
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; the message names the key and what is allowed."""
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Deep merge: dicts merge key by key, everything else replaces."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _schema_error(err: jsonschema.ValidationError, prefix: str = "") -> ConfigError:
+    key = ".".join(str(p) for p in err.absolute_path)
+    key = f"{prefix}{'.' if prefix and key else ''}{key}" or "<root>"
+    schema = err.schema if isinstance(err.schema, dict) else {}
+    allowed = []
+    for word in ("enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern", "type"):
+        if word in schema:
+            allowed.append(f"{word}={schema[word]}")
+    hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+    return ConfigError(f"config key '{key}': {err.message}{hint}")
+
+
+def validate_schema(instance: dict, schema: dict, prefix: str = "") -> None:
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise _schema_error(errors[0], prefix)
+
+
+def check_pretrain(p: dict, where: str = "pretrain") -> None:
+    """Cross-field rules of one pretraining cell."""
+    if p["method"] != "moco":
+        return
+    if p["K"] % p["batch_size"] != 0:
+        raise ConfigError(
+            f"{where}: K={p['K']} is not a multiple of the global batch size "
+            f"{p['batch_size']} (the queue is refilled whole batches at a time); "
+            f"use e.g. K={max(1, p['K'] // p['batch_size']) * p['batch_size']}")
+
+
+def check_dataset(d: dict) -> None:
+    if d["source"] == "imagefolder":
+        root = d.get("root")
+        if not root:
+            raise ConfigError("dataset.root: required when dataset.source is 'imagefolder'")
+        if not Path(root).expanduser().is_dir():
+            raise ConfigError(f"dataset.root: folder not found: {root}")
+
+
+def validate(cfg: dict) -> dict:
+    """Validate a whole workflow config; returns it unchanged."""
+    schema = load_schema()
+    validate_schema(cfg, schema)
+    check_dataset(cfg["dataset"])
+    check_pretrain(cfg["pretrain"])
+    return cfg
+
+
+def validate_sections(cfg: dict, sections: list[str]) -> dict:
+    """Validate the named sections of a config (what a stage run by hand was given)."""
+    schema = load_schema()
+    for name in sections:
+        if name not in cfg:
+            raise ConfigError(f"config section '{name}' is missing")
+        sub = schema["properties"][name]
+        if "$ref" in sub:
+            sub = schema["$defs"][sub["$ref"].split("/")[-1]]
+        validate_schema(cfg[name], {**sub, "$defs": schema["$defs"]}, prefix=name)
+    if "pretrain" in sections:
+        check_pretrain(cfg["pretrain"])
+    return cfg
+
+
+def load_stage_config(text_or_path: str, sections: list[str]) -> dict:
+    """A stage's --config argument: inline JSON or a YAML/JSON file path."""
+    text = text_or_path.strip()
+    cfg = json.loads(text) if text.startswith("{") else load_yaml(text)
+    if Path(text).suffix in (".yaml", ".yml") and set(cfg) - set(sections):
+        cfg = {k: cfg[k] for k in sections if k in cfg}
+    return validate_sections(cfg, sections)

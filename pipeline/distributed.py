@@ -1,0 +1,56 @@
+"""Process-group setup from torchrun's or SLURM's environment; one code path for all."""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    host: str = socket.gethostname()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _export_slurm_env() -> None:
+    """Inside an srun task with several tasks: derive RANK, WORLD_SIZE, MASTER_* from SLURM."""
+    if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return
+    from submitit.helpers import TorchDistributedEnvironment
+
+    TorchDistributedEnvironment().export(overwrite=True)
+
+
+def init() -> DistEnv:
+    """Initialise torch.distributed when several processes run (gloo on CPU, nccl on GPU)."""
+    _export_slurm_env()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    node = os.environ.get("SLURMD_NODENAME", socket.gethostname())
+    if world <= 1:
+        return DistEnv(host=node)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        torch.cuda.set_device(local)
+    return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local, host=node)
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,19 @@
+"""Frozen-backbone feature extraction over an FFCV split (evaluation view, no augmentation)."""
+from __future__ import annotations
+
+import torch
+
+from pipeline.augment import normalize
+from pipeline.data import eval_loader
+
+
+@torch.no_grad()
+def extract(backbone: torch.nn.Module, beton, crop_size: int, workers: int = 2, batch_size: int = 512,
+            threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features N x D, labels N) in file order."""
+    backbone.eval()
+    feats, labels = [], []
+    for images, y, _ in eval_loader(beton, batch_size, crop_size, workers=workers, threads=threads):
+        feats.append(backbone(normalize(images)))
+        labels.append(y.long().clone())
+    return torch.cat(feats), torch.cat(labels)

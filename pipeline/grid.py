@@ -1,0 +1,89 @@
+"""The ablation grid: a base cell plus sweeps, expanded to cells with stable, readable ids.
+
+A cell id lists only the parameters that differ from the base, in a fixed axis order, e.g.
+``base``, ``K=1024``, ``K=1024,m=0.9`` or ``method=random``. Identical cells reached from
+different sweeps get the same id, so they are one job.
+"""
+from __future__ import annotations
+
+import itertools
+
+import yaml
+
+from pipeline.config import ConfigError, check_pretrain, load_schema, merge, validate_schema
+
+AXES = ["method", "variant", "backbone", "width", "K", "m", "T", "epochs", "batch_size",
+        "lr", "aug", "dim", "seed"]
+BASE_ID = "base"
+
+
+def format_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def cell_id(base: dict, params: dict) -> str:
+    diffs = [f"{axis}={format_value(params[axis])}" for axis in AXES
+             if axis in params and params[axis] != base.get(axis)]
+    return ",".join(diffs) or BASE_ID
+
+
+def parse_cell_id(text: str) -> dict:
+    """``K=4096,m=0.99`` -> {"K": 4096, "m": 0.99}; ``base`` -> {}."""
+    text = str(text).strip()
+    if text in ("", BASE_ID):
+        return {}
+    out = {}
+    for part in text.split(","):
+        if "=" not in part:
+            raise ConfigError(f"cell '{text}': expected axis=value pairs separated by ',' ")
+        axis, value = part.split("=", 1)
+        if axis not in AXES:
+            raise ConfigError(f"cell '{text}': unknown axis '{axis}' (axes: {', '.join(AXES)})")
+        out[axis] = yaml.safe_load(value)
+    return out
+
+
+def _sweep_overrides(grid: dict) -> list[dict]:
+    overrides = [{}]
+    for axis, values in (grid.get("one_at_a_time") or {}).items():
+        overrides += [{axis: v} for v in values]
+    product = grid.get("product") or {}
+    if product:
+        axes = list(product)
+        overrides += [dict(zip(axes, combo)) for combo in itertools.product(*product.values())]
+    overrides += [{"method": b} for b in grid.get("baselines") or []]
+    return overrides
+
+
+def check_cell(cid: str, params: dict, schema: dict | None = None) -> None:
+    schema = schema or load_schema()
+    try:
+        validate_schema(params, {**schema["$defs"]["pretrain"], "$defs": schema["$defs"]},
+                        prefix="pretrain")
+        check_pretrain(params, where="pretrain")
+    except ConfigError as err:
+        raise ConfigError(f"ablation cell '{cid}' is impossible: {err}") from None
+
+
+def expand(cfg: dict) -> dict[str, dict]:
+    """All cells of the grid: id -> full pretrain parameters (validated)."""
+    base = cfg["pretrain"]
+    schema = load_schema()
+    cells: dict[str, dict] = {}
+    for override in _sweep_overrides(cfg.get("grid") or {}):
+        params = merge(base, override)
+        cid = cell_id(base, params)
+        check_cell(cid, params, schema)
+        cells.setdefault(cid, params)
+    return cells
+
+
+def cell_params(cfg: dict, cid: str) -> dict:
+    """Parameters of a cell given by id, whether or not it is in the declared grid."""
+    params = merge(cfg["pretrain"], parse_cell_id(cid))
+    check_cell(cid, params)
+    return params

@@ -1,0 +1,76 @@
+"""MoCo v1/v2: a query encoder, a momentum key encoder and a queue of keys.
+
+The paper's Algorithm 1, line for line, is ``MoCo.forward``.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from pipeline.moco.distributed import gather_all, shuffle_across_ranks, unshuffle_across_ranks
+from pipeline.moco.momentum import momentum_update
+from pipeline.moco.queue import KeyQueue
+
+
+def info_nce(q: torch.Tensor, k: torch.Tensor, negatives: torch.Tensor, T: float,
+             neg_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K+1)-way InfoNCE with the positive at index 0. Returns (loss, logits).
+
+    q, k: N x C (normalised); negatives: K x C; neg_mask: N x K, True = not a negative.
+    """
+    l_pos = (q * k).sum(dim=1, keepdim=True)                     # N x 1
+    l_neg = q @ negatives.T                                      # N x K
+    if neg_mask is not None:
+        l_neg = l_neg.masked_fill(neg_mask, float("-inf"))
+    logits = torch.cat([l_pos, l_neg], dim=1) / T
+    labels = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+    return F.cross_entropy(logits, labels), logits
+
+
+class MoCo(nn.Module):
+    """``encoder`` is the query encoder (backbone + head); its copy becomes the key encoder.
+
+    K: queue size; m: momentum of the key encoder; T: temperature; shuffle_bn: shuffle the
+    key batch across ranks around the key encoder (a no-op in one process, where the batch
+    statistics cannot leak across ranks anyway); mask_same_source: never use a key of the
+    query's own image (seen in an earlier epoch) as a negative.
+    """
+
+    def __init__(self, encoder: nn.Module, dim: int = 128, K: int = 65536, m: float = 0.999,
+                 T: float = 0.07, shuffle_bn: bool = True, mask_same_source: bool = False):
+        super().__init__()
+        self.m, self.T = m, T
+        self.shuffle_bn, self.mask_same_source = shuffle_bn, mask_same_source
+        self.encoder_q = encoder
+        self.encoder_k = copy.deepcopy(encoder)
+        for p in self.encoder_k.parameters():
+            p.requires_grad_(False)  # updated by the momentum rule only, never by gradients
+        self.queue = KeyQueue(K, dim)
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None):
+        """Returns (loss, logits); logits[:, 0] is the positive."""
+        q = F.normalize(self.encoder_q(im_q), dim=1)
+
+        with torch.no_grad():
+            momentum_update(self.encoder_k, self.encoder_q, self.m)
+            if self.shuffle_bn:
+                im_k, undo = shuffle_across_ranks(im_k)
+            k = F.normalize(self.encoder_k(im_k), dim=1)
+            if self.shuffle_bn:
+                k = unshuffle_across_ranks(k, undo)
+
+        mask = None
+        if self.mask_same_source and index is not None:
+            mask = index[:, None] == self.queue.source[None, :]
+        loss, logits = info_nce(q, k, self.queue.keys.clone(), self.T, mask)
+
+        if self.training:
+            if index is None:
+                index = torch.full((k.shape[0],), -1, dtype=torch.long, device=k.device)
+            self.queue.enqueue(gather_all(k), gather_all(index), self.step)
+            self.step += 1
+        return loss, logits

@@ -1,0 +1,215 @@
+"""The embedded default dataset: shapes on cluttered backgrounds, generated offline.
+
+Classification: ``cls/{train,val}/{class}/{i:05d}.png`` (ImageFolder layout), one shape per
+image with random position, scale, rotation, colour and background, so a class is its
+shape and nothing else. Detection: ``det/{train,val}/{i:05d}.png`` with several shapes per
+image and ``det/instances_{split}.json`` in COCO format.
+
+Each image has its own RNG seeded by (seed, split, class, index): the same seed gives
+byte-identical files whatever the order or the number of processes that write them.
+
+    python -m pipeline.synthetic --out results/data/synthetic --config '{"seed": 0, ...}'
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from pipeline.io import atomic_write_json, atomic_save_png
+
+CLASSES = ["disk", "square", "triangle", "diamond", "ring", "frame", "plus", "cross",
+           "bars", "checker"]
+SPLIT_IDS = {"train": 0, "val": 1}
+SUPERSAMPLE = 4  # draw at 4x and downsample: smooth edges, still deterministic
+
+DEFAULTS = dict(seed=0, image_size=32, train_per_class=260, val_per_class=60,
+                det_train_images=192, det_val_images=48, det_image_size=96)
+
+
+def _rgb(rng) -> tuple[int, int, int]:
+    return tuple(int(v) for v in rng.integers(0, 256, size=3))
+
+
+def _luma(c) -> float:
+    return (0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2]) / 255.0
+
+
+def _contrasting_colour(rng, background) -> tuple[int, int, int]:
+    for _ in range(100):
+        c = _rgb(rng)
+        if abs(_luma(c) - _luma(background)) > 0.25:
+            return c
+    return (255, 255, 255) if _luma(background) < 0.5 else (0, 0, 0)
+
+
+def _background(rng, size: int) -> tuple[np.ndarray, tuple]:
+    """A colour gradient plus pixel noise: a nuisance the encoder must learn to ignore."""
+    c0, c1 = np.array(_rgb(rng), float), np.array(_rgb(rng), float)
+    angle = rng.uniform(0, 2 * math.pi)
+    yy, xx = np.mgrid[0:size, 0:size] / max(size - 1, 1)
+    t = (np.cos(angle) * xx + np.sin(angle) * yy)
+    t = (t - t.min()) / max(t.max() - t.min(), 1e-6)
+    img = c0 * (1 - t[..., None]) + c1 * t[..., None]
+    img += rng.normal(0, 12, size=img.shape)
+    mean = tuple(int(v) for v in img.reshape(-1, 3).mean(0))
+    return np.clip(img, 0, 255).astype(np.uint8), mean
+
+
+def _polygon(cx, cy, r, n, rot):
+    return [(cx + r * math.cos(rot + 2 * math.pi * k / n), cy + r * math.sin(rot + 2 * math.pi * k / n))
+            for k in range(n)]
+
+
+def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx, cy, r, rot, colour) -> None:
+    """Draw one shape of radius r centred at (cx, cy) (all in supersampled pixels)."""
+    w = max(r * 0.28, 1.5)
+    if shape == "disk":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
+    elif shape == "ring":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], outline=colour, width=int(w))
+    elif shape == "square":
+        draw.polygon(_polygon(cx, cy, r * 1.2, 4, rot + math.pi / 4), fill=colour)
+    elif shape == "frame":
+        draw.polygon(_polygon(cx, cy, r * 1.2, 4, rot + math.pi / 4), outline=colour, width=int(w))
+    elif shape == "diamond":
+        pts = [(cx, cy - r), (cx + r * 0.6, cy), (cx, cy + r), (cx - r * 0.6, cy)]
+        draw.polygon(_rotate(pts, cx, cy, _small_tilt(rot)), fill=colour)
+    elif shape == "triangle":
+        draw.polygon(_polygon(cx, cy, r, 3, rot), fill=colour)
+    elif shape in ("plus", "cross"):
+        base = _small_tilt(rot) + (math.pi / 4 if shape == "cross" else 0.0)
+        for a in (base, base + math.pi / 2):
+            dx, dy = r * math.cos(a), r * math.sin(a)
+            draw.line([(cx - dx, cy - dy), (cx + dx, cy + dy)], fill=colour, width=int(w * 1.3))
+    elif shape == "bars":
+        for k in (-1, 0, 1):
+            y = cy + k * r * 0.65
+            draw.rectangle([cx - r, y - w * 0.6, cx + r, y + w * 0.6], fill=colour)
+    elif shape == "checker":
+        cell = r / 2
+        for i in range(4):
+            for j in range(4):
+                if (i + j) % 2 == 0:
+                    x0, y0 = cx - r + i * cell, cy - r + j * cell
+                    draw.rectangle([x0, y0, x0 + cell, y0 + cell], fill=colour)
+    else:
+        raise ValueError(f"unknown shape {shape}")
+
+
+def _small_tilt(rot: float) -> float:
+    """At most +-15 degrees: plus and cross (and diamond's axis) must stay distinguishable."""
+    return (rot / (2 * math.pi) - 0.5) * math.radians(30)
+
+
+def _rotate(points, cx, cy, a):
+    c, s = math.cos(a), math.sin(a)
+    return [(cx + (x - cx) * c - (y - cy) * s, cy + (x - cx) * s + (y - cy) * c) for x, y in points]
+
+
+def render(shapes: list[tuple[str, float, float, float, float]], size: int, rng):
+    """Render shapes [(name, cx, cy, r, rot)] (output pixels) onto a fresh background.
+
+    Returns the image and each shape's tight box (x0, y0, x1, y1) in output pixels.
+    """
+    s = SUPERSAMPLE
+    bg, mean = _background(rng, size * s)
+    img = Image.fromarray(bg)
+    draw = ImageDraw.Draw(img)
+    boxes = []
+    for name, cx, cy, r, rot in shapes:
+        colour = _contrasting_colour(rng, mean)
+        _draw_shape(draw, name, cx * s, cy * s, r * s, rot, colour)
+        mask = Image.new("L", img.size)
+        _draw_shape(ImageDraw.Draw(mask), name, cx * s, cy * s, r * s, rot, 255)
+        x0, y0, x1, y1 = mask.getbbox()
+        boxes.append((x0 / s, y0 / s, x1 / s, y1 / s))
+    return img.resize((size, size), Image.Resampling.BOX), boxes
+
+
+def classification_image(seed: int, split: str, label: int, index: int, size: int) -> Image.Image:
+    rng = np.random.default_rng([seed, SPLIT_IDS[split], label, index])
+    r = rng.uniform(0.22, 0.42) * size
+    cx, cy = rng.uniform(r, size - r, size=2)
+    return render([(CLASSES[label], cx, cy, r, rng.uniform(0, 2 * math.pi))], size, rng)[0]
+
+
+def detection_scene(seed: int, split: str, index: int, size: int):
+    """One scene: 2-4 shapes, little overlap. Returns the image and [(label, x, y, w, h)]."""
+    rng = np.random.default_rng([seed, 10 + SPLIT_IDS[split], index])
+    placed, boxes = [], []
+    for _ in range(int(rng.integers(2, 5))):
+        for _attempt in range(30):
+            r = rng.uniform(0.09, 0.2) * size
+            cx, cy = rng.uniform(r + 1, size - r - 1, size=2)
+            if all(math.hypot(cx - px, cy - py) > (r + pr) * 0.95 for px, py, pr in placed):
+                break
+        else:
+            continue
+        label = int(rng.integers(0, len(CLASSES)))
+        placed.append((cx, cy, r))
+        boxes.append((label, cx, cy, r, rng.uniform(0, 2 * math.pi)))
+    shapes = [(CLASSES[label], cx, cy, r, rot) for label, cx, cy, r, rot in boxes]
+    img, tight = render(shapes, size, rng)
+    ann = [(label, round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2))
+           for (label, *_), (x0, y0, x1, y1) in zip(boxes, tight)]
+    return img, ann
+
+
+def coco_categories() -> list[dict]:
+    return [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(CLASSES)]
+
+
+def generate(out: str | Path, cfg: dict | None = None, progress: bool = True) -> dict:
+    """Write the whole dataset under ``out``; returns the manifest (also written)."""
+    from tqdm import tqdm
+
+    cfg = {**DEFAULTS, **(cfg or {})}
+    out = Path(out)
+    counts = {}
+    size, seed = cfg["image_size"], cfg["seed"]
+    jobs = [(split, label, i) for split, n in (("train", cfg["train_per_class"]), ("val", cfg["val_per_class"]))
+            for label in range(len(CLASSES)) for i in range(n)]
+    for split, label, i in tqdm(jobs, desc="synthetic: classification", disable=not progress, mininterval=2):
+        path = out / "cls" / split / CLASSES[label] / f"{i:05d}.png"
+        atomic_save_png(classification_image(seed, split, label, i, size), path)
+        counts[f"cls/{split}"] = counts.get(f"cls/{split}", 0) + 1
+
+    dsize = cfg["det_image_size"]
+    for split, n in (("train", cfg["det_train_images"]), ("val", cfg["det_val_images"])):
+        images, annotations = [], []
+        for i in tqdm(range(n), desc=f"synthetic: detection {split}", disable=not progress, mininterval=2):
+            img, boxes = detection_scene(seed, split, i, dsize)
+            name = f"{split}/{i:05d}.png"
+            atomic_save_png(img, out / "det" / name)
+            images.append({"id": i + 1, "file_name": name, "width": dsize, "height": dsize})
+            for label, x, y, w, h in boxes:
+                annotations.append({"id": len(annotations) + 1, "image_id": i + 1, "category_id": label + 1,
+                                    "bbox": [x, y, w, h], "area": round(w * h, 2), "iscrowd": 0})
+        atomic_write_json({"images": images, "annotations": annotations, "categories": coco_categories()},
+                          out / "det" / f"instances_{split}.json")
+        counts[f"det/{split}"] = n
+    manifest = {"generator": "pipeline.synthetic", "config": cfg, "classes": CLASSES, "counts": counts}
+    atomic_write_json(manifest, out / "manifest.json")
+    return manifest
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--config", default="{}", help="JSON with keys of dataset.synthetic")
+    args = ap.parse_args(argv)
+    cfg = json.loads(args.config)
+    unknown = set(cfg) - set(DEFAULTS)
+    if unknown:
+        raise SystemExit(f"unknown synthetic dataset keys: {sorted(unknown)} (known: {sorted(DEFAULTS)})")
+    manifest = generate(args.out, cfg)
+    print(f"[synthetic] wrote {manifest['counts']} to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
