@@ -25,13 +25,15 @@ reqs="requirements.txt"
 stamp=".venv/.installed-$(cat $reqs | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing Python dependencies ($reqs)"
-  .venv/bin/pip install -q --upgrade pip wheel setuptools
+  # pip's exit code is kept; only the noise about this machine's local package mirrors goes.
+  pip_install() { .venv/bin/pip install -q "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
+  pip_install --upgrade pip wheel setuptools
   # numpy, cython and pkgconfig first: ffcv's setup.py imports them at build time.
-  .venv/bin/pip install -q "numpy>=2.0,<2.5" cython pkgconfig
-  .venv/bin/pip install -q --no-build-isolation ffcv==1.0.2
+  pip_install "numpy>=2.0,<2.5" cython pkgconfig
+  pip_install --no-build-isolation ffcv==1.0.2
   args=""; for r in $reqs; do args="$args -r $r"; done
-  .venv/bin/pip install -q $args
-  .venv/bin/pip install -q --no-deps -e .
+  pip_install $args
+  pip_install --no-deps -e .
   touch "$stamp"
 fi
 echo "[setup] ready ($what)"

@@ -82,11 +82,23 @@ def check_dataset(d: dict) -> None:
             raise ConfigError(f"dataset.root: folder not found: {root}")
 
 
+def check_detect(det: dict, dataset: dict) -> None:
+    if not det.get("enabled"):
+        return
+    root = det.get("root")
+    if root is None and dataset["source"] != "synthetic":
+        raise ConfigError("detect.root: required (a COCO-format folder) unless dataset.source is "
+                          "'synthetic', or set detect.enabled: false")
+    if root is not None and not Path(root).expanduser().is_dir():
+        raise ConfigError(f"detect.root: folder not found: {root}")
+
+
 def validate(cfg: dict) -> dict:
     """Validate a whole workflow config; returns it unchanged."""
     schema = load_schema()
     validate_schema(cfg, schema)
     check_dataset(cfg["dataset"])
+    check_detect(cfg["detect"], cfg["dataset"])
     check_pretrain(cfg["pretrain"])
     return cfg
 

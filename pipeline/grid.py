@@ -43,8 +43,18 @@ def parse_cell_id(text: str) -> dict:
         axis, value = part.split("=", 1)
         if axis not in AXES:
             raise ConfigError(f"cell '{text}': unknown axis '{axis}' (axes: {', '.join(AXES)})")
-        out[axis] = yaml.safe_load(value)
+        out[axis] = parse_value(value)
     return out
+
+
+def parse_value(text: str):
+    """Inverse of format_value (YAML alone reads '1e-05' as a string)."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return yaml.safe_load(text)
 
 
 def _sweep_overrides(grid: dict) -> list[dict]:

@@ -1,0 +1,36 @@
+# Two commands on a fresh Debian machine (as root):
+#   make demo   # install what is needed, run the whole workflow on the embedded dataset
+#   make test   # install what is needed (incl. SLURM), run the test suite
+# Both are idempotent: a second call skips installed packages and finished jobs.
+SHELL := /bin/bash
+VENV := .venv
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup setup-test dag lint tables clean
+
+demo: setup
+	snakemake
+	@echo; echo "=== results/tables/main.md ==="; cat results/tables/main.md
+	@echo "All tables: results/tables/   per-cell outputs: results/cells/<cell>/"
+
+test: setup-test
+	python -m pytest $(PYTEST_ARGS)
+
+setup:
+	@bash .ci/setup.sh demo
+
+setup-test:
+	@bash .ci/setup.sh test
+
+dag: setup
+	snakemake --dag | dot -Tsvg > results/dag.svg
+
+lint: setup
+	snakemake --lint
+
+tables: setup
+	python -m pipeline.tables results
+
+clean:
+	rm -rf results/data results/cells results/state results/logs results/benchmarks results/tables .snakemake

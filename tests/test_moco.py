@@ -1,0 +1,102 @@
+"""The algorithm core against its definitions: EMA rule, FIFO queue, InfoNCE, no key grads."""
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from pipeline.models import Encoder, build_backbone, projection_head
+from pipeline.moco import KeyQueue, MoCo, momentum_update
+from pipeline.moco.builder import info_nce
+
+
+def tiny_encoder(dim=16):
+    backbone = build_backbone({"backbone": "resnet18", "width": 4, "cifar_stem": True})
+    return Encoder(backbone, projection_head(backbone.out_dim, dim, mlp=True))
+
+
+@pytest.mark.parametrize("m", [0.0, 0.9, 0.999, 1.0])
+def test_ema_rule(m):
+    torch.manual_seed(0)
+    q, k = nn.Linear(5, 3), nn.Linear(5, 3)
+    old = [p.detach().clone() for p in k.parameters()]
+    momentum_update(k, q, m)
+    for p_k, p_old, p_q in zip(k.parameters(), old, q.parameters()):
+        torch.testing.assert_close(p_k, m * p_old + (1 - m) * p_q, rtol=0, atol=1e-7)
+    if m == 0.0:
+        assert all(torch.equal(a, b) for a, b in zip(k.parameters(), q.parameters()))
+    if m == 1.0:
+        assert all(torch.equal(a, b) for a, b in zip(k.parameters(), old))
+
+
+def test_fifo_order_wraparound_and_age():
+    K, B = 8, 2
+    queue = KeyQueue(K, 3)
+    for step in range(7):  # 14 keys into 8 slots: wraps around
+        keys = torch.full((B, 3), float(step))
+        queue.enqueue(keys, torch.arange(B) + 10 * step, torch.tensor(step))
+    # slots hold steps 3..6; the pointer sits on the oldest (step 3)
+    assert int(queue.ptr) == (7 * B) % K == 6
+    assert queue.keys[:, 0].tolist() == [4, 4, 5, 5, 6, 6, 3, 3]
+    assert queue.source.tolist() == [40, 41, 50, 51, 60, 61, 30, 31]
+    mean_age, max_age = queue.age_stats(step=7)
+    assert max_age == K // B  # the oldest key is exactly K/B steps old
+
+
+def test_enqueue_rejects_batch_not_dividing_K():
+    with pytest.raises(ValueError, match="multiple"):
+        KeyQueue(10, 3).enqueue(torch.zeros(3, 3), torch.zeros(3), torch.tensor(0))
+
+
+def test_info_nce_matches_formula():
+    torch.manual_seed(0)
+    q, k, neg = (F.normalize(torch.randn(n, 8), dim=1) for n in (4, 4, 6))
+    T = 0.2
+    loss, logits = info_nce(q, k, neg, T)
+    expect = 0.0
+    for i in range(4):
+        pos = math.exp(float(q[i] @ k[i]) / T)
+        negs = sum(math.exp(float(q[i] @ n) / T) for n in neg)
+        expect += -math.log(pos / (pos + negs)) / 4
+    assert loss.item() == pytest.approx(expect, rel=1e-5)
+    assert logits.shape == (4, 7)
+
+
+def test_mask_same_source_removes_negatives():
+    q = F.normalize(torch.randn(2, 4), dim=1)
+    neg = F.normalize(torch.randn(3, 4), dim=1)
+    mask = torch.tensor([[True, False, False], [False, False, False]])
+    _, logits = info_nce(q, q, neg, 1.0, mask)
+    assert logits[0, 1] == float("-inf") and torch.isfinite(logits[1]).all()
+
+
+def test_loss_is_log_k_plus_one_without_signal():
+    """Before learning, the positive is no closer than the negatives: loss ~ log(K+1)."""
+    torch.manual_seed(0)
+    K, dim = 4096, 128
+    q, k = F.normalize(torch.randn(64, dim), dim=1), F.normalize(torch.randn(64, dim), dim=1)
+    queue = KeyQueue(K, dim)  # a fresh queue holds random unit keys
+    loss, logits = info_nce(q, k, queue.keys, T=0.2)
+    assert logits.shape == (64, K + 1)
+    assert abs(loss.item() - math.log(K + 1)) < 0.25
+
+
+def test_key_encoder_gets_no_gradient_and_follows_ema():
+    torch.manual_seed(0)
+    model = MoCo(tiny_encoder(), dim=16, K=64, m=0.9, T=0.2)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    assert all(not p.requires_grad for p in model.encoder_k.parameters())
+    assert not any(p is k for p in opt.param_groups[0]["params"] for k in model.encoder_k.parameters())
+    x1, x2 = torch.randn(8, 3, 16, 16), torch.randn(8, 3, 16, 16)
+    k_before = [p.clone() for p in model.encoder_k.parameters()]
+    q_before = [p.clone() for p in model.encoder_q.parameters()]
+    loss, _ = model(x1, x2, torch.arange(8))
+    loss.backward()
+    assert all(p.grad is None for p in model.encoder_k.parameters())
+    assert any(p.grad is not None for p in model.encoder_q.parameters())
+    # the forward applied theta_k <- m theta_k + (1 - m) theta_q (with theta_q before the step)
+    for p_k, old_k, old_q in zip(model.encoder_k.parameters(), k_before, q_before):
+        torch.testing.assert_close(p_k, 0.9 * old_k + 0.1 * old_q, rtol=0, atol=1e-6)
+    opt.step()
+    assert int(model.step) == 1 and int(model.queue.ptr) == 8

@@ -1,0 +1,52 @@
+# Stages 3 and 4: linear probe (+ kNN) on the frozen encoder, detection transfer.
+
+
+rule probe:
+    input:
+        checkpoint=f"{R}/cells/{{cell}}/pretrain/checkpoint.pt",
+        train=f"{R}/data/ffcv/train.beton",
+        val=f"{R}/data/ffcv/val.beton",
+    output:
+        f"{R}/cells/{{cell}}/probe.json",
+    params:
+        py=PY,
+        cfg=lambda w: stage_config(data=config["data"], probe=config["probe"]),
+        data=lambda w, input: os.path.dirname(input.train),
+    threads: config["probe"].get("threads", 2)
+    log:
+        f"{R}/logs/probe/{{cell}}.log",
+    benchmark:
+        f"{R}/benchmarks/probe/{{cell}}.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "{params.py} -m pipeline.probe --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
+        " --data {params.data:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule detect:
+    input:
+        checkpoint=f"{R}/cells/{{cell}}/pretrain/checkpoint.pt",
+        data=[] if config["detect"]["root"] else f"{R}/data/synthetic",
+    output:
+        f"{R}/cells/{{cell}}/detect.json",
+    params:
+        py=PY,
+        cfg=lambda w: stage_config(detect=config["detect"]),
+        root=detection_root(),
+    threads: config["detect"].get("threads", 2)
+    log:
+        f"{R}/logs/detect/{{cell}}.log",
+    benchmark:
+        f"{R}/benchmarks/detect/{{cell}}.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "{params.py} -m pipeline.detect --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
+        " --data {params.root:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule cell:
+    """Only the jobs of one cell: snakemake cell --config cell=K=1024,m=0.9"""
+    input:
+        lambda w: cell_outputs(config.get("cell") or "base"),
