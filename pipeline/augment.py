@@ -20,9 +20,16 @@ def _blur_kernel(crop_size: int) -> int:
 
 
 def recipe(name: str, crop_size: int) -> nn.Module:
-    """``v1``: MoCo v1; ``v2``: aug+ of MoCo v2 / SimCLR; ``none``: normalisation only."""
+    """``v1``: MoCo v1; ``v2``: aug+ of MoCo v2 / SimCLR; ``none``: normalisation only.
+    ``v3a``/``v3b``: the two asymmetric views of MoCo v3 (BYOL's recipe)."""
     k = _blur_kernel(crop_size)
-    if name == "v1":
+    jitter = K.ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8)
+    if name == "v3a":
+        ops = [jitter, K.RandomGrayscale(p=0.2), K.RandomGaussianBlur((k, k), sigma=(0.1, 2.0), p=1.0)]
+    elif name == "v3b":
+        ops = [jitter, K.RandomGrayscale(p=0.2), K.RandomGaussianBlur((k, k), sigma=(0.1, 2.0), p=0.1),
+               K.RandomSolarize(thresholds=0.0, additions=0.0, p=0.2)]
+    elif name == "v1":
         ops = [K.RandomGrayscale(p=0.2), K.ColorJitter(0.4, 0.4, 0.4, 0.4, p=1.0)]
     elif name == "v2":
         ops = [K.ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8), K.RandomGrayscale(p=0.2),
@@ -32,6 +39,28 @@ def recipe(name: str, crop_size: int) -> nn.Module:
     else:
         raise ValueError(f"unknown augmentation recipe '{name}' (v1, v2, none)")
     return Photometric(ops)
+
+
+def view_recipes(name: str, crop_size: int) -> tuple[nn.Module, nn.Module]:
+    """The augmentation of each of the two views (identical recipes except for v3)."""
+    if name == "v3":
+        return recipe("v3a", crop_size), recipe("v3b", crop_size)
+    aug = recipe(name, crop_size)
+    return aug, aug
+
+
+class DeviceCrop(nn.Module):
+    """Random resized crop + flip on the device with torch's RNG, for the loader mode that
+    decodes whole images: slower than FFCV's fused crop, but bit-for-bit reproducible."""
+
+    def __init__(self, crop_size: int, scale_min: float):
+        super().__init__()
+        self.ops = K.AugmentationSequential(
+            K.RandomResizedCrop((crop_size, crop_size), scale=(scale_min, 1.0)), K.RandomHorizontalFlip())
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return (self.ops(images.float()).round_().clamp_(0, 255)).to(torch.uint8)
 
 
 class Photometric(nn.Module):

@@ -62,10 +62,21 @@ def validate_schema(instance: dict, schema: dict, prefix: str = "") -> None:
         raise _schema_error(errors[0], prefix)
 
 
-def check_pretrain(p: dict, where: str = "pretrain") -> None:
+def check_pretrain(p: dict, where: str = "pretrain", num_samples: int | None = None) -> None:
     """Cross-field rules of one pretraining cell."""
     if p["method"] != "moco":
         return
+    vit = p["backbone"].startswith("vit")
+    if vit and p.get("variant") != "v3":
+        raise ConfigError(f"{where}: backbone {p['backbone']} needs variant v3 (the ViT adaptation)")
+    if p.get("variant") == "v3" and p.get("mechanism", "moco") != "moco":
+        raise ConfigError(f"{where}: mechanism {p['mechanism']} applies to v1/v2, not v3")
+    mechanism = p.get("mechanism", "moco")
+    if mechanism == "memory_bank" and num_samples is not None and p["K"] >= num_samples:
+        raise ConfigError(f"{where}: memory bank K={p['K']} negatives need a larger training set "
+                          f"({num_samples} images)")
+    if p.get("variant") == "v3" or mechanism != "moco":
+        return  # no queue
     if p["K"] % p["batch_size"] != 0:
         raise ConfigError(
             f"{where}: K={p['K']} is not a multiple of the global batch size "

@@ -26,8 +26,21 @@ def _restore_threads(n: int | None) -> None:
 
 def two_view_loader(path, batch_size: int, crop_size: int, scale_min: float = 0.2,
                     workers: int = 2, seed: int = 0, distributed: bool = False,
-                    threads: int | None = None, drop_last: bool = True):
-    """Yields (view1, view2, label, index); each view is its own random resized crop + flip."""
+                    threads: int | None = None, drop_last: bool = True, crop: str = "loader"):
+    """Yields (view1, view2, label, index); each view is its own random resized crop + flip.
+
+    crop="loader": FFCV crops while decoding (fastest; its randomness is not seedable).
+    crop="device": FFCV decodes whole images, the crops are drawn from torch's RNG: with a
+    fixed seed every run, and every resumed run, sees exactly the same views.
+    """
+    if crop == "device":
+        from pipeline.augment import DeviceCrop
+
+        loader = eval_loader(path, batch_size, crop_size, workers, threads=threads, distributed=distributed,
+                             order="random", seed=seed, drop_last=drop_last)
+        return TwoViewLoader(loader, DeviceCrop(crop_size, scale_min))
+    if crop != "loader":
+        raise ValueError(f"crop must be 'loader' or 'device', not {crop!r}")
     from ffcv.fields.basics import IntDecoder
     from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
@@ -53,8 +66,9 @@ def two_view_loader(path, batch_size: int, crop_size: int, scale_min: float = 0.
 class TwoViewLoader:
     """Names FFCV's positional outputs and lets the training loop set the epoch."""
 
-    def __init__(self, loader):
+    def __init__(self, loader, device_crop=None):
         self.loader = loader
+        self.device_crop = device_crop
 
     def __len__(self):
         return len(self.loader)
@@ -64,13 +78,27 @@ class TwoViewLoader:
         self.loader.next_epoch = epoch
 
     def __iter__(self):
-        for image, label, index, image2 in self.loader:
-            yield image, image2, label, index
+        return self.batches()
+
+    def batches(self, skip: int = 0):
+        """Iterate, skipping the first ``skip`` batches without augmenting them (resume)."""
+        for i, batch in enumerate(self.loader):
+            if i >= skip:
+                yield self._views(batch)
+
+    def _views(self, batch):
+        if self.device_crop is not None:
+            image, label, index = batch
+            return self.device_crop(image), self.device_crop(image), label, index
+        image, label, index, image2 = batch
+        return image, image2, label, index
 
 
 def eval_loader(path, batch_size: int, crop_size: int, workers: int = 2, crop_ratio: float = 1.0,
-                threads: int | None = None, distributed: bool = False):
-    """Yields (image, label, index) in file order, every sample once."""
+                threads: int | None = None, distributed: bool = False, order: str = "sequential",
+                seed: int = 0, drop_last: bool = False):
+    """Yields (image, label, index): the centre crop, in file order (every sample once) unless
+    order="random"."""
     from ffcv.fields.basics import IntDecoder
     from ffcv.fields.rgb_image import CenterCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
@@ -81,7 +109,8 @@ def eval_loader(path, batch_size: int, crop_size: int, workers: int = 2, crop_ra
         "label": [IntDecoder(), ToTensor(), Squeeze(1)],
         "index": [IntDecoder(), ToTensor(), Squeeze(1)],
     }
-    loader = Loader(_check(path), batch_size=batch_size, num_workers=workers, order=OrderOption.SEQUENTIAL,
-                    distributed=distributed, drop_last=False, pipelines=pipelines)
+    loader = Loader(_check(path), batch_size=batch_size, num_workers=workers,
+                    order=OrderOption.RANDOM if order == "random" else OrderOption.SEQUENTIAL, seed=seed,
+                    distributed=distributed, drop_last=drop_last, pipelines=pipelines)
     _restore_threads(threads)
     return loader

@@ -12,8 +12,8 @@ import yaml
 
 from pipeline.config import ConfigError, check_pretrain, load_schema, merge, validate_schema
 
-AXES = ["method", "variant", "backbone", "width", "K", "m", "T", "epochs", "batch_size",
-        "lr", "aug", "dim", "seed"]
+AXES = ["method", "variant", "mechanism", "backbone", "width", "K", "m", "T", "epochs", "batch_size",
+        "lr", "aug", "shuffle_bn", "dim", "seed"]
 BASE_ID = "base"
 
 
@@ -69,12 +69,22 @@ def _sweep_overrides(grid: dict) -> list[dict]:
     return overrides
 
 
-def check_cell(cid: str, params: dict, schema: dict | None = None) -> None:
+def training_set_size(cfg: dict) -> int | None:
+    """Known at DAG build for the embedded dataset; for other sources the stage checks it."""
+    ds = cfg.get("dataset") or {}
+    if ds.get("source") != "synthetic":
+        return None
+    from pipeline.synthetic import CLASSES, DEFAULTS
+
+    return len(CLASSES) * {**DEFAULTS, **(ds.get("synthetic") or {})}["train_per_class"]
+
+
+def check_cell(cid: str, params: dict, schema: dict | None = None, num_samples: int | None = None) -> None:
     schema = schema or load_schema()
     try:
         validate_schema(params, {**schema["$defs"]["pretrain"], "$defs": schema["$defs"]},
                         prefix="pretrain")
-        check_pretrain(params, where="pretrain")
+        check_pretrain(params, where="pretrain", num_samples=num_samples)
     except ConfigError as err:
         raise ConfigError(f"ablation cell '{cid}' is impossible: {err}") from None
 
@@ -83,11 +93,12 @@ def expand(cfg: dict) -> dict[str, dict]:
     """All cells of the grid: id -> full pretrain parameters (validated)."""
     base = cfg["pretrain"]
     schema = load_schema()
+    num_samples = training_set_size(cfg)
     cells: dict[str, dict] = {}
     for override in _sweep_overrides(cfg.get("grid") or {}):
         params = merge(base, override)
         cid = cell_id(base, params)
-        check_cell(cid, params, schema)
+        check_cell(cid, params, schema, num_samples)
         cells.setdefault(cid, params)
     return cells
 
@@ -95,5 +106,5 @@ def expand(cfg: dict) -> dict[str, dict]:
 def cell_params(cfg: dict, cid: str) -> dict:
     """Parameters of a cell given by id, whether or not it is in the declared grid."""
     params = merge(cfg["pretrain"], parse_cell_id(cid))
-    check_cell(cid, params)
+    check_cell(cid, params, num_samples=training_set_size(cfg))
     return params

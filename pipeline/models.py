@@ -1,14 +1,22 @@
-"""Backbones: torchvision ResNets with a configurable base width and an optional CIFAR stem.
+"""Backbones: ResNets (torchvision blocks, configurable width, optional CIFAR stem, BN or
+GroupNorm) and ViTs (timm, MoCo v3's fixed 2D sin-cos position embedding and frozen random
+patch projection).
 
-Layer names follow torchvision (conv1, bn1, layer1..layer4), so the detection stage can hand
-the same modules to torchvision's detection heads.
+ResNet layer names follow torchvision (conv1, bn1, layer1..layer4), so the detection stage
+can hand the same modules to torchvision's detection heads.
 """
 from __future__ import annotations
 
+import math
+from functools import partial
+
+import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
 ARCHS = {"resnet18": (BasicBlock, [2, 2, 2, 2]), "resnet50": (Bottleneck, [3, 4, 6, 3])}
+# name: (embed_dim, depth, heads) as in the ViT / DeiT papers
+VITS = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 6), "vit_base": (768, 12, 12)}
 
 
 class ResNetBackbone(ResNet):
@@ -21,7 +29,7 @@ class ResNetBackbone(ResNet):
     def __init__(self, arch: str = "resnet18", width: int = 64, cifar_stem: bool = False,
                  norm_layer=None):
         if arch not in ARCHS:
-            raise ValueError(f"unknown backbone '{arch}' (known: {', '.join(ARCHS)})")
+            raise ValueError(f"unknown backbone '{arch}' (known: {', '.join([*ARCHS, *VITS])})")
         block, layers = ARCHS[arch]
         nn.Module.__init__(self)  # ResNet.__init__ hard-codes width 64; build the stages here
         self._norm_layer = norm_layer or nn.BatchNorm2d
@@ -50,9 +58,58 @@ class ResNetBackbone(ResNet):
                 nn.init.zeros_(mod.bias)
 
 
-def build_backbone(arch: dict) -> ResNetBackbone:
-    """``arch`` = {"backbone", "width", "cifar_stem"}: the record stored in every checkpoint."""
-    return ResNetBackbone(arch["backbone"], arch.get("width", 64), arch.get("cifar_stem", False))
+def group_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm with 32 groups (fewer for narrow layers): batch-independent normalisation."""
+    return nn.GroupNorm(math.gcd(32, channels), channels)
+
+
+def sincos_2d(grid: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2D sin-cos position embedding (1 x grid*grid x dim), as in MoCo v3."""
+    if dim % 4 != 0:
+        raise ValueError(f"embedding dim {dim} must be a multiple of 4 for 2D sin-cos")
+    y, x = torch.meshgrid(torch.arange(grid, dtype=torch.float32),
+                          torch.arange(grid, dtype=torch.float32), indexing="ij")
+    omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
+    out_x, out_y = x.flatten()[:, None] * omega, y.flatten()[:, None] * omega
+    return torch.cat([out_x.sin(), out_x.cos(), out_y.sin(), out_y.cos()], dim=1)[None]
+
+
+def vit_backbone(arch: dict) -> nn.Module:
+    """timm ViT returning the class token; fixed sin-cos positions, frozen patch projection.
+
+    The position embedding becomes a buffer (not a parameter), and the patch projection keeps
+    its random init with requires_grad=False: MoCo v3's fix for training instability.
+    """
+    from timm.models.vision_transformer import VisionTransformer
+
+    dim, depth, heads = VITS[arch["backbone"]]
+    depth = arch.get("depth") or depth
+    patch, size = arch.get("patch_size", 16), arch.get("image_size", 224)
+    vit = VisionTransformer(img_size=size, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads,
+                            num_classes=0, global_pool="token", norm_layer=partial(nn.LayerNorm, eps=1e-6))
+    grid = size // patch
+    pos = torch.cat([torch.zeros(1, 1, dim), sincos_2d(grid, dim)], dim=1)  # class token: zeros
+    del vit.pos_embed
+    vit.register_buffer("pos_embed", pos)
+    for p in vit.patch_embed.parameters():
+        p.requires_grad_(False)
+    vit.out_dim = dim
+    return vit
+
+
+def build_backbone(arch: dict) -> nn.Module:
+    """``arch``: the record stored in every checkpoint, e.g. {"backbone": "resnet18",
+    "width": 64, "cifar_stem": False, "norm": "bn"} or {"backbone": "vit_small",
+    "patch_size": 16, "image_size": 224}."""
+    name = arch["backbone"]
+    if name in VITS:
+        return vit_backbone(arch)
+    norm = group_norm if arch.get("norm", "bn") == "gn" else None
+    return ResNetBackbone(name, arch.get("width", 64), arch.get("cifar_stem", False), norm_layer=norm)
+
+
+def is_resnet(arch: dict) -> bool:
+    return arch["backbone"] in ARCHS
 
 
 def projection_head(in_dim: int, out_dim: int, mlp: bool) -> nn.Module:
@@ -60,6 +117,20 @@ def projection_head(in_dim: int, out_dim: int, mlp: bool) -> nn.Module:
     if not mlp:
         return nn.Linear(in_dim, out_dim)
     return nn.Sequential(nn.Linear(in_dim, in_dim), nn.ReLU(inplace=True), nn.Linear(in_dim, out_dim))
+
+
+def bn_mlp(num_layers: int, in_dim: int, hidden: int, out_dim: int, last_bn: bool = True) -> nn.Sequential:
+    """MoCo v3's heads: Linear-BN-ReLU blocks, then Linear (+ BN without affine)."""
+    layers = []
+    for i in range(num_layers):
+        d_in = in_dim if i == 0 else hidden
+        if i < num_layers - 1:
+            layers += [nn.Linear(d_in, hidden, bias=False), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True)]
+        else:
+            layers.append(nn.Linear(d_in, out_dim, bias=False))
+            if last_bn:
+                layers.append(nn.BatchNorm1d(out_dim, affine=False))
+    return nn.Sequential(*layers)
 
 
 class Encoder(nn.Module):

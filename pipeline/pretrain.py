@@ -1,10 +1,12 @@
-"""Pretraining stage: MoCo v1/v2 (or a supervised / random baseline) on an FFCV dataset.
+"""Pretraining stage: MoCo v1/v2/v3, end-to-end, memory bank, or a supervised / random
+baseline, on an FFCV dataset.
 
 Runs as one process, under torchrun, or as one srun task per GPU (rank and world size come
-from the environment; see pipeline.distributed). Resumes from ``--state`` (a folder outside
-the rule's outputs) after a kill, a requeue or a time limit.
+from the environment; see pipeline.distributed). Resumes exactly from ``--state`` (a folder
+outside the rule's outputs) after a kill, a requeue or a time limit: the resume state is
+written at every epoch end and every ``checkpoint_every`` steps.
 
-    python -m pipeline.pretrain --config workflow/config/config.yaml \
+    python -m pipeline.pretrain --config workflow/config/config.yaml \\
         --data results/data/ffcv --out results/cells/base/pretrain --state results/state/base
 """
 from __future__ import annotations
@@ -25,51 +27,22 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline import checkpoint, distributed
-from pipeline.augment import recipe
+from pipeline.augment import view_recipes
 from pipeline.config import ConfigError, load_stage_config
 from pipeline.data import two_view_loader
 from pipeline.io import atomic_write_json, atomic_write_text
-from pipeline.models import Encoder, build_backbone, projection_head
+from pipeline.methods import arch_of, build_model
+from pipeline.models import build_backbone
 from pipeline.moco import MoCo
 from pipeline.moco.momentum import relative_drift
+from pipeline.optim import build_optimizer, lr_at
 
 SECTIONS = ["data", "pretrain"]
+LOG_COLUMNS = ["epoch", "loss", "inst_acc", "lr", "m", "queue_age_mean", "queue_age_max", "drift", "seconds"]
 
 
 def log(msg: str) -> None:
     print(f"[pretrain] {msg}", flush=True)
-
-
-def arch_of(p: dict) -> dict:
-    return {"backbone": p["backbone"], "width": p.get("width", 64), "cifar_stem": p.get("cifar_stem", False)}
-
-
-class Supervised(nn.Module):
-    """The supervised baseline: the same backbone trained with labels (cross-entropy)."""
-
-    def __init__(self, backbone: nn.Module, num_classes: int):
-        super().__init__()
-        self.encoder_q = Encoder(backbone, nn.Linear(backbone.out_dim, num_classes))
-
-    def forward(self, im_q, im_k, index=None, labels=None):
-        logits = self.encoder_q(im_q)
-        return nn.functional.cross_entropy(logits, labels), logits
-
-
-def build_model(p: dict, num_classes: int) -> nn.Module:
-    backbone = build_backbone(arch_of(p))
-    if p["method"] == "supervised":
-        return Supervised(backbone, num_classes)
-    head = projection_head(backbone.out_dim, p.get("dim", 128), mlp=p.get("variant", "v2") == "v2")
-    return MoCo(Encoder(backbone, head), dim=p.get("dim", 128), K=p["K"], m=p["m"], T=p["T"],
-                mask_same_source=p.get("mask_same_source", False))
-
-
-def lr_at(p: dict, progress: float) -> float:
-    """Learning rate at a fraction of training: cosine, or x0.1 at 60% and 80% (step)."""
-    if p.get("schedule", "cosine") == "cosine":
-        return p["lr"] * 0.5 * (1.0 + math.cos(math.pi * progress))
-    return p["lr"] * (0.1 ** sum(progress >= f for f in (0.6, 0.8)))
 
 
 def seed_everything(seed: int) -> None:
@@ -80,123 +53,178 @@ def seed_everything(seed: int) -> None:
 
 def queue_checksum(model: nn.Module) -> str:
     q = getattr(model, "queue", None)
-    if q is None:
-        return "-"
-    return f"{float(q.keys.double().sum()):.10f}/{int(q.ptr)}"
+    return "-" if q is None else f"{float(q.keys.double().sum()):.10f}/{int(q.ptr)}"
+
+
+class EpochStats:
+    """Loss and accuracy summed on the device (no host sync per step); saved with the state."""
+
+    def __init__(self, state: dict | None = None):
+        state = state or {}
+        self.loss = state.get("loss", torch.zeros((), dtype=torch.float64))
+        self.correct = state.get("correct", torch.zeros((), dtype=torch.float64))
+        self.seen = state.get("seen", 0)
+        self.seconds = state.get("seconds", 0.0)
+
+    def add(self, loss, logits, target) -> None:
+        n = target.shape[0]
+        self.loss += loss.detach().double() * n
+        self.correct += (logits.detach().argmax(1) == target).sum().double()
+        self.seen += n
+
+    def state(self) -> dict:
+        return {"loss": self.loss, "correct": self.correct, "seen": self.seen, "seconds": self.seconds}
+
+
+class Trainer:
+    def __init__(self, cfg: dict, data_dir: Path, state_dir: Path, env, progress: bool = True):
+        self.cfg, self.p, self.d, self.env = cfg, cfg["pretrain"], cfg["data"], env
+        self.state_path = state_dir / "last.pt"
+        self.progress = progress and env.is_main
+        p, d = self.p, self.d
+        info = json.loads((data_dir / "train.json").read_text()) if (data_dir / "train.json").is_file() else {}
+        self.num_samples = info.get("num_samples", 0)
+        if p["batch_size"] % env.world_size:
+            raise ConfigError(f"pretrain.batch_size={p['batch_size']} is not divisible by the world size "
+                              f"{env.world_size}")
+        if p["method"] == "moco" and p.get("variant") != "v3" and p.get("mechanism", "moco") == "moco" \
+                and p["K"] >= self.num_samples > 0 and not p.get("mask_same_source"):
+            log(f"warning: K={p['K']} >= {self.num_samples} training images: the queue holds keys of the "
+                f"query's own image as negatives; lower K or set mask_same_source: true")
+        self.model = build_model(p, d.get("crop_size", 32), len(info.get("classes", [])) or 1, self.num_samples)
+        self.optimizer = build_optimizer(p, self.model.parameters())
+        self.net = self.model
+        if env.world_size > 1:
+            # buffers (queue, BN statistics) are kept identical by the method itself
+            self.net = nn.parallel.DistributedDataParallel(self.model, broadcast_buffers=False)
+        self.loader = two_view_loader(
+            data_dir / "train.beton", p["batch_size"] // env.world_size, d.get("crop_size", 32),
+            scale_min=p.get("crop_scale_min", 0.2), workers=d.get("workers", 2), seed=p.get("seed", 0),
+            distributed=env.world_size > 1, threads=p.get("threads", 2), crop=d.get("crop", "loader"))
+        if len(self.loader) == 0:
+            raise ConfigError(f"pretrain.batch_size={p['batch_size']} exceeds the training set "
+                              f"({self.num_samples} images)")
+        self.aug1, self.aug2 = view_recipes(p.get("aug", "v2"), d.get("crop_size", 32))
+        self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], EpochStats()
+
+    # --- resume state -------------------------------------------------------------------
+    def save_state(self) -> None:
+        if self.env.is_main:
+            checkpoint.save(self.state_path, arch=arch_of(self.p, self.d.get("crop_size")), method=self.p["method"],
+                            model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+                            epoch=self.epoch, step_in_epoch=self.step_in_epoch, log=self.log_rows,
+                            stats=self.stats.state(), rng=checkpoint.rng_state())
+        distributed.barrier()
+
+    def load_state(self) -> bool:
+        if not self.state_path.is_file():
+            return False
+        state = checkpoint.load(self.state_path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
+        self.log_rows, self.stats = list(state["log"]), EpochStats(state["stats"])
+        self._resume_rng = state["rng"]
+        log(f"resumed from {self.state_path} at epoch {self.epoch + 1}, step {self.step_in_epoch}")
+        return True
+
+    # --- training -----------------------------------------------------------------------
+    def train(self) -> bool:
+        """Run to the last epoch; returns False if the loss diverged."""
+        p = self.p
+        self._resume_rng = None
+        self.load_state()
+        every = p.get("checkpoint_every", 0)
+        while self.epoch < p["epochs"]:
+            skip = self.step_in_epoch
+            if skip == 0:
+                # Augmentation randomness from (seed, epoch, rank): an epoch replays exactly.
+                torch.manual_seed(p.get("seed", 0) * 100003 + self.epoch * 1009 + self.env.rank)
+                self.stats = EpochStats()
+            elif self._resume_rng is not None:
+                checkpoint.set_rng_state(self._resume_rng)
+            self.loader.set_epoch(self.epoch)
+            self.model.train()
+            t0 = time.time()
+            bar = tqdm(self.loader.batches(skip), total=len(self.loader), initial=skip, mininterval=5, leave=False,
+                       desc=f"epoch {self.epoch + 1}/{p['epochs']}", disable=not self.progress, file=sys.stderr)
+            for v1, v2, labels, index in bar:
+                self.train_step(v1, v2, labels, index)
+                self.step_in_epoch += 1
+                if every and self.step_in_epoch % every == 0 and self.step_in_epoch < len(self.loader):
+                    self.stats.seconds += time.time() - t0
+                    t0 = time.time()
+                    self.save_state()
+            self.stats.seconds += time.time() - t0
+            row = self.epoch_row()
+            self.log_rows.append(row)
+            log(" ".join(f"{k}={v}" for k, v in row.items()))
+            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+            self.save_state()
+            if not math.isfinite(row["loss"]):
+                log(f"loss diverged at epoch {row['epoch']}: stopping; the cell is reported as failed")
+                return False
+        return True
+
+    def train_step(self, v1, v2, labels, index) -> None:
+        p, steps = self.p, len(self.loader)
+        progress = (self.epoch * steps + self.step_in_epoch) / max(steps * p["epochs"], 1)
+        self.lr = lr_at(p, progress, p["epochs"])
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        if hasattr(self.model, "set_momentum"):  # MoCo v3: m rises to 1 with a cosine
+            self.model.set_momentum(progress)
+        x1, x2 = self.aug1(v1), self.aug2(v2)
+        loss, logits, target = self.net(x1, x2, index.long().clone(), labels.long().clone())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.stats.add(loss, logits, target)
+
+    def epoch_row(self) -> dict:
+        s, model = self.stats, self.model
+        seen = max(s.seen * self.env.world_size, 1)
+        loss, correct = s.loss.clone(), s.correct.clone()
+        if self.env.world_size > 1:
+            torch.distributed.all_reduce(loss)
+            torch.distributed.all_reduce(correct)
+        row = {"epoch": self.epoch + 1, "loss": round(float(loss) / seen, 5),
+               "inst_acc": round(100.0 * float(correct) / seen, 3), "lr": round(getattr(self, "lr", 0.0), 6),
+               "seconds": round(s.seconds, 2)}
+        if hasattr(model, "m") and hasattr(model, "encoder_k"):
+            row.update(m=round(model.m, 6), drift=round(relative_drift(model.encoder_k, model.encoder_q), 6))
+        if isinstance(model, MoCo):
+            mean_age, max_age = model.queue.age_stats(int(model.step))
+            row.update(queue_age_mean=round(mean_age, 2), queue_age_max=max_age)
+        return row
 
 
 def train(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: bool = True) -> dict:
-    p, d = cfg["pretrain"], cfg["data"]
+    p = cfg["pretrain"]
     env = distributed.init()
     torch.set_num_threads(p.get("threads", 2))
-    seed_everything(p.get("seed", 0) + env.rank)
-    info = json.loads((data_dir / "train.json").read_text()) if (data_dir / "train.json").is_file() else {}
-    num_classes = len(info.get("classes", [])) or 1
-    model = build_model(p, num_classes) if p["method"] != "random" else None
-    log(f"rank {env.rank}/{env.world_size} on {env.host}: method={p['method']} "
-        f"backbone={p['backbone']} width={p.get('width')} K={p.get('K')} m={p.get('m')} T={p.get('T')}")
-
+    seed_everything(p.get("seed", 0))  # identical initial weights on every rank
+    log(f"rank {env.rank}/{env.world_size} on {env.host}: method={p['method']} variant={p.get('variant')} "
+        f"mechanism={p.get('mechanism', 'moco')} backbone={p['backbone']} K={p.get('K')} m={p.get('m')} T={p.get('T')}")
     if p["method"] == "random":  # the random-init baseline: same backbone, no training
-        backbone = build_backbone(arch_of(p))
-        return finish(cfg, out_dir, backbone.state_dict(), log_rows=[], env=env, extra={"epochs_run": 0})
-
-    if p["batch_size"] % env.world_size != 0:
-        raise ConfigError(f"pretrain.batch_size={p['batch_size']} is not divisible by the world size {env.world_size}")
-    local_batch = p["batch_size"] // env.world_size
-    params = [t for t in model.parameters() if t.requires_grad]
-    optimizer = torch.optim.SGD(params, lr=p["lr"], momentum=p.get("sgd_momentum", 0.9),
-                                weight_decay=p.get("weight_decay", 1e-4))
-    net = model
-    if env.world_size > 1:
-        net = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
-
-    start_epoch, log_rows = 0, []
-    state_path = state_dir / "last.pt"
-    if state_path.is_file():
-        state = checkpoint.load(state_path)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start_epoch, log_rows = state["epoch"], list(state["log"])
-        log(f"resumed from {state_path} at epoch {start_epoch}")
-
-    loader = two_view_loader(data_dir / "train.beton", local_batch, d.get("crop_size", 32),
-                             scale_min=p.get("crop_scale_min", 0.2), workers=d.get("workers", 2),
-                             seed=p.get("seed", 0), distributed=env.world_size > 1,
-                             threads=p.get("threads", 2))
-    if len(loader) == 0:
-        raise ConfigError(f"pretrain.batch_size={p['batch_size']} exceeds the training set "
-                          f"({info.get('num_samples', '?')} images)")
-    augment = recipe(p.get("aug", "v2"), d.get("crop_size", 32))
-    steps_per_epoch, total = len(loader), len(loader) * p["epochs"]
-    diverged = False
-    for epoch in range(start_epoch, p["epochs"]):
-        # Augmentation randomness from (seed, epoch, rank): a resumed epoch replays exactly.
-        torch.manual_seed(p.get("seed", 0) * 100003 + epoch * 1009 + env.rank)
-        loader.set_epoch(epoch)
-        model.train()
-        t0 = time.time()
-        loss_sum = torch.zeros(())
-        correct = torch.zeros(())
-        seen = 0
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{p['epochs']}", disable=not (progress and env.is_main),
-                   mininterval=5, leave=False, file=sys.stderr)
-        for it, (v1, v2, labels, index) in enumerate(bar):
-            lr = lr_at(p, (epoch * steps_per_epoch + it) / max(total, 1))
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            x1, x2 = augment(v1), augment(v2)
-            labels, index = labels.long().clone(), index.long().clone()
-            if p["method"] == "supervised":
-                loss, logits = net(x1, x2, labels=labels)
-                target = labels
-            else:
-                loss, logits = net(x1, x2, index)
-                target = torch.zeros_like(labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.detach() * len(labels)  # summed on device: no sync per step
-            correct += (logits.detach().argmax(1) == target).sum()
-            seen += len(labels)
-        row = epoch_row(model, p, epoch, loss_sum, correct, seen, lr, time.time() - t0)
-        log_rows.append(row)
-        log(" ".join(f"{k}={v}" for k, v in row.items()))
-        if not math.isfinite(row["loss"]):
-            diverged = True
-            log(f"loss diverged at epoch {epoch + 1}: stopping; the cell is reported as failed")
-        if env.is_main:
-            checkpoint.save(state_path, arch=arch_of(p), method=p["method"], model=model.state_dict(),
-                            optimizer=optimizer.state_dict(), epoch=epoch + 1, log=log_rows,
-                            rng=checkpoint.rng_state())
-        distributed.barrier()
-        if diverged:
-            break
-    log(f"rank {env.rank}/{env.world_size} on {env.host}: queue checksum {queue_checksum(model)}")
-    return finish(cfg, out_dir, model.encoder_q.backbone.state_dict(), log_rows, env,
-                  extra={"epochs_run": len(log_rows), "diverged": diverged, "model": model.state_dict()})
+        backbone = build_backbone(arch_of(p, cfg["data"].get("crop_size")))
+        return finish(cfg, out_dir, backbone.state_dict(), [], env, diverged=False, model_state={})
+    trainer = Trainer(cfg, data_dir, state_dir, env, progress)
+    ok = trainer.train()
+    log(f"rank {env.rank}/{env.world_size} on {env.host}: queue checksum {queue_checksum(trainer.model)}")
+    return finish(cfg, out_dir, trainer.model.encoder_q.backbone.state_dict(), trainer.log_rows, env,
+                  diverged=not ok, model_state=trainer.model.state_dict())
 
 
-def epoch_row(model, p, epoch, loss_sum, correct, seen, lr, seconds) -> dict:
-    row = {"epoch": epoch + 1, "loss": round(float(loss_sum) / max(seen, 1), 5),
-           "inst_acc": round(100.0 * float(correct) / max(seen, 1), 3), "lr": round(lr, 6),
-           "seconds": round(seconds, 2)}
-    if isinstance(model, MoCo):
-        mean_age, max_age = model.queue.age_stats(int(model.step))
-        row.update(m=model.m, queue_age_mean=round(mean_age, 2), queue_age_max=max_age,
-                   drift=round(relative_drift(model.encoder_k, model.encoder_q), 6))
-    return row
-
-
-def finish(cfg, out_dir: Path, backbone_state, log_rows, env, extra: dict) -> dict:
+def finish(cfg, out_dir: Path, backbone_state, log_rows, env, diverged: bool, model_state) -> dict:
     """Write the stage's outputs (rank 0): checkpoint, per-epoch CSV log, summary."""
-    p = cfg["pretrain"]
-    summary = {"method": p["method"], "arch": arch_of(p), "world_size": env.world_size,
-               "epochs_run": extra.get("epochs_run", 0), "diverged": extra.get("diverged", False),
-               "final": log_rows[-1] if log_rows else {}}
+    p, arch = cfg["pretrain"], arch_of(cfg["pretrain"], cfg["data"].get("crop_size"))
+    summary = {"method": p["method"], "arch": arch, "world_size": env.world_size, "epochs_run": len(log_rows),
+               "diverged": diverged, "final": log_rows[-1] if log_rows else {}}
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.save(out_dir / "checkpoint.pt", arch=arch_of(p), method=p["method"],
-                        backbone=backbone_state, model=extra.get("model", {}), log=log_rows, config=cfg)
+        checkpoint.save(out_dir / "checkpoint.pt", arch=arch, method=p["method"], backbone=backbone_state,
+                        model=model_state, log=log_rows, config=cfg)
         atomic_write_text(rows_to_csv(log_rows), out_dir / "log.csv")
         atomic_write_json(summary, out_dir / "summary.json")
         atomic_write_json(cfg, out_dir / "config.json")
@@ -205,9 +233,8 @@ def finish(cfg, out_dir: Path, backbone_state, log_rows, env, extra: dict) -> di
 
 
 def rows_to_csv(rows: list[dict]) -> str:
-    cols = ["epoch", "loss", "inst_acc", "lr", "m", "queue_age_mean", "queue_age_max", "drift", "seconds"]
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=LOG_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
@@ -223,11 +250,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     try:
         cfg = load_stage_config(args.config, SECTIONS)
-    except ConfigError as err:
-        raise SystemExit(f"[pretrain] config error: {err}")
-    out = Path(args.out)
-    state = Path(args.state) if args.state else out.parent / "state"
-    summary = train(cfg, Path(args.data), out, state, progress=not args.no_progress)
+        out = Path(args.out)
+        summary = train(cfg, Path(args.data), out, Path(args.state) if args.state else out.parent / "state",
+                        progress=not args.no_progress)
+    except (ConfigError, checkpoint.CheckpointError, FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"[pretrain] error: {err}")
     log(f"done: {json.dumps(summary['final'])}")
     distributed.shutdown()
 

@@ -91,7 +91,7 @@ def test_key_encoder_gets_no_gradient_and_follows_ema():
     x1, x2 = torch.randn(8, 3, 16, 16), torch.randn(8, 3, 16, 16)
     k_before = [p.clone() for p in model.encoder_k.parameters()]
     q_before = [p.clone() for p in model.encoder_q.parameters()]
-    loss, _ = model(x1, x2, torch.arange(8))
+    loss, _, _ = model(x1, x2, torch.arange(8))
     loss.backward()
     assert all(p.grad is None for p in model.encoder_k.parameters())
     assert any(p.grad is not None for p in model.encoder_q.parameters())

@@ -16,18 +16,33 @@ from pipeline.moco.queue import KeyQueue
 
 
 def info_nce(q: torch.Tensor, k: torch.Tensor, negatives: torch.Tensor, T: float,
-             neg_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             neg_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None):
     """(K+1)-way InfoNCE with the positive at index 0. Returns (loss, logits).
 
-    q, k: N x C (normalised); negatives: K x C; neg_mask: N x K, True = not a negative.
+    q, k: N x C (normalised); negatives: K x C; neg_mask: N x K, True = not a negative;
+    labels: a preallocated tensor of N zeros (allocated here if not given).
     """
     l_pos = (q * k).sum(dim=1, keepdim=True)                     # N x 1
     l_neg = q @ negatives.T                                      # N x K
     if neg_mask is not None:
         l_neg = l_neg.masked_fill(neg_mask, float("-inf"))
     logits = torch.cat([l_pos, l_neg], dim=1) / T
-    labels = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+    if labels is None:
+        labels = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
     return F.cross_entropy(logits, labels), logits
+
+
+class ZeroLabels(nn.Module):
+    """The positives' index (0) for every row, allocated once per batch size, not per step."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("zeros", torch.zeros(0, dtype=torch.long), persistent=False)
+
+    def forward(self, n: int, device) -> torch.Tensor:
+        if self.zeros.numel() < n or self.zeros.device != torch.device(device):
+            self.zeros = torch.zeros(n, dtype=torch.long, device=device)
+        return self.zeros[:n]
 
 
 class MoCo(nn.Module):
@@ -49,10 +64,11 @@ class MoCo(nn.Module):
         for p in self.encoder_k.parameters():
             p.requires_grad_(False)  # updated by the momentum rule only, never by gradients
         self.queue = KeyQueue(K, dim)
+        self.labels = ZeroLabels()
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
 
-    def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None):
-        """Returns (loss, logits); logits[:, 0] is the positive."""
+    def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None, labels=None):
+        """Returns (loss, logits, target); the positive of row i is logits[i, 0]."""
         q = F.normalize(self.encoder_q(im_q), dim=1)
 
         with torch.no_grad():
@@ -66,11 +82,13 @@ class MoCo(nn.Module):
         mask = None
         if self.mask_same_source and index is not None:
             mask = index[:, None] == self.queue.source[None, :]
-        loss, logits = info_nce(q, k, self.queue.keys.clone(), self.T, mask)
+        target = self.labels(q.shape[0], q.device)
+        # clone: the queue is updated in place below, autograd needs the keys as they were
+        loss, logits = info_nce(q, k, self.queue.keys.clone(), self.T, mask, target)
 
         if self.training:
             if index is None:
                 index = torch.full((k.shape[0],), -1, dtype=torch.long, device=k.device)
             self.queue.enqueue(gather_all(k), gather_all(index), self.step)
             self.step += 1
-        return loss, logits
+        return loss, logits, target

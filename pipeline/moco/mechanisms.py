@@ -1,0 +1,75 @@
+"""The two mechanisms the MoCo paper compares against (its Figure 3), behind MoCo's interface
+``forward(x1, x2, index) -> (loss, logits, target)``.
+
+- EndToEnd: keys come from the query encoder itself, with gradients; the negatives are the
+  other samples of the (all-gathered) batch, so the dictionary size is the batch size.
+- MemoryBank (InstDisc): one stored embedding per training sample; the positive is the bank
+  entry of the query's own sample, K negatives are drawn at random from the bank, and the
+  entries of the samples in the batch move towards their new embeddings with momentum m.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+from pipeline.moco.builder import ZeroLabels, info_nce
+from pipeline.moco.distributed import gather_all, rank, world_size
+
+
+def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    if world_size() == 1:
+        return x
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(x), dim=0)
+
+
+class EndToEnd(nn.Module):
+    def __init__(self, encoder: nn.Module, T: float = 0.2):
+        super().__init__()
+        self.T = T
+        self.encoder_q = encoder
+
+    def forward(self, x1, x2, index=None, labels=None):
+        q = F.normalize(self.encoder_q(x1), dim=1)
+        k = F.normalize(self.encoder_q(x2), dim=1)   # gradients flow through the keys too
+        k_all = gather_with_grad(k)
+        logits = q @ k_all.T / self.T
+        target = torch.arange(q.shape[0], device=q.device) + rank() * q.shape[0]
+        return F.cross_entropy(logits, target), logits, target
+
+
+class MemoryBank(nn.Module):
+    def __init__(self, encoder: nn.Module, num_samples: int, dim: int = 128, K: int = 4096,
+                 m: float = 0.5, T: float = 0.07):
+        super().__init__()
+        if K > num_samples - 1:
+            raise ValueError(f"memory bank: K={K} negatives need more than K samples "
+                             f"(the training set has {num_samples})")
+        self.K, self.m, self.T = K, m, T
+        self.encoder_q = encoder
+        self.register_buffer("bank", F.normalize(torch.randn(num_samples, dim), dim=1))
+        self.labels = ZeroLabels()
+
+    def forward(self, x1, x2, index, labels=None):
+        if index is None:
+            raise ValueError("the memory bank needs each sample's index")
+        q = F.normalize(self.encoder_q(x1), dim=1)
+        positives = self.bank[index].clone()
+        draw = torch.randint(0, self.bank.shape[0], (self.K,), device=q.device)
+        if world_size() > 1:
+            dist.broadcast(draw, src=0)  # the same negatives on every rank
+        negatives = self.bank[draw].clone()
+        mask = draw[None, :] == index[:, None]  # a sample is never its own negative
+        target = self.labels(q.shape[0], q.device)
+        loss, logits = info_nce(q, positives, negatives, self.T, mask, target)
+        if self.training:
+            self.update(gather_all(q.detach()), gather_all(index))
+        return loss, logits, target
+
+    @torch.no_grad()
+    def update(self, q: torch.Tensor, index: torch.Tensor) -> None:
+        mixed = self.m * self.bank[index] + (1.0 - self.m) * q
+        self.bank.index_copy_(0, index, F.normalize(mixed, dim=1))

@@ -1,0 +1,55 @@
+"""MoCo v3: no queue; the negatives are the keys of the whole (all-gathered) batch.
+
+Query side: backbone -> projector -> predictor. Key side (momentum encoder): backbone ->
+projector. Symmetric loss over the two views, scaled by 2T; the momentum m is raised from
+m0 to 1 on a per-iteration cosine schedule by the training loop (``set_momentum``).
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from pipeline.moco.distributed import gather_all, rank
+from pipeline.moco.momentum import momentum_update
+
+
+def ctr_loss(q: torch.Tensor, k: torch.Tensor, T: float):
+    """InfoNCE of local queries against all ranks' keys; the positive of row i is this rank's
+    key i, i.e. column rank * N + i. Returns (loss scaled by 2T, logits, target)."""
+    q, k = F.normalize(q, dim=1), F.normalize(k, dim=1)
+    k_all = gather_all(k)
+    logits = q @ k_all.T / T
+    target = torch.arange(q.shape[0], device=q.device) + rank() * q.shape[0]
+    return F.cross_entropy(logits, target) * (2 * T), logits, target
+
+
+def momentum_at(m0: float, progress: float) -> float:
+    """Cosine increase from m0 (progress 0) to 1 (progress 1)."""
+    return 1.0 - (1.0 - m0) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class MoCoV3(nn.Module):
+    def __init__(self, encoder: nn.Module, predictor: nn.Module, T: float = 1.0, m: float = 0.99):
+        super().__init__()
+        self.T, self.m0, self.m = T, m, m
+        self.encoder_q = encoder            # backbone + projector
+        self.predictor = predictor
+        self.encoder_k = copy.deepcopy(encoder)
+        for p in self.encoder_k.parameters():
+            p.requires_grad_(False)
+
+    def set_momentum(self, progress: float) -> None:
+        self.m = momentum_at(self.m0, progress)
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor, index: torch.Tensor | None = None, labels=None):
+        q1, q2 = self.predictor(self.encoder_q(x1)), self.predictor(self.encoder_q(x2))
+        with torch.no_grad():
+            momentum_update(self.encoder_k, self.encoder_q, self.m)
+            k1, k2 = self.encoder_k(x1), self.encoder_k(x2)
+        loss1, logits, target = ctr_loss(q1, k2, self.T)
+        loss2, _, _ = ctr_loss(q2, k1, self.T)
+        return loss1 + loss2, logits, target

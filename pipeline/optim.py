@@ -1,0 +1,69 @@
+"""Optimisers and schedules of the MoCo recipes: SGD (v1/v2), LARS (v3 ResNet), AdamW (v3 ViT);
+linear warmup then cosine (or x0.1 at 60% and 80%)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class LARS(torch.optim.Optimizer):
+    """SGD with momentum and a layer-wise trust ratio (You et al. 2017), as MoCo v3 uses it:
+    weight decay and adaptation apply to weight matrices and kernels only (ndim > 1), never
+    to biases or normalisation parameters."""
+
+    def __init__(self, params, lr: float, weight_decay: float = 0.0, momentum: float = 0.9,
+                 trust_coefficient: float = 0.001):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
+                                      trust_coefficient=trust_coefficient))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                update = p.grad
+                if p.ndim > 1:
+                    update = update.add(p, alpha=group["weight_decay"])
+                    w_norm, u_norm = p.norm(), update.norm()
+                    ratio = torch.where((w_norm > 0) & (u_norm > 0),
+                                        group["trust_coefficient"] * w_norm / u_norm, torch.ones_like(w_norm))
+                    update = update.mul(ratio)
+                buf = self.state[p].get("momentum_buffer")
+                if buf is None:
+                    buf = self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                buf.mul_(group["momentum"]).add_(update)
+                p.add_(buf, alpha=-group["lr"])
+
+
+def optimizer_name(p: dict) -> str:
+    name = p.get("optimizer", "auto")
+    if name != "auto":
+        return name
+    if p.get("variant") == "v3":
+        return "adamw" if p["backbone"].startswith("vit") else "lars"
+    return "sgd"
+
+
+def build_optimizer(p: dict, params) -> torch.optim.Optimizer:
+    params = [t for t in params if t.requires_grad]  # never the key encoder nor frozen parts
+    name, wd = optimizer_name(p), p.get("weight_decay", 1e-4)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=p["lr"], momentum=p.get("sgd_momentum", 0.9), weight_decay=wd)
+    if name == "lars":
+        return LARS(params, lr=p["lr"], weight_decay=wd, momentum=p.get("sgd_momentum", 0.9))
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=p["lr"], weight_decay=wd)
+    raise ValueError(f"unknown optimizer '{name}' (sgd, lars, adamw)")
+
+
+def lr_at(p: dict, progress: float, epochs: float) -> float:
+    """Learning rate at a fraction of training: linear warmup, then cosine or step decay."""
+    warm = p.get("warmup_epochs", 0) / max(epochs, 1e-9)
+    if progress < warm:
+        return p["lr"] * progress / warm
+    if p.get("schedule", "cosine") == "cosine":
+        rest = (progress - warm) / max(1.0 - warm, 1e-9)
+        return p["lr"] * 0.5 * (1.0 + math.cos(math.pi * rest))
+    return p["lr"] * (0.1 ** sum(progress >= f for f in (0.6, 0.8)))

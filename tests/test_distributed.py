@@ -1,0 +1,103 @@
+"""MoCo across processes (2 gloo ranks on CPU): ShuffleBN, identical queues, and the same
+training as one process at twice the batch."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from pipeline.methods import build_model
+from pipeline.moco.distributed import shuffle_across_ranks, unshuffle_across_ranks
+from pipeline.optim import build_optimizer
+
+B, STEPS = 4, 3
+P = {"method": "moco", "variant": "v2", "mechanism": "moco", "backbone": "resnet18", "width": 8,
+     "cifar_stem": True, "norm": "gn", "dim": 16, "K": 32, "m": 0.9, "T": 0.2, "epochs": 1,
+     "batch_size": 2 * B, "lr": 0.1, "weight_decay": 1e-4}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def global_batches():
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(2 * B, 3, 16, 16, generator=g), torch.randn(2 * B, 3, 16, 16, generator=g),
+             torch.arange(2 * B) + 100 * s) for s in range(STEPS)]
+
+
+def train(model, opt, batches, rows: slice, ddp=None):
+    net = ddp or model
+    for x1, x2, idx in batches:
+        torch.manual_seed(7)  # ShuffleBN's permutation: the same on every rank (rank 0 broadcasts)
+        loss, _, _ = net(x1[rows], x2[rows], idx[rows])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _two_rank_worker(rank, world, port, out):
+    _init(rank, world, port)
+    torch.manual_seed(0)
+    model = build_model(P, 16, 10, 1000)
+    opt = build_optimizer(P, model.parameters())
+    ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    train(model, opt, global_batches(), slice(rank * B, (rank + 1) * B), ddp)
+    torch.save({k: v.clone() for k, v in model.state_dict().items()}, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_two_ranks_equal_one_process_at_twice_the_batch(tmp_path):
+    mp.spawn(_two_rank_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    torch.manual_seed(0)
+    model = build_model(P, 16, 10, 1000)
+    opt = build_optimizer(P, model.parameters())
+    train(model, opt, global_batches(), slice(0, 2 * B))
+    single = model.state_dict()
+    for key in ("queue.keys", "queue.ptr", "queue.source", "queue.enqueued_at"):
+        assert torch.equal(r0[key], r1[key]), f"{key} differs between ranks"
+    assert r0["queue.source"].tolist()[: STEPS * 2 * B] == list(
+        torch.cat([torch.arange(2 * B) + 100 * s for s in range(STEPS)]).tolist())
+    for key, value in single.items():
+        torch.testing.assert_close(r0[key].float(), value.float(), rtol=1e-4, atol=1e-5, msg=key)
+        torch.testing.assert_close(r1[key].float(), value.float(), rtol=1e-4, atol=1e-5, msg=key)
+
+
+def _shuffle_worker(rank, world, port, out):
+    _init(rank, world, port)
+    torch.manual_seed(3)
+    x = torch.arange(8, dtype=torch.float32)[:, None] + 100 * rank  # rank-identifying rows
+    shuffled, undo = shuffle_across_ranks(x)
+    restored = unshuffle_across_ranks(shuffled, undo)
+    torch.save({"x": x, "shuffled": shuffled, "restored": restored}, f"{out}/shuffle{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_shuffle_bn_across_two_ranks(tmp_path):
+    mp.spawn(_shuffle_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    parts = [torch.load(tmp_path / f"shuffle{r}.pt") for r in (0, 1)]
+    everything = sorted(torch.cat([p["shuffled"] for p in parts]).flatten().tolist())
+    assert everything == sorted(torch.cat([p["x"] for p in parts]).flatten().tolist())  # a permutation
+    for p in parts:
+        assert torch.equal(p["restored"], p["x"])  # unshuffle(shuffle(x)) is the identity
+        # the batch the key encoder's BN sees on this rank is not this rank's query batch
+        assert not torch.equal(p["shuffled"].sort(0).values, p["x"])
+        assert bool((p["shuffled"] >= 100).any() & (p["shuffled"] < 100).any())
+
+
+def test_shuffle_is_identity_in_one_process():
+    x = torch.randn(6, 3)
+    torch.manual_seed(0)
+    shuffled, undo = shuffle_across_ranks(x)
+    assert torch.equal(unshuffle_across_ranks(shuffled, undo), x)
