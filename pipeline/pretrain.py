@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from pipeline import checkpoint, distributed
+from pipeline import checkpoint, distributed, preempt
 from pipeline.augment import view_recipes
 from pipeline.config import ConfigError, load_stage_config
 from pipeline.data import two_view_loader
@@ -38,6 +38,7 @@ from pipeline.moco.momentum import relative_drift
 from pipeline.optim import build_optimizer, lr_at
 
 SECTIONS = ["data", "pretrain"]
+PREEMPT_SYNC_STEPS = 10
 LOG_COLUMNS = ["epoch", "loss", "inst_acc", "lr", "m", "queue_age_mean", "queue_age_max", "drift", "seconds"]
 
 
@@ -151,10 +152,13 @@ class Trainer:
             for v1, v2, labels, index in bar:
                 self.train_step(v1, v2, labels, index)
                 self.step_in_epoch += 1
-                if every and self.step_in_epoch % every == 0 and self.step_in_epoch < len(self.loader):
+                stop = self.stop_requested()
+                if stop or (every and self.step_in_epoch % every == 0 and self.step_in_epoch < len(self.loader)):
                     self.stats.seconds += time.time() - t0
                     t0 = time.time()
                     self.save_state()
+                if stop:
+                    preempt.requeue_and_exit(log)
             self.stats.seconds += time.time() - t0
             row = self.epoch_row()
             self.log_rows.append(row)
@@ -165,6 +169,21 @@ class Trainer:
                 log(f"loss diverged at epoch {row['epoch']}: stopping; the cell is reported as failed")
                 return False
         return True
+
+    def stop_requested(self) -> bool:
+        """A preemption signal reached any rank: all ranks stop at the same step.
+
+        Ranks agree through a one-element all-reduce, every PREEMPT_SYNC_STEPS steps only,
+        so that the check costs no host-device sync on the other steps.
+        """
+        if self.env.world_size == 1:
+            return preempt.requested()
+        if self.step_in_epoch % PREEMPT_SYNC_STEPS:
+            return False
+        device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor(float(preempt.requested()), device=device)
+        torch.distributed.all_reduce(flag)
+        return bool(flag > 0)
 
     def train_step(self, v1, v2, labels, index) -> None:
         p, steps = self.p, len(self.loader)
@@ -201,6 +220,7 @@ class Trainer:
 
 def train(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: bool = True) -> dict:
     p = cfg["pretrain"]
+    preempt.install()
     env = distributed.init()
     torch.set_num_threads(p.get("threads", 2))
     seed_everything(p.get("seed", 0))  # identical initial weights on every rank

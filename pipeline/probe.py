@@ -1,11 +1,15 @@
 """Linear probe on the frozen query backbone of a pretraining checkpoint (+ weighted kNN).
 
-``cached`` mode: features of the train and val splits are extracted once (centre view, no
-augmentation, BN in eval mode), then a linear classifier is trained on them. The metrics say
-which mode produced them. Every backbone tensor is verified unchanged afterwards.
+Protocols (``probe.protocol``): ``moco`` (SGD lr 30, momentum 0.9, wd 0, x0.1 at 60% and
+80% of the epochs, batch 256) and ``mocov3`` (batch 1024, cosine, lr 0.1 x batch/256, wd 0);
+``lr`` / ``batch_size`` in the config override the protocol's when set.
+Modes (``probe.mode``): ``augmented`` trains on RandomResizedCrop + flip views of the train
+split, as the papers do; ``cached`` extracts the features once (centre view) and trains on
+them, much faster. The metrics say which protocol and mode produced them. The backbone is
+frozen entirely (BN statistics included, eval mode) and verified bit-identical afterwards.
 
-    python -m pipeline.probe --config workflow/config/config.yaml \
-        --checkpoint results/cells/base/pretrain/checkpoint.pt --data results/data/ffcv \
+    python -m pipeline.probe --config workflow/config/config.yaml \\
+        --checkpoint results/cells/base/pretrain/checkpoint.pt --data results/data/ffcv \\
         --out results/cells/base/probe.json
 """
 from __future__ import annotations
@@ -17,15 +21,22 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from pipeline import checkpoint
+from pipeline.augment import DeviceCrop, normalize
 from pipeline.config import ConfigError, load_stage_config
+from pipeline.data import eval_loader
 from pipeline.features import extract
 from pipeline.io import atomic_write_json
 from pipeline.knn import knn_accuracy
 from pipeline.models import build_backbone
 
 SECTIONS = ["data", "probe"]
+PROTOCOLS = {
+    "moco": {"lr": 30.0, "batch_size": 256, "schedule": "step", "weight_decay": 0.0},
+    "mocov3": {"lr": 0.1, "batch_size": 1024, "schedule": "cosine", "weight_decay": 0.0, "scale_lr": True},
+}
 
 
 def log(msg: str) -> None:
@@ -52,40 +63,98 @@ def assert_unchanged(module: nn.Module, before: dict) -> None:
 
 
 def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> dict:
-    top = logits.topk(max(ks), dim=1).indices
+    top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
     hit = top == labels[:, None]
     return {f"top{k}": 100.0 * float(hit[:, :k].any(1).float().mean()) for k in ks}
 
 
-def train_linear(train_x, train_y, val_x, val_y, num_classes: int, pc: dict) -> tuple[nn.Module, list]:
-    """SGD (momentum 0.9, cosine) on standardised features; returns the layer and its curve."""
-    g = torch.Generator().manual_seed(pc.get("seed", 0))
-    mean, std = train_x.mean(0), train_x.std(0).clamp_min(1e-6)
-    scale = lambda x: (x - mean) / std  # noqa: E731  (a frozen, parameter-free BN)
-    tx, vx = scale(train_x), scale(val_x)
-    layer = nn.Linear(tx.shape[1], num_classes)
-    opt = torch.optim.SGD(layer.parameters(), lr=pc["lr"], momentum=0.9, weight_decay=pc.get("weight_decay", 0.0))
-    bs, epochs = pc.get("batch_size", 256), pc["epochs"]
-    steps = math.ceil(len(tx) / bs) * epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
+def settings(pc: dict) -> dict:
+    """The protocol's hyper-parameters with the config's explicit overrides."""
+    s = dict(PROTOCOLS[pc.get("protocol", "moco")])
+    s["batch_size"] = pc.get("batch_size") or s["batch_size"]
+    if pc.get("lr"):
+        s["lr"] = pc["lr"]
+    elif s.pop("scale_lr", False):
+        s["lr"] = s["lr"] * s["batch_size"] / 256
+    s.pop("scale_lr", None)
+    s["weight_decay"] = pc.get("weight_decay", s["weight_decay"])
+    s["epochs"] = pc["epochs"]
+    return s
+
+
+def lr_factor(schedule: str, progress: float) -> float:
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 0.1 ** sum(progress >= f for f in (0.6, 0.8))
+
+
+def make_classifier(dim: int, num_classes: int, standardize: bool) -> nn.Module:
+    """Linear layer, optionally behind a parameter-free BN (feature standardisation, as MAE's
+    probe): still a linear classifier at test time, and far less sensitive to the lr."""
+    linear = nn.Linear(dim, num_classes)
+    nn.init.normal_(linear.weight, std=0.01)
+    nn.init.zeros_(linear.bias)
+    return nn.Sequential(nn.BatchNorm1d(dim, affine=False), linear) if standardize else linear
+
+
+class LinearProbe:
+    """SGD on a linear classifier; batches come from cached features or a frozen backbone."""
+
+    def __init__(self, dim: int, num_classes: int, s: dict, standardize: bool, steps_per_epoch: int):
+        self.s, self.steps = s, max(1, steps_per_epoch * s["epochs"])
+        self.classifier = make_classifier(dim, num_classes, standardize)
+        self.opt = torch.optim.SGD(self.classifier.parameters(), lr=s["lr"], momentum=0.9,
+                                   weight_decay=s["weight_decay"])
+        self.step = 0
+
+    def train_batch(self, feats: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        for group in self.opt.param_groups:
+            group["lr"] = self.s["lr"] * lr_factor(self.s["schedule"], self.step / self.steps)
+        self.classifier.train()
+        loss = nn.functional.cross_entropy(self.classifier(feats), labels)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        self.step += 1
+        return loss.detach()
+
+    @torch.no_grad()
+    def predict(self, feats: torch.Tensor) -> torch.Tensor:
+        self.classifier.eval()
+        return self.classifier(feats)
+
+
+def train_cached(probe: LinearProbe, train_x, train_y, val_x, val_y, seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    bs, curve = probe.s["batch_size"], []
+    for epoch in range(probe.s["epochs"]):
+        perm = torch.randperm(len(train_x), generator=g)
+        total = sum(float(probe.train_batch(train_x[i], train_y[i])) * len(i)
+                    for i in perm.split(bs))
+        curve.append(curve_point(probe, epoch, total / len(train_x), val_x, val_y))
+    return curve
+
+
+def train_augmented(probe: LinearProbe, backbone, data_dir: Path, d: dict, pc: dict, val_x, val_y) -> list:
+    crop = d.get("crop_size", 32)
+    loader = eval_loader(data_dir / "train.beton", probe.s["batch_size"], crop, d.get("workers", 2),
+                         threads=pc.get("threads"), order="random", seed=pc.get("seed", 0), drop_last=False)
+    random_crop = DeviceCrop(crop, scale_min=0.08)  # RandomResizedCrop + flip, as the papers
     curve = []
-    for epoch in range(epochs):
-        perm = torch.randperm(len(tx), generator=g)
-        total = 0.0
-        for start in range(0, len(tx), bs):
-            idx = perm[start:start + bs]
-            loss = nn.functional.cross_entropy(layer(tx[idx]), train_y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            total += float(loss.detach()) * len(idx)
-        if epoch == epochs - 1 or (epoch + 1) % max(1, epochs // 10) == 0:
+    for epoch in tqdm(range(probe.s["epochs"]), desc="probe", mininterval=10):
+        total, seen = 0.0, 0
+        for images, labels, _ in loader:
             with torch.no_grad():
-                acc = topk_accuracy(layer(vx), val_y)["top1"]
-            curve.append({"epoch": epoch + 1, "train_loss": round(total / len(tx), 5), "val_top1": round(acc, 3)})
-    layer.eval()
-    return (lambda x: layer(scale(x))), curve
+                feats = backbone(normalize(random_crop(images)))
+            total += float(probe.train_batch(feats, labels.long())) * len(labels)
+            seen += len(labels)
+        curve.append(curve_point(probe, epoch, total / max(seen, 1), val_x, val_y))
+    return curve
+
+
+def curve_point(probe, epoch, train_loss, val_x, val_y) -> dict:
+    acc = topk_accuracy(probe.predict(val_x), val_y)["top1"]
+    return {"epoch": epoch + 1, "train_loss": round(train_loss, 5), "val_top1": round(acc, 3)}
 
 
 def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
@@ -95,23 +164,29 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     backbone, ckpt = load_frozen_backbone(ckpt_path)
     before = snapshot(backbone)
     classes = json.loads((data_dir / "train.json").read_text())["classes"]
-    crop = d.get("crop_size", 32)
-    train_x, train_y = extract(backbone, data_dir / "train.beton", crop, d.get("workers", 2), threads=pc.get("threads"))
-    val_x, val_y = extract(backbone, data_dir / "val.beton", crop, d.get("workers", 2), threads=pc.get("threads"))
-    log(f"features: train {tuple(train_x.shape)}, val {tuple(val_x.shape)}")
-    classifier, curve = train_linear(train_x, train_y, val_x, val_y, len(classes), pc)
-    with torch.no_grad():
-        logits = classifier(val_x)
-    acc = topk_accuracy(logits, val_y)
-    pred = logits.argmax(1)
+    crop, workers, mode = d.get("crop_size", 32), d.get("workers", 2), pc.get("mode", "cached")
+    train_x, train_y = extract(backbone, data_dir / "train.beton", crop, workers, threads=pc.get("threads"))
+    val_x, val_y = extract(backbone, data_dir / "val.beton", crop, workers, threads=pc.get("threads"))
+    log(f"features: train {tuple(train_x.shape)}, val {tuple(val_x.shape)}; mode {mode}, "
+        f"protocol {pc.get('protocol', 'moco')}")
+    s = settings(pc)
+    probe = LinearProbe(train_x.shape[1], len(classes), s, pc.get("standardize", False),
+                        math.ceil(len(train_x) / s["batch_size"]))
+    if mode == "cached":
+        curve = train_cached(probe, train_x, train_y, val_x, val_y, pc.get("seed", 0))
+    else:
+        curve = train_augmented(probe, backbone, data_dir, d, pc, val_x, val_y)
+    logits = probe.predict(val_x)
+    acc, pred = topk_accuracy(logits, val_y), logits.argmax(1)
     per_class = {name: round(100.0 * float((pred[val_y == c] == c).float().mean()), 2)
                  for c, name in enumerate(classes) if bool((val_y == c).any())}
-    knn = knn_accuracy(train_x, train_y, val_x, val_y, len(classes))
-    assert_unchanged(backbone, before)
-    metrics = {"mode": pc.get("mode", "cached"), "top1": round(acc["top1"], 3), "top5": round(acc["top5"], 3),
-               "knn_top1": round(knn, 3), "per_class_top1": per_class, "curve": curve,
-               "checkpoint": str(ckpt_path), "method": ckpt.get("method"), "arch": ckpt["arch"],
-               "feature_dim": int(train_x.shape[1]), "config": cfg}
+    knn = knn_accuracy(train_x, train_y, val_x, val_y, len(classes), k=pc.get("knn_k", 200),
+                       T=pc.get("knn_t", 0.07))
+    assert_unchanged(backbone, before)  # fail loudly if anything touched the frozen encoder
+    metrics = {"mode": mode, "protocol": pc.get("protocol", "moco"), "top1": round(acc["top1"], 3),
+               "top5": round(acc["top5"], 3), "knn_top1": round(knn, 3), "per_class_top1": per_class,
+               "curve": curve, "settings": s, "checkpoint": str(ckpt_path), "method": ckpt.get("method"),
+               "arch": ckpt["arch"], "feature_dim": int(train_x.shape[1]), "config": cfg}
     atomic_write_json(metrics, out)
     return metrics
 
@@ -128,7 +203,7 @@ def main(argv=None) -> None:
         m = run(cfg, Path(args.checkpoint), Path(args.data), Path(args.out))
     except (ConfigError, checkpoint.CheckpointError, FileNotFoundError) as err:
         raise SystemExit(f"[probe] error: {err}")
-    log(f"top1={m['top1']} top5={m['top5']} knn={m['knn_top1']} ({m['mode']})")
+    log(f"top1={m['top1']} top5={m['top5']} knn={m['knn_top1']} ({m['mode']}, {m['protocol']})")
 
 
 if __name__ == "__main__":

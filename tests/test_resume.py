@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from conftest import REPO
@@ -21,32 +22,51 @@ def command(data, out, state):
             "--out", str(out), "--state", str(state), "--no-progress"]
 
 
-def test_kill_and_resume_is_exact(ffcv_small, tmp_path):
-    subprocess.run(command(ffcv_small, tmp_path / "a", tmp_path / "a_state"), cwd=REPO, check=True,
+@pytest.fixture(scope="module")
+def uninterrupted(ffcv_small, tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    subprocess.run(command(ffcv_small, out / "run", out / "state"), cwd=REPO, check=True,
                    capture_output=True, timeout=300)
+    return torch.load(out / "run" / "checkpoint.pt", weights_only=True)
 
-    state = tmp_path / "b_state"
-    proc = subprocess.Popen(command(ffcv_small, tmp_path / "b", state), cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+def interrupt(ffcv_small, out, state, sig) -> subprocess.CompletedProcess:
+    """Start a run, send ``sig`` once it has written its first resume state, then restart it."""
+    proc = subprocess.Popen(command(ffcv_small, out, state), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
     while not (state / "last.pt").exists() and time.time() < deadline:
         time.sleep(0.05)
     time.sleep(0.3)  # somewhere in the middle of training
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=30) == -signal.SIGKILL
-    assert not (tmp_path / "b" / "checkpoint.pt").exists(), "the run finished before it was killed"
+    proc.send_signal(sig)
+    first_output, _ = proc.communicate(timeout=60)
+    assert not (out / "checkpoint.pt").exists(), "the run finished before it was interrupted"
     saved = torch.load(state / "last.pt", weights_only=True)
     assert (saved["epoch"], saved["step_in_epoch"]) != (CFG["pretrain"]["epochs"], 0)
-
-    resumed = subprocess.run(command(ffcv_small, tmp_path / "b", state), cwd=REPO, check=True,
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(command(ffcv_small, out, state), cwd=REPO, check=True, capture_output=True,
+                             text=True, timeout=300)
     assert "resumed from" in resumed.stdout
+    return proc.returncode, first_output
 
-    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
-    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
+
+def assert_same_run(a, b):
     assert a["model"].keys() == b["model"].keys()
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), f"{key} differs after resume"
     assert torch.equal(a["model"]["queue.keys"], b["model"]["queue.keys"])
     strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
     assert strip(a["log"]) == strip(b["log"])
+
+
+def test_sigkill_then_resume_is_exact(ffcv_small, uninterrupted, tmp_path):
+    code, _ = interrupt(ffcv_small, tmp_path / "b", tmp_path / "b_state", signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert_same_run(uninterrupted, torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True))
+
+
+def test_preemption_signal_saves_and_resumes_exactly(ffcv_small, uninterrupted, tmp_path):
+    """SLURM's warning signal (USR1): the run saves its state at the next step and exits 75."""
+    code, output = interrupt(ffcv_small, tmp_path / "c", tmp_path / "c_state", signal.SIGUSR1)
+    assert code == 75, output
+    assert "SIGUSR1 received: state saved" in output
+    assert_same_run(uninterrupted, torch.load(tmp_path / "c" / "checkpoint.pt", weights_only=True))

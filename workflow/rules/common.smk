@@ -21,9 +21,17 @@ def params_of(cell):
     return CELLS[cell] if cell in CELLS else cell_params(config, cell)
 
 
+def detects(cell):
+    """Detection transfer for this cell? ResNet backbones only, and only the chosen cells."""
+    det = config["detect"]
+    chosen = det.get("cells", ["all"])
+    return (det["enabled"] and params_of(cell)["backbone"].startswith("resnet")
+            and ("all" in chosen or cell in chosen))
+
+
 def cell_outputs(cell):
     outs = [f"{R}/cells/{cell}/probe.json"]
-    if config["detect"]["enabled"]:
+    if detects(cell):
         outs.append(f"{R}/cells/{cell}/detect.json")
     return outs
 

@@ -1,0 +1,50 @@
+"""Preemption and time limits: on SLURM's warning signal, save and requeue.
+
+SLURM sends a signal before it kills a job at its time limit or on preemption (e.g.
+``#SBATCH --signal=B:USR1@120``; submitit uses USR2). The handler only sets a flag; the
+training loop checks it after each step, writes its resume state, and then the job is
+requeued (``scontrol requeue``) when it runs under SLURM, or exits with status 75
+(EX_TEMPFAIL) elsewhere, so a wrapper can restart it. The restarted run resumes from the
+state it wrote.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+EXIT_REQUEUE = 75
+_requested: list[int] = []
+
+
+def _handler(signum, frame) -> None:
+    _requested.append(signum)
+
+
+def install() -> None:
+    """Catch the warning signals (main thread only; a no-op elsewhere)."""
+    try:
+        for sig in SIGNALS:
+            signal.signal(sig, _handler)
+    except ValueError:
+        pass
+
+
+def requested() -> bool:
+    return bool(_requested)
+
+
+def requeue_and_exit(log) -> None:
+    """After the state is saved: requeue this SLURM job (rank 0 only), then exit."""
+    signame = signal.Signals(_requested[0]).name
+    job = os.environ.get("SLURM_JOB_ID")
+    rank0 = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+    if job and rank0 and os.environ.get("MOCO_REQUEUE", "1") == "1":
+        log(f"{signame} received: state saved, requeueing SLURM job {job}")
+        subprocess.run(["scontrol", "requeue", job], check=False)
+    else:
+        log(f"{signame} received: state saved, exiting with {EXIT_REQUEUE} (restart to resume)")
+    sys.stdout.flush()
+    sys.exit(EXIT_REQUEUE)
