@@ -9,11 +9,12 @@ from pipeline.data import eval_loader
 
 @torch.no_grad()
 def extract(backbone: torch.nn.Module, beton, crop_size: int, workers: int = 2, batch_size: int = 512,
-            threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features N x D, labels N) in file order."""
+            threads: int | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features N x D, labels N) in file order, on ``device`` (default: the backbone's)."""
     backbone.eval()
+    device = device or next(backbone.parameters()).device
     feats, labels = [], []
     for images, y, _ in eval_loader(beton, batch_size, crop_size, workers=workers, threads=threads):
-        feats.append(backbone(normalize(images)))
-        labels.append(y.long().clone())
+        feats.append(backbone(normalize(images.to(device))))
+        labels.append(y.to(device, torch.long).clone())
     return torch.cat(feats), torch.cat(labels)

@@ -30,7 +30,9 @@ from pipeline import checkpoint, distributed, preempt
 from pipeline.augment import view_recipes
 from pipeline.config import ConfigError, load_stage_config
 from pipeline.data import two_view_loader
+from pipeline.features import extract
 from pipeline.io import atomic_write_json, atomic_write_text
+from pipeline.knn import knn_accuracy
 from pipeline.methods import arch_of, build_model
 from pipeline.models import build_backbone
 from pipeline.moco import MoCo
@@ -39,7 +41,8 @@ from pipeline.optim import build_optimizer, lr_at
 
 SECTIONS = ["data", "pretrain"]
 PREEMPT_SYNC_STEPS = 10
-LOG_COLUMNS = ["epoch", "loss", "inst_acc", "lr", "m", "queue_age_mean", "queue_age_max", "drift", "seconds"]
+LOG_COLUMNS = ["epoch", "loss", "inst_acc", "knn", "lr", "m", "queue_age_mean", "queue_age_max", "drift",
+               "seconds"]
 
 
 def log(msg: str) -> None:
@@ -60,12 +63,13 @@ def queue_checksum(model: nn.Module) -> str:
 class EpochStats:
     """Loss and accuracy summed on the device (no host sync per step); saved with the state."""
 
-    def __init__(self, state: dict | None = None):
+    def __init__(self, device, state: dict | None = None):
         state = state or {}
-        self.loss = state.get("loss", torch.zeros((), dtype=torch.float64))
-        self.correct = state.get("correct", torch.zeros((), dtype=torch.float64))
+        self.loss = state.get("loss", torch.zeros((), dtype=torch.float64)).to(device)
+        self.correct = state.get("correct", torch.zeros((), dtype=torch.float64)).to(device)
         self.seen = state.get("seen", 0)
         self.seconds = state.get("seconds", 0.0)
+        self.lr = state.get("lr", 0.0)  # of the last step: the epoch's row reports it
 
     def add(self, loss, logits, target) -> None:
         n = target.shape[0]
@@ -74,7 +78,8 @@ class EpochStats:
         self.seen += n
 
     def state(self) -> dict:
-        return {"loss": self.loss, "correct": self.correct, "seen": self.seen, "seconds": self.seconds}
+        return {"loss": self.loss, "correct": self.correct, "seen": self.seen, "seconds": self.seconds,
+                "lr": self.lr}
 
 
 class Trainer:
@@ -93,11 +98,19 @@ class Trainer:
             log(f"warning: K={p['K']} >= {self.num_samples} training images: the queue holds keys of the "
                 f"query's own image as negatives; lower K or set mask_same_source: true")
         self.model = build_model(p, d.get("crop_size", 32), len(info.get("classes", [])) or 1, self.num_samples)
+        self.device = torch.device(f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")
+        cuda = self.device.type == "cuda"
+        # channels_last and bf16 autocast pay off on tensor cores; on CPU they only cost
+        self.channels_last = cuda and p["backbone"].startswith("resnet")
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and p.get("amp", True))
+        self.model.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
         self.optimizer = build_optimizer(p, self.model.parameters())
         self.net = self.model
         if env.world_size > 1:
             # buffers (queue, BN statistics) are kept identical by the method itself
             self.net = nn.parallel.DistributedDataParallel(self.model, broadcast_buffers=False)
+        if p.get("compile", False):
+            self.net = torch.compile(self.net)
         self.loader = two_view_loader(
             data_dir / "train.beton", p["batch_size"] // env.world_size, d.get("crop_size", 32),
             scale_min=p.get("crop_scale_min", 0.2), workers=d.get("workers", 2), seed=p.get("seed", 0),
@@ -105,8 +118,9 @@ class Trainer:
         if len(self.loader) == 0:
             raise ConfigError(f"pretrain.batch_size={p['batch_size']} exceeds the training set "
                               f"({self.num_samples} images)")
-        self.aug1, self.aug2 = view_recipes(p.get("aug", "v2"), d.get("crop_size", 32))
-        self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], EpochStats()
+        self.aug1, self.aug2 = (a.to(self.device) for a in view_recipes(p.get("aug", "v2"), d.get("crop_size", 32)))
+        self.data_dir = data_dir
+        self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], EpochStats(self.device)
 
     # --- resume state -------------------------------------------------------------------
     def save_state(self) -> None:
@@ -124,7 +138,7 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
-        self.log_rows, self.stats = list(state["log"]), EpochStats(state["stats"])
+        self.log_rows, self.stats = list(state["log"]), EpochStats(self.device, state["stats"])
         self._resume_rng = state["rng"]
         log(f"resumed from {self.state_path} at epoch {self.epoch + 1}, step {self.step_in_epoch}")
         return True
@@ -141,7 +155,7 @@ class Trainer:
             if skip == 0:
                 # Augmentation randomness from (seed, epoch, rank): an epoch replays exactly.
                 torch.manual_seed(p.get("seed", 0) * 100003 + self.epoch * 1009 + self.env.rank)
-                self.stats = EpochStats()
+                self.stats = EpochStats(self.device)
             elif self._resume_rng is not None:
                 checkpoint.set_rng_state(self._resume_rng)
             self.loader.set_epoch(self.epoch)
@@ -161,6 +175,8 @@ class Trainer:
                     preempt.requeue_and_exit(log)
             self.stats.seconds += time.time() - t0
             row = self.epoch_row()
+            if self.knn_due():
+                row["knn"] = self.knn_monitor()
             self.log_rows.append(row)
             log(" ".join(f"{k}={v}" for k, v in row.items()))
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
@@ -169,6 +185,24 @@ class Trainer:
                 log(f"loss diverged at epoch {row['epoch']}: stopping; the cell is reported as failed")
                 return False
         return True
+
+    def knn_due(self) -> bool:
+        every = self.p.get("knn_every", 0)
+        last = self.epoch + 1 == self.p["epochs"]
+        return bool(every) and ((self.epoch + 1) % every == 0 or last) and (self.data_dir / "val.beton").is_file()
+
+    @torch.no_grad()
+    def knn_monitor(self) -> float:
+        """Weighted kNN top-1 of the query backbone (val against train features): a cheap
+        view of representation quality during training. Every rank computes it (no I/O
+        races, identical numbers); BN statistics are untouched (eval mode)."""
+        backbone, crop = self.model.encoder_q.backbone, self.d.get("crop_size", 32)
+        train_x, train_y = extract(backbone, self.data_dir / "train.beton", crop, self.d.get("workers", 2),
+                                   threads=self.p.get("threads"), device=self.device)
+        val_x, val_y = extract(backbone, self.data_dir / "val.beton", crop, self.d.get("workers", 2),
+                               threads=self.p.get("threads"), device=self.device)
+        self.model.train()
+        return round(knn_accuracy(train_x, train_y, val_x, val_y, int(train_y.max()) + 1), 3)
 
     def stop_requested(self) -> bool:
         """A preemption signal reached any rank: all ranks stop at the same step.
@@ -188,17 +222,25 @@ class Trainer:
     def train_step(self, v1, v2, labels, index) -> None:
         p, steps = self.p, len(self.loader)
         progress = (self.epoch * steps + self.step_in_epoch) / max(steps * p["epochs"], 1)
-        self.lr = lr_at(p, progress, p["epochs"])
+        self.stats.lr = lr_at(p, progress, p["epochs"])
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
+            group["lr"] = self.stats.lr
         if hasattr(self.model, "set_momentum"):  # MoCo v3: m rises to 1 with a cosine
             self.model.set_momentum(progress)
-        x1, x2 = self.aug1(v1), self.aug2(v2)
-        loss, logits, target = self.net(x1, x2, index.long().clone(), labels.long().clone())
+        x1, x2 = self.aug1(self.to_device(v1)), self.aug2(self.to_device(v2))
+        if self.channels_last:
+            x1, x2 = (x.contiguous(memory_format=torch.channels_last) for x in (x1, x2))
+        index, labels = (t.to(self.device, torch.long, non_blocking=True).clone() for t in (index, labels))
+        with self.autocast:
+            loss, logits, target = self.net(x1, x2, index, labels)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
         self.stats.add(loss, logits, target)
+
+    def to_device(self, images: torch.Tensor) -> torch.Tensor:
+        # FFCV hands out views of reused buffers: copy before the next batch overwrites them
+        return images.to(self.device, non_blocking=True) if self.device.type != "cpu" else images
 
     def epoch_row(self) -> dict:
         s, model = self.stats, self.model
@@ -208,7 +250,7 @@ class Trainer:
             torch.distributed.all_reduce(loss)
             torch.distributed.all_reduce(correct)
         row = {"epoch": self.epoch + 1, "loss": round(float(loss) / seen, 5),
-               "inst_acc": round(100.0 * float(correct) / seen, 3), "lr": round(getattr(self, "lr", 0.0), 6),
+               "inst_acc": round(100.0 * float(correct) / seen, 3), "lr": round(s.lr, 6),
                "seconds": round(s.seconds, 2)}
         if hasattr(model, "m") and hasattr(model, "encoder_k"):
             row.update(m=round(model.m, 6), drift=round(relative_drift(model.encoder_k, model.encoder_q), 6))

@@ -1,22 +1,46 @@
 # Stage 2: pretraining, one job per ablation cell. The resume state lives in results/state,
 # outside the declared outputs, so a killed or requeued job continues where it stopped.
+#
+# How the ranks start (config launch.launcher):
+#   direct    locally one process; under a SLURM profile that sets the `mpi` resource
+#             (profiles/slurm), the job's shell runs
+#             `srun --nodes=N --ntasks-per-node=G ... python -m pipeline.pretrain` inside the
+#             allocation: one rank per GPU, ranks from SLURM's environment.
+#   submitit  a local rule: `python -m pipeline.launch` submits one SLURM job through submitit
+#             (geometry from launch.slurm), waits for it, and requeues it at its time limit.
+
+from pipeline import launch as pretrain_launch
+
+LAUNCH = config.get("launch") or {"launcher": "direct"}
+
+if LAUNCH["launcher"] == "submitit":
+
+    localrules:
+        pretrain,
 
 
 rule pretrain:
     input:
         beton=f"{R}/data/ffcv/train.beton",
         report=f"{R}/data/ffcv/train.json",
+        val=f"{R}/data/ffcv/val.beton",  # kNN monitor
     output:
         checkpoint=f"{R}/cells/{{cell}}/pretrain/checkpoint.pt",
         log_csv=f"{R}/cells/{{cell}}/pretrain/log.csv",
         summary=f"{R}/cells/{{cell}}/pretrain/summary.json",
     params:
         py=PY,
+        # functions of `resources`: how a cell is launched is not a params change (no rerun)
+        srun=lambda w, resources: pretrain_launch.srun_prefix(resources, LAUNCH["launcher"]),
+        module=lambda w, resources: pretrain_launch.module_args(LAUNCH, f"{R}/logs/pretrain/submitit/{w.cell}"),
         cfg=lambda w: stage_config(data=config["data"], pretrain=params_of(w.cell)),
         state=lambda w: f"{R}/state/{w.cell}",
         out=lambda w, output: os.path.dirname(output.checkpoint),
         data=lambda w, input: os.path.dirname(input.beton),
     threads: lambda w: params_of(w.cell).get("threads", 2)
+    resources:
+        runtime=cell_runtime,  # minutes, scaled with the cell (config grid.resources)
+        nodes=cell_nodes,
     log:
         f"{R}/logs/pretrain/{{cell}}.log",
     benchmark:
@@ -24,5 +48,5 @@ rule pretrain:
     conda:
         CONDA_ENV
     shell:
-        "{params.py} -m pipeline.pretrain --config {params.cfg:q} --data {params.data:q}"
+        "{params.srun}{params.py} -m {params.module} --config {params.cfg:q} --data {params.data:q}"
         " --out {params.out:q} --state {params.state:q} > {log:q} 2>&1"

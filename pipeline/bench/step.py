@@ -1,0 +1,80 @@
+"""Training-step cost of MoCo against a plain supervised step of the same encoder and batch.
+
+A MoCo v1/v2 step adds one no-grad forward of the key encoder to forward + backward +
+update: with backward ~ 2 forwards, the floor of the ratio is (3 + 1) / 3 ~ 1.33. MoCo v3
+runs both views through both encoders: floor (2*3 + 2) / 3 ~ 2.67.
+
+    python -m pipeline.bench step [--batch 128 --size 32 --width 64 --rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pipeline.bench.timing import OUT_DIR, interleaved, write
+from pipeline.methods import build_model
+from pipeline.optim import build_optimizer
+
+FLOORS = {"moco_v2": 4 / 3, "moco_v3": 8 / 3}
+
+
+def step_fn(model: nn.Module, opt, x1, x2, labels, index):
+    def step():
+        loss, _, _ = model(x1, x2, index, labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--size", type=int, default=32)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--backbone", default="resnet18")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    base = {"backbone": args.backbone, "width": args.width, "cifar_stem": args.size <= 64, "dim": 128,
+            "K": 16 * args.batch, "m": 0.999, "T": 0.2, "epochs": 1, "batch_size": args.batch, "lr": 0.03,
+            "mlp_dim": 1024}
+    variants = {"supervised": {"method": "supervised"},
+                "moco_v2": {"method": "moco", "variant": "v2"},
+                "moco_v3": {"method": "moco", "variant": "v3", "T": 1.0, "m": 0.99}}
+    x1, x2 = torch.randn(args.batch, 3, args.size, args.size), torch.randn(args.batch, 3, args.size, args.size)
+    labels, index = torch.randint(0, 10, (args.batch,)), torch.arange(args.batch)
+    steps = {}
+    for name, extra in variants.items():
+        p = {**base, **extra}
+        model = build_model(p, args.size, num_classes=10, num_samples=10 * args.batch).train()
+        steps[name] = step_fn(model, build_optimizer(p, model.parameters()), x1, x2, labels, index)
+    res = interleaved(steps, rounds=args.rounds)
+    sup = res["supervised"]["median_s"]
+    ratios = {name: round(res[name]["median_s"] / sup, 3) for name in FLOORS}
+    result = {"batch": args.batch, "size": args.size, "backbone": args.backbone, "width": args.width,
+              "threads": torch.get_num_threads(), "results": res, "ratio_vs_supervised": ratios,
+              "floor": {k: round(v, 3) for k, v in FLOORS.items()},
+              "samples_per_s": {k: round(args.batch / v["median_s"], 1) for k, v in res.items()}}
+    loader = OUT_DIR / "loader.json"
+    if loader.is_file():  # is data the bottleneck? loader samples/s against the step's
+        result["loader_samples_per_s"] = json.loads(Path(loader).read_text()).get("samples_per_s")
+    path = write("step", result)
+    print(f"{args.backbone} width {args.width}, batch {args.batch}, {args.size} px, "
+          f"{torch.get_num_threads()} threads:")
+    for name, r in res.items():
+        extra = f"  ratio {ratios[name]:.3f} (floor {FLOORS[name]:.2f})" if name in ratios else ""
+        print(f"  {name:<11} {r['median_s']:.3f} s/step  {args.batch / r['median_s']:.1f} samples/s{extra}")
+    print(f"({path})")
+    return result
+
+
+if __name__ == "__main__":
+    main()
