@@ -7,6 +7,7 @@ different sweeps get the same id, so they are one job.
 from __future__ import annotations
 
 import itertools
+import math
 
 import yaml
 
@@ -108,3 +109,34 @@ def cell_params(cfg: dict, cid: str) -> dict:
     params = merge(cfg["pretrain"], parse_cell_id(cid))
     check_cell(cid, params, num_samples=training_set_size(cfg))
     return params
+
+
+# Pretraining cost of one epoch relative to a ResNet-18, per backbone (rough, for job sizing).
+BACKBONE_COST = {"resnet18": 1.0, "resnet50": 2.5, "vit_tiny": 1.0, "vit_small": 2.0, "vit_base": 6.0}
+RESOURCE_DEFAULTS = {"minutes_per_epoch": 1.0, "overhead_minutes": 10, "nodes": 1, "batch_per_node": None,
+                     "backbone_cost": BACKBONE_COST}
+
+
+def group_id(cid: str) -> str:
+    """The cell id without its seed: cells that differ only in seed are replicates of one point."""
+    parts = [p for p in str(cid).split(",") if p and not p.startswith("seed=") and p != BASE_ID]
+    return ",".join(parts) or BASE_ID
+
+
+def cell_resources(params: dict, spec: dict | None = None) -> dict:
+    """Job resources of one cell's pretraining, scaled with the cell (``grid.resources``).
+
+    nodes   = max(nodes, ceil(batch_size / batch_per_node))  (batch_per_node null: always ``nodes``)
+    runtime = overhead + minutes_per_epoch * epochs * backbone_cost / nodes   (minutes, rounded up)
+
+    The random-init baseline does not train: overhead only, one node.
+    """
+    spec = {**RESOURCE_DEFAULTS, **(spec or {})}
+    cost = {**BACKBONE_COST, **(spec.get("backbone_cost") or {})}.get(params.get("backbone"), 1.0)
+    if params.get("method") == "random":
+        return {"runtime": max(1, math.ceil(spec["overhead_minutes"])), "nodes": 1}
+    nodes = int(spec["nodes"])
+    if spec.get("batch_per_node"):
+        nodes = max(nodes, math.ceil(params["batch_size"] / spec["batch_per_node"]))
+    minutes = spec["overhead_minutes"] + spec["minutes_per_epoch"] * params["epochs"] * cost / nodes
+    return {"runtime": max(1, math.ceil(minutes)), "nodes": nodes}

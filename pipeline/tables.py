@@ -1,144 +1,194 @@
-"""Aggregate every cell's metrics into paper-style tables (Markdown and CSV).
+"""Every cell's metrics -> paper-style tables (Markdown, CSV, LaTeX/booktabs) and figures.
 
-Reads whatever exists under ``<results>/cells/*`` (a missing metric is shown as "—" with a
-footnote), so it works without Snakemake and after a partial run:
+Reads whatever exists under ``<results>/cells/*`` (a cell not computed yet is "—", a diverged
+one "fail", replicate seeds mean ± std), so it works without Snakemake and after a partial run:
 
     python -m pipeline.tables results/
+    python -m pipeline.tables results-tiny --config workflow/config/config.yaml \\
+        --config workflow/config/presets/tiny.yaml      # also list the cells the grid expects
+
+Writes ``<results>/tables/{main.md,all.md,cells.csv}``, ``<study>.{md,csv,tex}`` for each study
+(pipeline.studies) and ``<results>/figures/*.{png,pdf}`` (pipeline.figures); prints the main table.
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import sys
 from pathlib import Path
 
-import pandas as pd
-
-from pipeline.grid import AXES, BASE_ID, parse_cell_id
+from pipeline.config import ConfigError, load_yaml, merge
+from pipeline.grid import expand
 from pipeline.io import atomic_write_text
+from pipeline.studies import STUDY_NAMES, Table, Value, collect, studies
+
+TABLE_FORMATS = {"md": "Markdown", "csv": "CSV", "tex": "LaTeX"}
 
 MISSING = "—"
-METRICS = {"probe_top1": "linear top-1", "probe_top5": "linear top-5", "knn_top1": "kNN top-1",
-           "AP50": "AP50", "AP": "AP", "AP75": "AP75"}
-FOOTNOTE = f"{MISSING}: not computed yet (the cell's job has not run or failed)."
+FAIL = "fail"
+PARTIAL = "‡"
+FOOTNOTES = {
+    MISSING: f"{MISSING}: not computed (the cell is not in the grid, or its jobs have not run or failed).",
+    FAIL: f"{FAIL}: pretraining diverged (the loss became non-finite).",
+    "±": "mean ± std (sample standard deviation) over the seeds of a cell (cells differing only in seed).",
+    PARTIAL: f"{PARTIAL}: some seeds diverged; they are excluded from the mean.",
+}
 
 
-def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def collect(results: Path) -> pd.DataFrame:
-    """One row per cell directory: its parameters and every metric found."""
-    rows = []
-    for cell_dir in sorted((results / "cells").glob("*")):
-        if not cell_dir.is_dir():
-            continue
-        cfg = _read(cell_dir / "pretrain" / "config.json") or {}
-        params = cfg.get("pretrain") or parse_cell_id(cell_dir.name)
-        row = {"cell": cell_dir.name, **{a: params.get(a) for a in AXES}}
-        summary = _read(cell_dir / "pretrain" / "summary.json") or {}
-        final = summary.get("final") or {}
-        row.update(diverged=bool(summary.get("diverged", False)), pretrain_loss=final.get("loss"),
-                   inst_acc=final.get("inst_acc"))
-        probe = _read(cell_dir / "probe.json") or {}
-        row.update(probe_top1=probe.get("top1"), probe_top5=probe.get("top5"), knn_top1=probe.get("knn_top1"),
-                   probe_mode=probe.get("mode"))
-        det = _read(cell_dir / "detect.json") or {}
-        row.update({k: det.get(k) for k in ("AP50", "AP", "AP75")})
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def _fmt(value, diverged: bool = False) -> str:
-    if diverged:
-        return "fail"
-    if value is None or (isinstance(value, float) and pd.isna(value)):
+# --- formatting ------------------------------------------------------------------------------
+def fmt(v: Value) -> str:
+    if v.status == "missing":
         return MISSING
-    return f"{value:.1f}" if isinstance(value, float) else str(value)
+    if v.status == "fail":
+        return FAIL
+    text = f"{v.mean:.1f}" + (f" ± {v.std:.1f}" if v.std is not None else "")
+    return text + (PARTIAL if v.failed else "")
 
 
-def markdown(df: pd.DataFrame, first: str, title: str, note: str) -> str:
-    cols = [first] + [c for c in METRICS if c in df.columns]
-    lines = [f"### {title}", "", f"_{note}_", "",
-             "| " + " | ".join([first] + [METRICS[c] for c in cols[1:]]) + " |",
-             "|" + "---|" * len(cols)]
-    missing = False
-    for _, r in df.iterrows():
-        cells = [_fmt(r[first])] + [_fmt(r[c], bool(r.get("diverged")) and c.startswith(("probe", "knn"))) for c in cols[1:]]
-        missing |= MISSING in cells
-        lines.append("| " + " | ".join(cells) + " |")
-    if missing:
-        lines += ["", FOOTNOTE]
-    return "\n".join(lines) + "\n"
+def footnotes(table: Table) -> list[str]:
+    texts = [fmt(v) for r in table.rows for v in r.values]
+    return [note for mark, note in FOOTNOTES.items() if any(mark in t for t in texts)]
 
 
-def ablation(df: pd.DataFrame, axis: str) -> pd.DataFrame:
-    """The base cell and the cells that differ from it in ``axis`` only, sorted by it."""
-    def only(cell: str) -> bool:
-        diff = parse_cell_id(cell)
-        return cell == BASE_ID or (set(diff) == {axis})
-    sub = df[df["cell"].map(only) & (df["method"] == "moco")]
-    return sub.sort_values(axis) if len(sub) > 1 else sub.iloc[0:0]
+def markdown(table: Table) -> str:
+    header = table.keys + table.columns
+    lines = [f"### {table.title}", "", f"_{table.provenance}_", "",
+             "| " + " | ".join(header) + " |",
+             "|" + "---|" * len(table.keys) + "---:|" * len(table.columns)]
+    lines += ["| " + " | ".join(r.keys + [fmt(v) for v in r.values]) + " |" for r in table.rows]
+    notes = footnotes(table)
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
-def provenance(df: pd.DataFrame) -> str:
-    base = df[df["cell"] == BASE_ID]
-    if base.empty:
-        return "base cell missing"
-    b = base.iloc[0]
-    return (f"MoCo {b['variant']}, {b['backbone']} (width {b['width']}), {b['epochs']} epochs, "
-            f"batch {b['batch_size']}, K={b['K']}, m={b['m']}, T={b['T']}; linear probe "
-            f"({df['probe_mode'].dropna().iloc[0] if df['probe_mode'].notna().any() else '?'}); "
-            f"other parameters as the base cell")
+def row_status(values: list[Value]) -> str:
+    states = {v.status for v in values}
+    return states.pop() if len(states) == 1 else "partial"
 
 
-def method_table(df: pd.DataFrame) -> pd.DataFrame:
-    rows = []
-    for name, sel in (("MoCo (base cell)", df["cell"] == BASE_ID),
-                      ("supervised", df["cell"] == "method=supervised"),
-                      ("random init", df["cell"] == "method=random")):
-        if sel.any():
-            rows.append({"method": name, **df[sel].iloc[0].to_dict()})
-    return pd.DataFrame(rows)
+def to_csv(table: Table) -> str:
+    """Same rows as the paper layout; per metric its mean, std and number of seeds (empty if none)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(table.keys + [f"{m}{s}" for m in table.metrics for s in ("", "_std", "_n")]
+               + ["status", "cells", "provenance"])
+    for r in table.rows:
+        nums = []
+        for v in r.values:
+            nums += ["" if v.mean is None else round(v.mean, 4), "" if v.std is None else round(v.std, 4), v.n]
+        w.writerow(r.keys + nums + [row_status(r.values), ";".join(r.cells), table.provenance])
+    return buf.getvalue()
 
 
-def write_tables(results: Path, dataset: str = "embedded synthetic shapes") -> str:
-    df = collect(results)
+# --- LaTeX (booktabs) ------------------------------------------------------------------------
+TEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+               MISSING: "---", "±": r"$\pm$", PARTIAL: r"$^\ddagger$"}
+TEX_HEADERS = {"K": "$K$", "m": "$m$", "T": "$\\tau$", "AP50": "AP$_{50}$", "AP75": "AP$_{75}$",
+               "APs": "AP$_S$", "APm": "AP$_M$", "APl": "AP$_L$"}
+
+
+def tex_escape(text: str) -> str:
+    return "".join(TEX_ESCAPES.get(ch, ch) for ch in str(text))
+
+
+def tex_header(text: str) -> str:
+    return " ".join(TEX_HEADERS.get(word, tex_escape(word)) for word in text.split(" "))
+
+
+def tex_headers(table: Table) -> list[str]:
+    """Header rows: spanning group headers with \\cmidrule under them, then the column headers."""
+    keys = [tex_header(h) for h in table.keys]
+    if not table.groups or sum(len(g[1]) for g in table.groups) != len(table.columns):
+        return [" & ".join(keys + [tex_header(h) for h in table.columns]) + r" \\"]
+    spans, rules, col = [""] * len(keys), [], len(keys) + 1
+    for label, shorts in table.groups:
+        spans.append(rf"\multicolumn{{{len(shorts)}}}{{c}}{{{tex_escape(label)}}}")
+        rules.append(rf"\cmidrule(lr){{{col}-{col + len(shorts) - 1}}}")
+        col += len(shorts)
+    shorts = [tex_header(s) for _, group in table.groups for s in group]
+    return [" & ".join(spans) + r" \\", "".join(rules), " & ".join(keys + shorts) + r" \\"]
+
+
+def latex(table: Table) -> str:
+    """A booktabs table float (needs only \\usepackage{booktabs}); \\input it into a paper."""
+    spec = "l" * len(table.keys) + "r" * len(table.columns)
+    body = [" & ".join(tex_escape(c) for c in r.keys + [fmt(v) for v in r.values]) + r" \\" for r in table.rows]
+    notes = [tex_escape(n) for n in footnotes(table)]
+    lines = ["% generated by pipeline.tables (python -m pipeline.tables <results>); do not edit",
+             r"\begin{table}[htbp]", r"\centering", r"\small", r"\setlength{\tabcolsep}{4pt}",
+             rf"\caption{{{tex_escape(table.title)}. {{\footnotesize {tex_escape(table.provenance)}}}}}",
+             rf"\label{{tab:{table.name.replace('_', '-')}}}",
+             rf"\begin{{tabular}}{{{spec}}}", r"\toprule", *tex_headers(table), r"\midrule", *body,
+             r"\bottomrule", r"\end{tabular}"]
+    if notes:
+        lines += [r"\par\smallskip", r"{\footnotesize " + r" \\ ".join(notes) + r"\par}"]
+    return "\n".join(lines + [r"\end{table}"]) + "\n"
+
+
+# --- writing ---------------------------------------------------------------------------------
+def table_files(results) -> dict[tuple[str, str], str]:
+    """(study, format) -> path of every per-study table write_tables always writes."""
+    return {(name, ext): f"{results}/tables/{name}.{ext}" for name in STUDY_NAMES for ext in TABLE_FORMATS}
+
+
+def expected_cells(cfg: dict) -> dict[str, dict]:
+    """The cells the grid declares (when the config has a grid), so missing ones get a row."""
+    if not cfg.get("pretrain") or "grid" not in cfg:
+        return {}
+    return expand(cfg)
+
+
+def write_tables(results: Path, cfg: dict | None = None, figures: bool = True) -> str:
+    """Write every table (and figure); returns the main table (Markdown)."""
+    cfg = cfg or {}
+    df = collect(results, expected_cells(cfg))
     out = results / "tables"
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(df.to_csv(index=False), out / "cells.csv")
+    atomic_write_text(df.drop(columns=["params"]).to_csv(index=False), out / "cells.csv")
+    tables = studies(df, cfg, results)
+    for t in tables:
+        atomic_write_text(markdown(t), out / f"{t.name}.md")
+        atomic_write_text(to_csv(t), out / f"{t.name}.csv")
+        atomic_write_text(latex(t), out / f"{t.name}.tex")
+    main = markdown(tables[0])
     if df.empty:
-        text = f"No cell results under {results}/cells yet.\n"
-        atomic_write_text(text, out / "main.md")
-        return text
-    note = f"dataset: {dataset}; {provenance(df)}"
-    main = markdown(method_table(df), "method", "MoCo vs supervised vs random init", note)
-    parts = [main]
-    for axis in AXES:
-        if axis in ("method",):
-            continue
-        sub = ablation(df, axis)
-        if len(sub) > 1:
-            text = markdown(sub, axis, f"Ablation over {axis}", note)
-            atomic_write_text(text, out / f"ablation_{axis}.md")
-            atomic_write_text(sub.to_csv(index=False), out / f"ablation_{axis}.csv")
-            parts.append(text)
+        main = f"No cell results under {results}/cells yet.\n\n" + main
     atomic_write_text(main, out / "main.md")
-    atomic_write_text("\n".join(parts), out / "all.md")
-    return "\n".join(parts)
+    atomic_write_text("\n".join(markdown(t) for t in tables), out / "all.md")
+    if figures:
+        from pipeline.figures import write_figures
+
+        write_figures(df, results)
+    return main
+
+
+def load_configs(items: list[str]) -> dict:
+    """--config values (YAML/JSON files or inline JSON), merged in order like --configfile."""
+    cfg: dict = {}
+    for item in items or []:
+        cfg = merge(cfg, json.loads(item) if item.lstrip().startswith("{") else load_yaml(item))
+    return cfg
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="?", default="results", help="the results folder")
+    ap.add_argument("--config", action="append", default=[],
+                    help="workflow config (file or inline JSON; repeat to overlay): names the cells the "
+                         "grid expects and the dataset/protocol the tables state")
+    ap.add_argument("--no-figures", action="store_true", help="tables only")
     args = ap.parse_args(argv)
     results = Path(args.results)
     if not results.is_dir():
         sys.exit(f"[tables] results folder not found: {results}")
-    print(write_tables(results))
+    try:
+        text = write_tables(results, load_configs(args.config), figures=not args.no_figures)
+    except ConfigError as err:
+        sys.exit(f"[tables] {err}")
+    print(text)
+    print(f"[tables] all tables: {results / 'tables'}/  figures: {results / 'figures'}/")
 
 
 if __name__ == "__main__":

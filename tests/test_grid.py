@@ -2,7 +2,7 @@
 import pytest
 
 from pipeline.config import ConfigError
-from pipeline.grid import cell_id, expand, parse_cell_id
+from pipeline.grid import cell_id, cell_resources, expand, group_id, parse_cell_id
 
 BASE = {"method": "moco", "variant": "v2", "backbone": "resnet18", "K": 4096, "m": 0.99, "T": 0.2,
         "epochs": 10, "batch_size": 256, "lr": 0.06}
@@ -45,3 +45,74 @@ def test_impossible_cell_rejected_at_expansion():
 def test_unknown_axis():
     with pytest.raises(ConfigError, match="unknown axis"):
         parse_cell_id("Q=3")
+
+
+def test_all_designs_together_and_duplicates_merge():
+    cells = expand(grid(one_at_a_time={"K": [1024, 4096], "m": [0.9]},
+                        product={"K": [1024, 4096], "m": [0.9, 0.99]},  # K=4096,m=0.99 is the base
+                        baselines=["random"]))
+    assert sorted(cells) == sorted(["base", "K=1024", "m=0.9", "K=1024,m=0.9", "method=random"])
+    assert cells["K=1024,m=0.9"] == {**BASE, "K": 1024, "m": 0.9}
+
+
+def test_product_size():
+    cells = expand(grid(product={"K": [256, 512, 1024, 2048, 4096], "m": [0.9, 0.99, 0.999, 0.9999, 0.5],
+                                 "T": [0.07, 0.1, 0.2, 0.5]}))
+    assert len(cells) == 5 * 5 * 4 and "base" in cells and "K=256,m=0.5,T=0.07" in cells
+
+
+def test_memory_bank_needs_a_larger_dataset():
+    cfg = {**grid(one_at_a_time={"mechanism": ["memory_bank"]}),
+           "dataset": {"source": "synthetic", "synthetic": {"train_per_class": 100}}}  # 1000 images < K=4096
+    with pytest.raises(ConfigError, match="cell 'mechanism=memory_bank' is impossible.*memory bank K=4096.*1000 images"):
+        expand(cfg)
+    cfg["dataset"]["synthetic"]["train_per_class"] = 500
+    assert "mechanism=memory_bank" in expand(cfg)
+
+
+def test_impossible_cell_named_at_dag_build(tmp_path):
+    from conftest import run, snakemake_bin
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grid:\n  one_at_a_time: {K: [100]}\n  product: {}\n  baselines: []\n")
+    proc = run([snakemake_bin(), "-n", "--configfile", "workflow/config/presets/tiny.yaml", str(bad),
+                "--config", f"results={tmp_path}"], check=False, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "ablation cell 'K=100' is impossible" in out and "not a multiple of the global batch size 64" in out
+
+
+def test_group_id_drops_the_seed():
+    assert group_id("seed=1") == "base" and group_id("K=1024,seed=3") == "K=1024" and group_id("m=0.9") == "m=0.9"
+
+
+def test_cell_resources_scale_with_the_cell():
+    spec = {"minutes_per_epoch": 2, "overhead_minutes": 10, "nodes": 1, "batch_per_node": 512}
+    base = cell_resources(BASE, spec)
+    assert base == {"runtime": 10 + 2 * 10, "nodes": 1}
+    assert cell_resources({**BASE, "epochs": 20}, spec)["runtime"] == 10 + 2 * 20
+    assert cell_resources({**BASE, "backbone": "resnet50"}, spec)["runtime"] == 10 + 2 * 10 * 2.5
+    assert cell_resources({**BASE, "batch_size": 2048}, spec) == {"runtime": 10 + 2 * 10 // 4, "nodes": 4}
+    assert cell_resources({**BASE, "method": "random"}, spec) == {"runtime": 10, "nodes": 1}
+    assert cell_resources(BASE, None)["nodes"] == 1  # defaults
+
+
+def test_dag_of_a_100_cell_product_grid(tmp_path):
+    """Dry run of a 5 x 5 x 4 product grid (100 cells): builds the whole DAG; prints the time."""
+    import time
+
+    from conftest import run, snakemake_bin
+    from test_workflow import jobs_planned
+
+    overlay = tmp_path / "grid100.yaml"
+    overlay.write_text("grid:\n  one_at_a_time: {}\n  baselines: []\n  product:\n"
+                       "    K: [64, 128, 256, 512, 1024]\n    m: [0, 0.9, 0.99, 0.999, 0.9999]\n"
+                       "    T: [0.07, 0.1, 0.2, 0.5]\n")
+    start = time.perf_counter()
+    proc = run([snakemake_bin(), "-n", "--quiet", "rules", "--configfile", "workflow/config/presets/tiny.yaml",
+                str(overlay), "--config", f"results={tmp_path / 'results'}"], timeout=300)
+    seconds = time.perf_counter() - start
+    print(f"\nDAG of 100 cells (dry run, 305 jobs): {seconds:.1f} s")
+    counts = jobs_planned(proc.stdout)
+    assert counts["pretrain"] == counts["probe"] == counts["detect"] == 100 and counts["tables"] == 1
+    assert seconds < 60

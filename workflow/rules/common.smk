@@ -4,7 +4,9 @@ import os
 import shlex
 import sys
 
-from pipeline.grid import cell_params
+from pipeline.figures import FIGURES, figure_files
+from pipeline.grid import cell_params, cell_resources as grid_cell_resources
+from pipeline.tables import TABLE_FORMATS, table_files
 
 R = config["results"]
 PY = shlex.quote(sys.executable)  # the interpreter running snakemake (.venv), also on SLURM nodes
@@ -37,15 +39,56 @@ def cell_outputs(cell):
 
 
 def split_root(wildcards):
-    """The ImageFolder split a .beton is converted from."""
-    if config["dataset"]["source"] == "synthetic":
+    """What pipeline.convert --root reads for a split: the split's folder for the file layouts
+    (synthetic, imagefolder, unlabeled), torchvision's root for cifar10/cifar100/stl10."""
+    source, root = config["dataset"]["source"], config["dataset"].get("root")
+    if source == "synthetic":
         return f"{R}/data/synthetic/cls/{wildcards.split}"
-    return f"{config['dataset']['root']}/{wildcards.split}"
+    if source in ("imagefolder", "unlabeled"):
+        return f"{root}/{wildcards.split}"
+    return root
 
 
 def detection_root():
     """COCO-format folder of the detection transfer: the user's, or the embedded scenes."""
     return config["detect"]["root"] or f"{R}/data/synthetic/det"
+
+
+def cell_resources(cell):
+    """Job size of one cell's pretraining, scaled with its epochs, backbone and batch
+    (grid.resources; pipeline.grid.cell_resources): {"runtime": minutes, "nodes": n}."""
+    return grid_cell_resources(params_of(cell), config["grid"].get("resources"))
+
+
+def cell_runtime(wildcards):
+    """resources: runtime=cell_runtime (minutes), for rules with a {cell} wildcard."""
+    return cell_resources(wildcards.cell)["runtime"]
+
+
+def cell_nodes(wildcards):
+    """resources: nodes=cell_nodes, for rules with a {cell} wildcard."""
+    return cell_resources(wildcards.cell)["nodes"]
+
+
+def tables_config():
+    """What the tables state and which cells they expect (grid.resources does not matter)."""
+    grid = {k: v for k, v in config["grid"].items() if k != "resources"}
+    return stage_config(dataset=config["dataset"], pretrain=config["pretrain"], grid=grid,
+                        probe=config["probe"], detect=config["detect"])
+
+
+def reported_tables():
+    return [report(path, caption=f"../report/{study}.rst", category="Tables", subcategory=study,
+                   labels={"study": study, "format": TABLE_FORMATS[ext]})
+            for (study, ext), path in table_files(R).items()]
+
+
+def reported_figures():
+    """The PNGs in the report (figures/<name>.png, figures/curves/<cell>.png); PDFs alongside."""
+    return [report(f"{R}/figures/{name}.png", caption=f"../report/{name}.rst", category="Figures",
+                   labels={"figure": name}) for name in FIGURES] + \
+           [report(f"{R}/figures/curves/{cell}.png", caption="../report/curves.rst", category="Training curves",
+                   labels={"cell": cell}) for cell in CELLS]
 
 
 wildcard_constraints:

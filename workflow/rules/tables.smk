@@ -1,15 +1,24 @@
-# Stage 5: every metric of every cell -> paper-style tables (Markdown, CSV).
+# Stage 5: every metric of every cell -> paper-style tables (Markdown, CSV, LaTeX) and figures,
+# all marked for the HTML report:  snakemake --report results/report.html
+
+report: "../report/workflow.rst"
 
 
 rule tables:
     input:
         [out for cell in CELLS for out in cell_outputs(cell)],
     output:
-        main=f"{R}/tables/main.md",
+        main=report(f"{R}/tables/main.md", caption="../report/main.rst", category="Tables",
+                    subcategory="main", labels={"study": "main", "format": "Markdown"}),
         cells=f"{R}/tables/cells.csv",
+        all=f"{R}/tables/all.md",
+        tables=reported_tables(),
+        figures=reported_figures(),
+        pdfs=[f for f in figure_files(R, CELLS) if f.endswith(".pdf")],
     params:
         py=PY,
         results=lambda w, output: os.path.dirname(os.path.dirname(output.main)),
+        cfg=lambda w: tables_config(),
     log:
         f"{R}/logs/tables.log",
     benchmark:
@@ -17,4 +26,4 @@ rule tables:
     conda:
         CONDA_ENV
     shell:
-        "{params.py} -m pipeline.tables {params.results:q} > {log} 2>&1"
+        "{params.py} -m pipeline.tables {params.results:q} --config {params.cfg:q} > {log:q} 2>&1"

@@ -1,0 +1,376 @@
+"""What the tables show: every cell's metrics, grouped over seeds, and the paper's studies.
+
+``collect`` reads whatever exists under ``<results>/cells/*`` (plus the cells the grid expects,
+so that a cell not computed yet still gets its row). Cells that differ only in ``seed`` form
+one *group*, shown as mean ± std. Each study function returns a ``Table`` (rows of key strings
+and ``Value``s) that pipeline.tables renders as Markdown, CSV and LaTeX.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline.config import ConfigError, merge
+from pipeline.grid import AXES, BASE_ID, format_value, group_id, parse_cell_id
+
+METRICS = {"top1": "linear top-1", "top5": "linear top-5", "knn_top1": "kNN top-1",
+           "AP50": "AP50", "AP": "AP", "AP75": "AP75", "APs": "APs", "APm": "APm", "APl": "APl"}
+ABLATION_METRICS = ["top1", "knn_top1", "AP50", "AP", "AP75"]
+DETECTION_METRICS = ["AP50", "AP", "AP75"]
+PAPER_M = [0, 0.9, 0.99, 0.999, 0.9999]            # the MoCo paper's momentum ablation rows
+MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": "MoCo"}
+METHOD_LABELS = {"moco": "MoCo", "supervised": "supervised", "random": "random init"}
+BACKBONES = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "vit_tiny": "ViT-Ti", "vit_small": "ViT-S",
+             "vit_base": "ViT-B"}
+SEPARATE = {"method", "variant", "backbone", "mechanism", "K", "m", "epochs", "seed"}  # own study or none
+
+
+# --- per-cell metrics -----------------------------------------------------------------------
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+
+
+def _params(cell: str, on_disk: dict | None, expected: dict, base: dict | None) -> dict:
+    if on_disk:
+        return on_disk
+    if cell in expected:
+        return expected[cell]
+    diff = parse_cell_id(cell)
+    return merge(base, diff) if base else diff
+
+
+def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dict | None:
+    """One cell's parameters, status (ok | fail | missing) and every metric found."""
+    try:
+        parse_cell_id(cell)
+    except ConfigError:
+        return None  # not a cell folder
+    d = results / "cells" / cell
+    cfg = _read(d / "pretrain" / "config.json") or {}
+    params = _params(cell, cfg.get("pretrain"), expected, base)
+    summary = _read(d / "pretrain" / "summary.json") or {}
+    probe = _read(d / "probe.json") or {}
+    det = _read(d / "detect.json") or {}
+    diverged = bool(summary.get("diverged", False))
+    done = bool(probe or det)
+    final = summary.get("final") or {}
+    row = {"cell": cell, "group": group_id(cell), "status": "fail" if diverged else ("ok" if done else "missing"),
+           **{a: params.get(a) for a in AXES}, "params": params,
+           "epochs_run": summary.get("epochs_run"), "loss": final.get("loss"), "inst_acc": final.get("inst_acc"),
+           "probe_mode": probe.get("mode")}
+    row.update({k: probe.get(k) for k in ("top1", "top5", "knn_top1")})
+    row.update({k: det.get(k) for k in ("AP50", "AP", "AP75", "APs", "APm", "APl")})
+    return row
+
+
+def collect(results: Path, expected: dict[str, dict] | None = None) -> pd.DataFrame:
+    """One row per cell: those found under results/cells and those the grid expects."""
+    expected = expected or {}
+    found = sorted(p.name for p in (results / "cells").glob("*") if p.is_dir())
+    base = expected.get(BASE_ID) or (_read(results / "cells" / BASE_ID / "pretrain" / "config.json") or {}).get("pretrain")
+    rows = [cell_row(results, c, expected, base) for c in dict.fromkeys([*expected, *found])]
+    df = pd.DataFrame([r for r in rows if r is not None])
+    if df.empty:
+        return pd.DataFrame(columns=["cell", "group", "status", *AXES, "params", *METRICS])
+    for m in METRICS:
+        df[m] = pd.to_numeric(df[m], errors="coerce")
+    return df
+
+
+# --- groups of seeds -------------------------------------------------------------------------
+@dataclass
+class Value:
+    """One table entry: mean ± std over the group's seeds that have the metric."""
+    mean: float | None = None
+    std: float | None = None
+    n: int = 0         # seeds with a value
+    failed: int = 0    # seeds whose pretraining diverged (excluded from the mean)
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.n else ("fail" if self.failed else "missing")
+
+
+def value(cells: pd.DataFrame | None, metric: str) -> Value:
+    if cells is None or cells.empty:
+        return Value()
+    failed = int((cells["status"] == "fail").sum())
+    vals = cells.loc[cells["status"] != "fail", metric].dropna().astype(float).tolist()
+    if not vals:
+        return Value(failed=failed)
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else None
+    return Value(mean, std, len(vals), failed)
+
+
+@dataclass
+class Group:
+    id: str
+    diff: dict          # axes that differ from the base, seed excluded
+    params: dict
+    cells: pd.DataFrame
+
+    def get(self, axis):
+        return self.params.get(axis)
+
+
+def groups(df: pd.DataFrame) -> dict[str, Group]:
+    out = {}
+    for gid, cells in df.groupby("group", sort=False):
+        out[gid] = Group(gid, parse_cell_id(gid), cells.iloc[0]["params"], cells)
+    return out
+
+
+# --- tables ----------------------------------------------------------------------------------
+@dataclass
+class Row:
+    keys: list[str]
+    values: list[Value]
+    cells: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Table:
+    name: str                   # file stem under results/tables
+    title: str
+    keys: list[str]             # headers of the key columns
+    metrics: list[str]          # metric id of each value column (CSV names)
+    columns: list[str]          # headers of the value columns
+    rows: list[Row]
+    provenance: str = ""
+    groups: list[tuple[str, list[str]]] = field(default_factory=list)  # LaTeX: spanning header, short headers
+
+
+METRIC_GROUPS = {"top1": ("top-1 accuracy", "linear"), "top5": ("top-5 accuracy", "linear"),
+                 "knn_top1": ("top-1 accuracy", "kNN"), **{k: ("detection", k) for k in
+                                                        ("AP50", "AP", "AP75", "APs", "APm", "APl")}}
+
+
+def column_groups(metrics) -> list[tuple[str, list[str]]]:
+    """Consecutive metrics of one kind under one spanning header, as in the paper's tables."""
+    out: list[tuple[str, list[str]]] = []
+    for m in metrics:
+        group, short = METRIC_GROUPS[m]
+        if out and out[-1][0] == group:
+            out[-1][1].append(short)
+        else:
+            out.append((group, [short]))
+    return out
+
+
+def _row(keys, group: Group | None, metrics) -> Row:
+    cells = None if group is None else group.cells
+    return Row([str(k) for k in keys], [value(cells, m) for m in metrics],
+               [] if group is None else list(group.cells["cell"]))
+
+
+def _metric_table(name, title, keys, rows, metrics, prov) -> Table:
+    return Table(name, title, keys, list(metrics), [METRICS[m] for m in metrics], rows, prov,
+                 column_groups(metrics))
+
+
+def _is_moco(g: Group) -> bool:
+    return g.get("method") == "moco"
+
+
+def one_axis(gs: dict[str, Group], axis: str, prov, name=None, title=None, fixed=(), metrics=ABLATION_METRICS) -> Table:
+    """The base cell and the MoCo cells that differ from it in ``axis`` only, one row per value."""
+    sel = {g.params.get(axis): g for g in gs.values() if _is_moco(g) and set(g.diff) <= {axis}}
+    values = sorted({*sel, *fixed}, key=_sort_key)
+    rows = [_row([format_value(v)], sel.get(v), metrics) for v in values]
+    return _metric_table(name or f"ablation_{axis}", title or f"Ablation over {axis}", [axis], rows, metrics,
+                         prov([g for g in sel.values()], vary={axis}))
+
+
+def _sort_key(v):
+    return (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
+
+
+def dictionary_size(p: dict) -> int:
+    """Negatives per query: the batch for end-to-end (Figure 3's x axis), K otherwise."""
+    return p["batch_size"] if p.get("mechanism", "moco") == "end_to_end" else p["K"]
+
+
+def mechanism_groups(gs: dict[str, Group]) -> dict[tuple[str, int], Group]:
+    """(mechanism, dictionary size) -> the closest-to-base group: MoCo v1/v2 cells that differ
+    from the base in mechanism, K and batch size only."""
+    out: dict[tuple[str, int], Group] = {}
+    for g in sorted(gs.values(), key=lambda g: len(g.diff)):
+        if _is_moco(g) and g.get("variant") != "v3" and set(g.diff) <= {"mechanism", "K", "batch_size"}:
+            out.setdefault((g.get("mechanism") or "moco", dictionary_size(g.params)), g)
+    return out
+
+
+def mechanisms(gs: dict[str, Group], prov) -> Table:
+    """The paper's Figure 3 as a table: rows K, one column per mechanism (linear, then kNN)."""
+    sel = mechanism_groups(gs)
+    sizes = sorted({k for _, k in sel})
+    metrics, columns, rows = [], [], []
+    for metric in ("top1", "knn_top1"):
+        for mech, label in MECHANISMS.items():
+            metrics.append(f"{mech}_{metric}")
+            columns.append(f"{label} {METRICS[metric]}")
+    for k in sizes:
+        vals = [value(sel[(mech, k)].cells if (mech, k) in sel else None, metric)
+                for metric in ("top1", "knn_top1") for mech in MECHANISMS]
+        cells = [c for mech in MECHANISMS if (mech, k) in sel for c in sel[(mech, k)].cells["cell"]]
+        rows.append(Row([str(k)], vals, cells))
+    return Table("mechanisms", "Contrastive loss mechanisms over the number of negatives K (Figure 3)",
+                 ["K"], metrics, columns, rows, prov(list(sel.values()), vary={"mechanism", "K", "batch_size"}),
+                 [(METRICS[m], list(MECHANISMS.values())) for m in ("top1", "knn_top1")])
+
+
+def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
+    """Rows of the method comparison: MoCo variants/backbones, then supervised, then random init.
+    Keys: method, variant, backbone, other differences from the base."""
+    picked = [g for g in gs.values() if "mechanism" not in g.diff
+              and (g.id == BASE_ID or set(g.diff) & {"method", "variant", "backbone"})]
+    base = gs[BASE_ID].params if BASE_ID in gs else {}
+    for fixed in (BASE_ID, "method=supervised", "method=random"):
+        if fixed not in gs:  # always a row, "—" until computed
+            picked.append(Group(fixed, parse_cell_id(fixed), merge(base, parse_cell_id(fixed)), None))
+    order = {"moco": 0, "supervised": 1, "random": 2}
+
+    def key(g):
+        method = g.diff.get("method", "moco")
+        return (order.get(method, 3), g.id != BASE_ID, str(g.get("variant")), str(g.get("backbone")), g.id)
+
+    rows = []
+    for g in sorted(picked, key=key):
+        method = g.diff.get("method") or g.get("method") or "moco"
+        label = "MoCo (base cell)" if g.id == BASE_ID else METHOD_LABELS.get(method, method)
+        variant = (g.get("variant") or "") if method == "moco" else ""
+        other = ", ".join(f"{a}={format_value(v)}" for a, v in g.diff.items() if a not in ("method", "variant", "backbone"))
+        rows.append(([label, variant, backbone_label(g.params), other], g if g.cells is not None else None))
+    return rows
+
+
+def backbone_label(p: dict) -> str:
+    if not p.get("backbone"):
+        return ""
+    name = BACKBONES.get(p["backbone"], p["backbone"])
+    if p["backbone"].startswith("resnet") and p.get("width") and p["width"] != 64:
+        name += f" (width {p['width']})"
+    if p["backbone"].startswith("vit") and p.get("patch_size"):
+        name += f"/{p['patch_size']}"
+    return name
+
+
+def _methods_like(gs, prov, name, title, metrics) -> Table:
+    picked = method_groups(gs)
+    keys = ["method", "variant", "backbone", "other settings"]
+    if not any(k[3] for k, _ in picked):
+        keys, picked = keys[:3], [(k[:3], g) for k, g in picked]
+    rows = [_row(k, g, metrics) for k, g in picked]
+    return _metric_table(name, title, keys, rows, metrics,
+                         prov([g for _, g in picked if g is not None], vary={"method", "variant", "backbone"}))
+
+
+def methods(gs, prov) -> Table:
+    return _methods_like(gs, prov, "methods", "MoCo vs supervised vs random init", ABLATION_METRICS)
+
+
+def detection(gs, prov) -> Table:
+    return _methods_like(gs, prov, "detection", "Transfer to detection (Faster R-CNN, FPN)", DETECTION_METRICS)
+
+
+def every_cell(gs, prov) -> Table:
+    """Every group of the grid (product designs included), one row each."""
+    order = sorted(gs.values(), key=lambda g: (g.id != BASE_ID, len(g.diff), g.id))
+    rows = [_row([g.id], g, ABLATION_METRICS) for g in order]
+    return _metric_table("grid", "Every cell of the grid", ["cell"], rows, ABLATION_METRICS,
+                         prov(order, vary=set(AXES)))
+
+
+# --- provenance ------------------------------------------------------------------------------
+def dataset_text(cfg: dict, results: Path) -> str:
+    ds = cfg.get("dataset")
+    if ds and ds.get("source") == "synthetic":
+        from pipeline.synthetic import CLASSES, DEFAULTS
+
+        s = {**DEFAULTS, **(ds.get("synthetic") or {})}
+        return (f"embedded synthetic shapes ({len(CLASSES)} classes, {s['train_per_class']} train / "
+                f"{s['val_per_class']} val images per class, {s['image_size']} px)")
+    if ds and ds.get("root"):
+        return f"{ds['source']} ({ds['root']})"
+    report = _read(results / "data" / "ffcv" / "train.json")
+    if report:
+        return f"{report.get('source', '?')} ({report.get('num_samples', '?')} train images, " \
+               f"{len(report.get('classes', []))} classes)"
+    return "unknown (no dataset config or conversion report)"
+
+
+def _epochs(n) -> str:
+    return f"{n} epoch" + ("" if n == 1 else "s")
+
+
+def protocol_text(cfg: dict, df: pd.DataFrame, results: Path) -> str:
+    probe = cfg.get("probe")
+    if probe is None:  # python -m pipeline.tables without --config: the probe's own record
+        for cell in df.get("cell", []):
+            probe = ((_read(results / "cells" / cell / "probe.json") or {}).get("config") or {}).get("probe")
+            if probe:
+                break
+    probe = probe or {}
+    how = ", ".join(x for x in (probe.get("protocol") and f"{probe['protocol']} protocol", probe.get("mode"),
+                                probe.get("epochs") and _epochs(probe["epochs"])) if x)
+    text = (f"linear probe on frozen features{f' ({how})' if how else ''}; "
+            f"kNN top-1 (k={probe.get('knn_k', 200)}, T={probe.get('knn_t', 0.07)})")
+    det = cfg.get("detect")
+    if det is None or det.get("enabled", True):
+        det = det or {}
+        how = ", ".join(x for x in (det.get("epochs") and _epochs(det["epochs"]), det.get("norm")) if x)
+        text += (f"; detection: Faster R-CNN + FPN fine-tuned{f' ({how})' if how else ''}, "
+                 f"COCO box AP on {det.get('root') or 'the embedded scenes'}")
+    return text
+
+
+def _one_or_per_row(values, fmt=str) -> str:
+    values = sorted({fmt(v) for v in values if v not in (None, "")})
+    if not values:
+        return "?"
+    return values[0] if len(values) == 1 else "per row (" + ", ".join(values) + ")"
+
+
+def provenance_factory(df: pd.DataFrame, cfg: dict, results: Path):
+    """prov(groups, vary) -> the sentence every table carries: dataset, backbone, epochs, protocol."""
+    dataset, protocol = dataset_text(cfg, results), protocol_text(cfg, df, results)
+    base = cfg.get("pretrain")
+    if base is None and (df["cell"] == BASE_ID).any():
+        base = df.loc[df["cell"] == BASE_ID, "params"].iloc[0]
+
+    def prov(gs: list[Group], vary: set) -> str:
+        ps = [g.params for g in gs if g is not None and g.params] or ([base] if base else [])
+        moco = [p for p in ps if p.get("method") == "moco"]
+        same = [f"{a}={format_value(base[a])}" for a in ("variant", "K", "m", "T", "batch_size", "lr")
+                if base and a in base and a not in vary]
+        fixed = f"; other parameters as the base cell ({', '.join(same)})" if same else ""
+        return (f"dataset: {dataset}; backbone: {_one_or_per_row(ps, backbone_label)}; "
+                f"pretraining: {_one_or_per_row([p.get('epochs') for p in (moco or ps)])} epochs{fixed}; "
+                f"protocol: {protocol}")
+    return prov
+
+
+def studies(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
+    """The paper's tables, in order; then one table per other single-axis sweep found."""
+    gs = groups(df)
+    prov = provenance_factory(df, cfg, results)
+    out = [methods(gs, prov),
+           one_axis(gs, "K", prov, title="Ablation over the queue size K"),
+           one_axis(gs, "m", prov, title="Ablation over the momentum m", fixed=PAPER_M),
+           one_axis(gs, "epochs", prov, title="Ablation over the pretraining epochs"),
+           mechanisms(gs, prov), detection(gs, prov), every_cell(gs, prov)]
+    extra_axes = sorted({a for g in gs.values() if len(g.diff) == 1 for a in g.diff} - SEPARATE, key=AXES.index)
+    return out + [one_axis(gs, a, prov) for a in extra_axes]
+
+
+# Tables always written (declared as outputs of the `tables` rule); ablation_<axis> for other
+# single-axis sweeps are written when such cells exist.
+STUDY_NAMES = ["methods", "ablation_K", "ablation_m", "ablation_epochs", "mechanisms", "detection", "grid"]

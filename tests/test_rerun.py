@@ -1,0 +1,148 @@
+"""Rerunning one cell, and the tables, without retraining anything else: which jobs Snakemake
+plans (dry runs) on existing results of the tiny preset. The results are faked (plausible files
+with ordered mtimes); only the `tables` job really runs, then the HTML report is built."""
+import json
+import os
+import re
+import shutil
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, run, snakemake_bin
+from pipeline.config import load_yaml, merge
+from pipeline.grid import expand
+from test_tables import fake_cell
+
+TINY = "workflow/config/presets/tiny.yaml"
+CFG = merge(load_yaml(REPO / "workflow/config/config.yaml"), load_yaml(REPO / TINY))
+CELLS = list(expand(CFG))  # base, K=128, m=0.9, method=random
+METRICS = {"base": 40.0, "K=128": 35.0, "m=0.9": 30.0, "method=random": 15.0}
+
+
+def snakemake(results, *args, config=(), check=True):
+    """snakemake [targets/options] --configfile tiny --config results=<results> [config...]"""
+    cmd = [snakemake_bin(), *args, "--cores", "1", "--configfile", TINY, "--config", f"results={results}", *config]
+    return run(cmd, timeout=300, check=check)
+
+
+def planned_jobs(stdout: str) -> set[tuple[str, str | None]]:
+    """(rule, cell wildcard or None) of every job a dry run lists."""
+    jobs, rule, cell = set(), None, None
+    for line in stdout.splitlines() + ["rule end:"]:
+        m = re.match(r"^(?:local)?rule (\w+):", line)
+        if m:
+            if rule:
+                jobs.add((rule, cell))
+            rule, cell = m.group(1), None
+        m = re.match(r"^\s+wildcards: cell=(\S+)", line)
+        if m and rule:
+            cell = m.group(1)
+    return {j for j in jobs if j[0] != "end"}
+
+
+def cell_jobs(cell: str, *rules: str) -> set:
+    return {(r, cell) for r in rules}
+
+
+def fake_results(results) -> None:
+    """Every output of the tiny DAG but the tables, oldest first (data, pretrain, probe/detect)."""
+    data = results / "data"
+    for split in ("train", "val"):
+        (data / "synthetic" / "cls" / split / "disk").mkdir(parents=True, exist_ok=True)
+        (data / "synthetic" / "cls" / split / "disk" / "0.png").write_bytes(b"fake")
+        (data / "ffcv").mkdir(parents=True, exist_ok=True)
+        (data / "ffcv" / f"{split}.beton").write_bytes(b"fake")
+        (data / "ffcv" / f"{split}.json").write_text(json.dumps({"source": "synthetic", "num_samples": 160,
+                                                                  "classes": ["disk"] * 10}))
+    for cell in CELLS:
+        fake_cell(results, cell, METRICS[cell], ap=METRICS[cell] / 3, base=CFG["pretrain"])
+    now = time.time()
+    for path in sorted(results.rglob("*")):
+        rel = path.relative_to(results).as_posix()
+        age = 300 if rel.startswith("data") else (200 if "/pretrain" in rel else 100)
+        os.utime(path, (now - age, now - age))
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    """Results of the tiny preset as after a full run: faked cells, real tables and figures."""
+    results = tmp_path_factory.mktemp("rerun") / "results"
+    fake_results(results)
+    assert planned_jobs(snakemake(results, "-n").stdout) == {("tables", None), ("all", None)}
+    snakemake(results, "tables")
+    return results
+
+
+def test_nothing_to_do_after_a_full_run(done):
+    out = snakemake(done, "-n").stdout
+    assert "Nothing to be done" in out and planned_jobs(out) == set()
+    assert "| MoCo (base cell) | v2 |" in (done / "tables" / "main.md").read_text()
+
+
+def test_one_new_cell_runs_only_its_jobs(done):
+    out = snakemake(done, "cell", "-n", config=["cell=K=512"]).stdout
+    assert planned_jobs(out) == cell_jobs("K=512", "pretrain", "probe", "detect") | {("cell", None)}
+
+
+def test_existing_cell_is_up_to_date(done):
+    out = snakemake(done, "cell", "-n", config=["cell=K=128"]).stdout
+    assert "Nothing to be done" in out
+
+
+def test_rerun_one_cell_forcerun_pretrain(done):
+    out = snakemake(done, "cell", "-n", "--forcerun", "pretrain", config=["cell=K=128"]).stdout
+    assert planned_jobs(out) == cell_jobs("K=128", "pretrain", "probe", "detect") | {("cell", None)}
+    out = snakemake(done, "cell", "-n", "--forcerun", "probe", config=["cell=m=0.9"]).stdout
+    assert planned_jobs(out) == cell_jobs("m=0.9", "probe") | {("cell", None)}
+
+
+def test_rerun_one_cell_and_refresh_tables(done):
+    ckpt = done / "cells" / "K=128" / "pretrain" / "checkpoint.pt"
+    out = snakemake(done, "-n", "--forcerun", str(ckpt)).stdout
+    assert planned_jobs(out) == cell_jobs("K=128", "pretrain", "probe", "detect") | {("tables", None), ("all", None)}
+
+
+def test_rerun_one_cell_then_tables_in_two_steps(done, tmp_path):
+    copy = tmp_path / "results"
+    shutil.copytree(done, copy)  # keeps mtimes; this test marks a cell as rerun
+    snakemake(copy, "cell", "--touch", "--forcerun", "pretrain", config=["cell=K=128"])  # as if it reran
+    assert planned_jobs(snakemake(copy, "-n").stdout) == {("tables", None), ("all", None)}
+    assert planned_jobs(snakemake(copy, "tables", "-n").stdout) == {("tables", None)}
+
+
+def test_regenerate_tables_without_retraining(done):
+    out = snakemake(done, "tables", "-n", "--forcerun", "tables").stdout
+    assert planned_jobs(out) == {("tables", None)}
+    main = done / "tables" / "main.md"
+    before = main.stat().st_mtime
+    time.sleep(1.1)
+    snakemake(done, "tables", "--forcerun", "tables")
+    assert main.stat().st_mtime > before
+    assert "Nothing to be done" in snakemake(done, "-n").stdout
+
+
+def test_regenerate_tables_without_snakemake(done, tmp_path):
+    copy = tmp_path / "results"
+    shutil.copytree(done, copy)
+    shutil.rmtree(copy / "tables")
+    shutil.rmtree(copy / "figures")
+    proc = run([sys.executable, "-m", "pipeline.tables", str(copy)], timeout=300)
+    assert "| MoCo (base cell) |" in proc.stdout
+    assert (copy / "tables" / "ablation_K.tex").is_file() and (copy / "figures" / "curves" / "K=128.pdf").is_file()
+    assert "| 128 | 35.0 | 30.0 |" in (copy / "tables" / "ablation_K.md").read_text()
+
+
+def test_impossible_cell_is_rejected(done):
+    proc = snakemake(done, "cell", "-n", config=["cell=K=100"], check=False)
+    assert proc.returncode != 0
+    assert "ablation cell 'K=100' is impossible" in proc.stdout + proc.stderr
+
+
+def test_html_report(done):
+    report = done / "report.html"
+    snakemake(done, "--report", str(report))
+    html = report.read_text()
+    for name in ("ablation_m.md", "mechanisms.tex", "accuracy_vs_K.png", "Training curves"):
+        assert name in html, name

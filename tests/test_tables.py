@@ -1,0 +1,247 @@
+"""Tables and figures from synthetic metrics: numbers, "—" for missing cells, "fail" for diverged
+runs, mean ± std over seeds, valid LaTeX (booktabs), figures as PNG + PDF, the CLI."""
+import csv
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, run
+from pipeline.config import merge
+from pipeline.grid import parse_cell_id
+from pipeline.tables import latex, write_tables
+from pipeline.studies import STUDY_NAMES
+
+BASE = {"method": "moco", "variant": "v2", "backbone": "resnet18", "width": 16, "K": 4096, "m": 0.99, "T": 0.2,
+        "epochs": 30, "batch_size": 256, "lr": 0.06, "seed": 0}
+CONFIG = {"dataset": {"source": "synthetic", "synthetic": {"train_per_class": 500}},
+          "pretrain": BASE, "probe": {"mode": "cached", "epochs": 100}, "detect": {"enabled": True, "epochs": 8},
+          "grid": {"one_at_a_time": {"K": [1024, 16384], "m": [0, 0.9, 0.999], "epochs": [60],
+                                     "seed": [1], "mechanism": ["end_to_end", "memory_bank"]},
+                   "baselines": ["random", "supervised"]}}
+LOG_HEADER = "epoch,loss,inst_acc,knn,lr,m,queue_age_mean,queue_age_max,drift,seconds\n"
+
+
+def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE):
+    """A cell's outputs as the pipeline writes them (pretrain/, probe.json, detect.json)."""
+    params = merge(base, parse_cell_id(cell))
+    d = results / "cells" / cell
+    (d / "pretrain").mkdir(parents=True, exist_ok=True)
+    (d / "pretrain" / "checkpoint.pt").write_bytes(b"fake")
+    rows = [] if params["method"] == "random" else [
+        {"epoch": e, "loss": "nan" if diverged and e == 2 else 8.0 - e, "inst_acc": 10.0 * e,
+         "knn": top1 - 10 if e == 2 and top1 else "", "lr": 0.06, "m": params["m"],
+         "queue_age_mean": params["K"] / params["batch_size"] / 2, "queue_age_max": params["K"] / params["batch_size"],
+         "drift": 0.01, "seconds": 1.0} for e in (1, 2)]
+    (d / "pretrain" / "log.csv").write_text(LOG_HEADER + "".join(",".join(str(r[k]) for k in LOG_HEADER.strip().split(","))
+                                                                 + "\n" for r in rows))
+    (d / "pretrain" / "summary.json").write_text(json.dumps(
+        {"method": params["method"], "epochs_run": len(rows), "diverged": diverged, "final": rows[-1] if rows else {}}))
+    (d / "pretrain" / "config.json").write_text(json.dumps({"pretrain": params, "data": {}}))
+    if top1 is not None:
+        (d / "probe.json").write_text(json.dumps(
+            {"mode": "cached", "top1": top1, "top5": min(100.0, top1 + 20), "knn_top1": knn if knn is not None else top1 - 5,
+             "per_class_top1": {}, "curve": [{"epoch": e, "train_loss": 1.0 / e, "val_top1": top1 * e / 3}
+                                              for e in (1, 2, 3)],
+             "config": {"probe": {"mode": "cached", "epochs": 3}}}))
+    if ap is not None:
+        (d / "detect.json").write_text(json.dumps({"AP": ap, "AP50": ap * 2, "AP75": ap * 0.8, "APs": None,
+                                                   "APm": ap, "APl": ap}))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    r = tmp_path_factory.mktemp("results")
+    fake_cell(r, "base", 60.0, knn=50.0, ap=15.0)
+    fake_cell(r, "seed=1", 62.0, knn=52.0, ap=17.0)               # a second seed of the base cell
+    fake_cell(r, "K=1024", 55.0, ap=14.0)
+    # K=16384: in the grid, not computed -> "—"
+    fake_cell(r, "m=0", 10.0, ap=1.0, diverged=True)               # loss became NaN -> "fail"
+    fake_cell(r, "m=0.9", 50.0, ap=12.0)
+    fake_cell(r, "m=0.999", 58.0, ap=14.5)
+    fake_cell(r, "m=0.999,seed=1", 5.0, diverged=True)             # one of two seeds diverged
+    fake_cell(r, "epochs=60", 65.0, ap=16.0)
+    fake_cell(r, "mechanism=end_to_end", 52.0, ap=13.0)            # dictionary = the batch (256)
+    fake_cell(r, "mechanism=memory_bank", 54.0, ap=13.5)
+    fake_cell(r, "method=supervised", 70.0, ap=18.0)
+    fake_cell(r, "method=random", 20.0, ap=3.0)
+    fake_cell(r, "variant=v3,backbone=vit_small", 63.0)            # no detect.json -> "—"
+    write_tables(r, CONFIG)
+    return r
+
+
+def read_csv(results, name):
+    return list(csv.DictReader((results / "tables" / f"{name}.csv").open()))
+
+
+def md_rows(results, name) -> dict[str, list[str]]:
+    """First column -> the other cells of each body row of a Markdown table."""
+    lines = [ln for ln in (results / "tables" / f"{name}.md").read_text().splitlines() if ln.startswith("|")]
+    out = {}
+    for line in lines[2:]:  # after the header and the alignment row
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        out.setdefault(cells[0], cells[1:])
+    return out
+
+
+def test_every_study_written_in_three_formats(results):
+    for name in STUDY_NAMES:
+        for ext in ("md", "csv", "tex"):
+            assert (results / "tables" / f"{name}.{ext}").is_file(), f"{name}.{ext}"
+    assert (results / "tables" / "main.md").read_text() == (results / "tables" / "methods.md").read_text()
+    cells = read_csv(results, "cells")
+    assert {r["cell"] for r in cells} >= {"base", "seed=1", "K=16384", "m=0"}
+    assert {r["status"] for r in cells if r["cell"] == "K=16384"} == {"missing"}
+
+
+def test_k_ablation_numbers_and_missing_cell(results):
+    rows = {r["K"]: r for r in read_csv(results, "ablation_K")}
+    assert list(rows) == ["1024", "4096", "16384"]
+    assert float(rows["1024"]["top1"]) == 55.0 and float(rows["1024"]["knn_top1"]) == 50.0
+    assert float(rows["1024"]["AP50"]) == 28.0 and float(rows["1024"]["AP"]) == 14.0
+    assert float(rows["1024"]["AP75"]) == pytest.approx(11.2)
+    assert rows["16384"]["status"] == "missing" and rows["16384"]["top1"] == ""
+    md = md_rows(results, "ablation_K")
+    assert md["16384"] == ["—"] * 5
+    assert "—: not computed" in (results / "tables" / "ablation_K.md").read_text()
+
+
+def test_seeds_mean_and_std(results):
+    rows = {r["K"]: r for r in read_csv(results, "ablation_K")}
+    base = rows["4096"]
+    assert float(base["top1"]) == 61.0 and float(base["top1_std"]) == pytest.approx(2 ** 0.5, abs=1e-3)
+    assert base["top1_n"] == "2" and base["cells"] == "base;seed=1"
+    assert md_rows(results, "ablation_K")["4096"][:2] == ["61.0 ± 1.4", "51.0 ± 1.4"]
+    assert "mean ± std" in (results / "tables" / "ablation_K.md").read_text()
+
+
+def test_momentum_paper_rows_fail_and_partial(results):
+    md = md_rows(results, "ablation_m")
+    assert list(md) == ["0", "0.9", "0.99", "0.999", "0.9999"]  # the paper's rows, in order
+    assert md["0"] == ["fail"] * 5
+    assert md["0.9"][0] == "50.0"
+    assert md["0.999"][0] == "58.0‡"  # one seed diverged: excluded from the mean, marked
+    assert md["0.9999"] == ["—"] * 5  # not in the grid
+    text = (results / "tables" / "ablation_m.md").read_text()
+    assert "fail: pretraining diverged" in text and "‡: some seeds diverged" in text
+    rows = {r["m"]: r for r in read_csv(results, "ablation_m")}
+    assert rows["0"]["status"] == "fail" and rows["0"]["top1"] == ""
+
+
+def test_method_comparison_and_detection(results):
+    md = md_rows(results, "methods")
+    assert list(md) == ["MoCo (base cell)", "MoCo", "supervised", "random init"]
+    assert md["MoCo (base cell)"][:3] == ["v2", "ResNet-18 (width 16)", "61.0 ± 1.4"]
+    assert md["MoCo"][:3] == ["v3", "ViT-S", "63.0"]
+    assert md["supervised"][2] == "70.0" and md["random init"][2] == "20.0"
+    det = md_rows(results, "detection")
+    assert det["MoCo"][2:] == ["—", "—", "—"]        # ViT cell: no detection transfer
+    assert det["supervised"][2:] == ["36.0", "18.0", "14.4"]  # AP50, AP, AP75
+
+
+def test_mechanisms_over_k(results):
+    rows = {r["K"]: r for r in read_csv(results, "mechanisms")}
+    assert float(rows["256"]["end_to_end_top1"]) == 52.0      # end-to-end: K is the batch size
+    assert float(rows["4096"]["memory_bank_top1"]) == 54.0
+    assert float(rows["4096"]["moco_top1"]) == 61.0 and float(rows["1024"]["moco_top1"]) == 55.0
+    assert rows["256"]["moco_top1"] == ""
+
+
+def test_epochs_and_grid_tables(results):
+    assert md_rows(results, "ablation_epochs")["60"][0] == "65.0"
+    grid = md_rows(results, "grid")
+    assert list(grid)[0] == "base" and "seed=1" not in grid and grid["m=0"][0] == "fail"
+
+
+def test_every_table_states_its_provenance(results):
+    for name in STUDY_NAMES:
+        text = (results / "tables" / f"{name}.md").read_text()
+        for word in ("dataset: embedded synthetic shapes (10 classes, 500 train", "backbone:", "epochs",
+                     "protocol: linear probe", "kNN", "detection: Faster R-CNN"):
+            assert word in text, (name, word)
+    assert "backbone: ResNet-18 (width 16); pretraining: 30 epochs" in (results / "tables" / "ablation_K.md").read_text()
+    assert "pretraining: per row (30, 60) epochs" in (results / "tables" / "ablation_epochs.md").read_text()
+
+
+# --- LaTeX --------------------------------------------------------------------------------------
+def check_latex_structure(tex: str) -> None:
+    unescaped = re.sub(r"\\[{}&%$#_]", "", tex)
+    depth = 0
+    for ch in unescaped:
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        assert depth >= 0, "unbalanced braces"
+    assert depth == 0, "unbalanced braces"
+    for word in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}", r"\end{tabular}"):
+        assert unescaped.count(word) == 1, word
+    assert unescaped.index(r"\toprule") < unescaped.index(r"\midrule") < unescaped.index(r"\bottomrule")
+    ncols = len(re.search(r"\\begin\{tabular\}\{([lrc]+)\}", tex).group(1))
+    table = unescaped[unescaped.index(r"\toprule"):unescaped.index(r"\bottomrule")]
+    for line in table.splitlines():
+        if not line.endswith(r"\\"):
+            continue
+        spans = sum(int(n) - 1 for n in re.findall(r"\\multicolumn\{(\d+)\}", line))
+        assert line.count("&") + 1 + spans == ncols, line
+
+
+def test_latex_is_booktabs_with_consistent_columns(results):
+    for name in STUDY_NAMES:
+        tex = (results / "tables" / f"{name}.tex").read_text()
+        check_latex_structure(tex)
+        assert "—" not in tex and "±" not in tex  # pdflatex-safe: --- and $\pm$
+    assert r"61.0 $\pm$ 1.4" in (results / "tables" / "ablation_K.tex").read_text()
+    assert r"\multicolumn{3}{c}{linear top-1}" in (results / "tables" / "mechanisms.tex").read_text()
+
+
+def test_latex_escapes_specials():
+    from pipeline.studies import Row, Table, Value
+
+    t = Table("x_y", "50% & more_", ["a_b"], ["top1"], ["linear top-1"], [Row(["#1 {x}"], [Value(1.0)])],
+              "root ~/data_1")
+    tex = latex(t)
+    check_latex_structure(tex)
+    assert r"\#1 \{x\}" in tex and r"50\% \& more\_" in tex and r"\textasciitilde{}/data\_1" in tex
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="no TeX engine (pdflatex); structural checks only")
+def test_latex_compiles(results, tmp_path):
+    inputs = "\n".join(rf"\input{{{results / 'tables' / name}.tex}}" for name in STUDY_NAMES)
+    doc = tmp_path / "doc.tex"
+    doc.write_text("\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n"
+                   f"{inputs}\n\\end{{document}}\n")
+    proc = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert (tmp_path / "doc.pdf").stat().st_size > 0
+
+
+# --- figures and the CLI ------------------------------------------------------------------------
+def test_figures_png_and_pdf(results):
+    fig = results / "figures"
+    for stem in ("accuracy_vs_K", "accuracy_vs_m", "staleness", "curves/base", "curves/m=0",
+                 "curves/method=random", "curves/K=16384"):
+        assert (fig / f"{stem}.png").read_bytes()[:4] == b"\x89PNG", stem
+        assert (fig / f"{stem}.pdf").read_bytes()[:4] == b"%PDF", stem
+
+
+def test_cli_without_snakemake(tmp_path):
+    r = tmp_path / "results"
+    fake_cell(r, "base", 60.0, ap=15.0)
+    fake_cell(r, "K=1024", 55.0, ap=14.0)
+    proc = run([sys.executable, "-m", "pipeline.tables", str(r)], cwd=REPO, timeout=300)
+    assert "### MoCo vs supervised vs random init" in proc.stdout and "| MoCo (base cell) |" in proc.stdout
+    assert md_rows(r, "ablation_K")["1024"][0] == "55.0"
+    # no config: only the cells found, the dataset from the conversion report if any
+    assert "dataset: unknown" in (r / "tables" / "ablation_K.md").read_text()
+    assert (r / "figures" / "curves" / "K=1024.png").is_file()
+    proc = run([sys.executable, "-m", "pipeline.tables", str(tmp_path / "nope")], cwd=REPO, check=False)
+    assert proc.returncode != 0 and "results folder not found" in proc.stderr
+
+
+def test_empty_results(tmp_path):
+    text = write_tables(tmp_path, figures=False)
+    assert "No cell results" in text
+    assert md_rows(tmp_path, "ablation_m")["0.9"] == ["—"] * 5
+    check_latex_structure((tmp_path / "tables" / "methods.tex").read_text())
