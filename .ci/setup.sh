@@ -7,7 +7,7 @@ what=${1:-demo}
 PY=${PYTHON:-python3}
 
 debs="pkg-config libopencv-dev libturbojpeg0-dev g++"
-[ "$what" = test ] && debs="$debs slurm-wlm munge"
+[ "$what" = test ] && debs="$debs slurm-wlm munge texlive-latex-base texlive-latex-recommended"
 missing=""
 for p in $debs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
