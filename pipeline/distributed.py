@@ -27,7 +27,10 @@ def _export_slurm_env() -> None:
         return
     from submitit.helpers import TorchDistributedEnvironment
 
-    TorchDistributedEnvironment().export(overwrite=True)
+    # submitit reads its own variable to know it runs under SLURM (plain srun does not set it);
+    # keep every GPU visible: the rank picks its own with LOCAL_RANK.
+    os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
 def init() -> DistEnv:
@@ -44,6 +47,29 @@ def init() -> DistEnv:
     if backend == "nccl":
         torch.cuda.set_device(local)
     return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local, host=node)
+
+
+def gather_objects(obj) -> list:
+    """``obj`` of every rank, in rank order (a one-element list in one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+@torch.no_grad()
+def average_bn_statistics(model: torch.nn.Module) -> None:
+    """Average BN running statistics over ranks. Each rank normalises its own batches, so
+    the statistics drift apart; averaging them at epoch ends makes every rank's encoder (and
+    its kNN monitor, and the checkpoint) the same."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
+            for buf in (module.running_mean, module.running_var):
+                dist.all_reduce(buf)
+                buf /= dist.get_world_size()
 
 
 def barrier() -> None:

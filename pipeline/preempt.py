@@ -1,11 +1,10 @@
 """Preemption and time limits: on SLURM's warning signal, save and requeue.
 
 SLURM sends a signal before it kills a job at its time limit or on preemption (e.g.
-``#SBATCH --signal=B:USR1@120``; submitit uses USR2). The handler only sets a flag; the
-training loop checks it after each step, writes its resume state, and then the job is
-requeued (``scontrol requeue``) when it runs under SLURM, or exits with status 75
-(EX_TEMPFAIL) elsewhere, so a wrapper can restart it. The restarted run resumes from the
-state it wrote.
+``--signal=USR1@180``; submitit uses USR2). The handler only sets a flag; the training loop
+checks it after each step, writes its resume state, and then, for USR1/USR2 under SLURM, the
+job is requeued (``scontrol requeue``); otherwise (SIGTERM, i.e. scancel, or outside SLURM)
+it exits with status 75 (EX_TEMPFAIL). The restarted run resumes from the state it wrote.
 """
 from __future__ import annotations
 
@@ -36,12 +35,19 @@ def requested() -> bool:
     return bool(_requested)
 
 
+def received() -> list[int]:
+    """The signals caught so far, in order."""
+    return list(_requested)
+
+
 def requeue_and_exit(log) -> None:
     """After the state is saved: requeue this SLURM job (rank 0 only), then exit."""
     signame = signal.Signals(_requested[0]).name
     job = os.environ.get("SLURM_JOB_ID")
     rank0 = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
-    if job and rank0 and os.environ.get("MOCO_REQUEUE", "1") == "1":
+    # SIGTERM is also what scancel sends: a cancelled job must stay cancelled, not come back.
+    warned = _requested[0] in (signal.SIGUSR1, signal.SIGUSR2)
+    if job and rank0 and warned and os.environ.get("MOCO_REQUEUE", "1") == "1":
         log(f"{signame} received: state saved, requeueing SLURM job {job}")
         subprocess.run(["scontrol", "requeue", job], check=False)
     else:

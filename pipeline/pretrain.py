@@ -124,22 +124,31 @@ class Trainer:
 
     # --- resume state -------------------------------------------------------------------
     def save_state(self) -> None:
+        # Each rank has its own RNG stream and partial epoch sums: keep them all, per rank.
+        rngs = distributed.gather_objects(checkpoint.rng_state())
+        stats = distributed.gather_objects({k: v.cpu() if torch.is_tensor(v) else v
+                                            for k, v in self.stats.state().items()})
         if self.env.is_main:
             checkpoint.save(self.state_path, arch=arch_of(self.p, self.d.get("crop_size")), method=self.p["method"],
                             model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
                             epoch=self.epoch, step_in_epoch=self.step_in_epoch, log=self.log_rows,
-                            stats=self.stats.state(), rng=checkpoint.rng_state())
+                            stats=stats, rng=rngs, world_size=self.env.world_size)
         distributed.barrier()
 
     def load_state(self) -> bool:
         if not self.state_path.is_file():
             return False
         state = checkpoint.load(self.state_path)
+        if state["world_size"] != self.env.world_size and state["step_in_epoch"]:
+            raise checkpoint.CheckpointError(
+                f"{self.state_path} was written mid-epoch by {state['world_size']} ranks; resume it with the "
+                f"same number of ranks (now {self.env.world_size})")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
-        self.log_rows, self.stats = list(state["log"]), EpochStats(self.device, state["stats"])
-        self._resume_rng = state["rng"]
+        mine = min(self.env.rank, len(state["rng"]) - 1)
+        self.log_rows, self.stats = list(state["log"]), EpochStats(self.device, state["stats"][mine])
+        self._resume_rng = state["rng"][mine]
         log(f"resumed from {self.state_path} at epoch {self.epoch + 1}, step {self.step_in_epoch}")
         return True
 
@@ -174,6 +183,7 @@ class Trainer:
                 if stop:
                     preempt.requeue_and_exit(log)
             self.stats.seconds += time.time() - t0
+            distributed.average_bn_statistics(self.model)
             row = self.epoch_row()
             if self.knn_due():
                 row["knn"] = self.knn_monitor()
