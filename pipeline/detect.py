@@ -43,13 +43,13 @@ from pipeline.models import build_backbone
 SECTIONS = ["detect"]
 AP_KEYS = ["AP", "AP50", "AP75", "APs", "APm", "APl"]  # the order of COCOeval.stats
 # One anchor size per pyramid level (layer1..layer4, pool), as fractions of the image side:
-# a x1.5 ladder from 1/8 to ~2/3 covers the 10-40 px shapes of 96 px scenes at IoU >= 0.6.
+# a x1.5 ladder from 1/8 to ~2/3 covers the 15-46 px shapes of 96 px scenes (IoU >= 0.6 when centred).
 ANCHOR_FRACTIONS = (0.125, 0.1875, 0.28125, 0.421875, 0.6328125)
 BOX_HEAD_DIM = 256  # torchvision's 1024 triples the cost on CPU for no gain on 10 classes
 
 
 def log(msg: str) -> None:
-    print(f"[detect] {msg}", flush=True)
+    tqdm.write(f"[detect] {msg}", file=sys.stdout)  # clears and redraws a progress bar on stderr
 
 
 class CocoBoxes(torch.utils.data.Dataset):
@@ -104,20 +104,20 @@ def build_detector(ckpt: dict, dc: dict, num_classes: int, source: str = "checkp
     """Faster R-CNN + FPN over layer1..layer4 of the checkpoint's backbone (all weights loaded)."""
     backbone = build_backbone(ckpt["arch"])
     checkpoint.load_backbone_state(backbone, ckpt["backbone"], source)
-    if dc.get("norm", "frozen_bn") == "frozen_bn":
+    if dc["norm"] == "frozen_bn":
         freeze_batchnorm(backbone)
-    channels = dc.get("fpn_channels", 64)
+    channels, size = dc["fpn_channels"], dc["image_size"]
     body = BackboneWithFPN(backbone, {f"layer{k}": str(k - 1) for k in range(1, 5)},
                            backbone.stage_channels, channels, extra_blocks=LastLevelMaxPool())
-    size = dc.get("image_size", 96)
     sizes = tuple((max(2, round(size * f)),) for f in ANCHOR_FRACTIONS)
     anchors = AnchorGenerator(sizes, ((0.5, 1.0, 2.0),) * len(sizes))
+    head = TwoMLPHead(channels * 7 * 7, BOX_HEAD_DIM)
     # Scenes hold 2-4 objects: a few hundred proposals and 128 sampled RoIs are plenty.
-    return FasterRCNN(
-        body, rpn_anchor_generator=anchors, min_size=size, max_size=size, image_mean=MEAN, image_std=STD,
-        box_head=TwoMLPHead(channels * 7 * 7, BOX_HEAD_DIM), box_predictor=FastRCNNPredictor(BOX_HEAD_DIM, num_classes),
-        rpn_pre_nms_top_n_train=1000, rpn_post_nms_top_n_train=300, rpn_pre_nms_top_n_test=500,
-        rpn_post_nms_top_n_test=150, box_batch_size_per_image=128)
+    return FasterRCNN(body, rpn_anchor_generator=anchors, box_head=head,
+                      box_predictor=FastRCNNPredictor(BOX_HEAD_DIM, num_classes),
+                      min_size=size, max_size=size, image_mean=MEAN, image_std=STD,
+                      rpn_pre_nms_top_n_train=1000, rpn_post_nms_top_n_train=300,
+                      rpn_pre_nms_top_n_test=500, rpn_post_nms_top_n_test=150, box_batch_size_per_image=128)
 
 
 def verify_backbone(detector: FasterRCNN, state: dict, source: str = "checkpoint") -> None:
@@ -144,7 +144,7 @@ def train(detector: FasterRCNN, loader, dc: dict) -> list[float]:
     params = [p for p in detector.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=dc["lr"], momentum=0.9, weight_decay=dc["weight_decay"])
     epochs, total = dc["epochs"], dc["epochs"] * len(loader)
-    warmup = max(1, min(100, total // 10))  # random heads give huge first gradients
+    warmup = max(1, min(100, total // 4))  # random heads give huge first gradients (NaN at 2x lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup))
     curve, bar = [], tqdm(total=total, desc="[detect] train", file=sys.stderr, mininterval=5, leave=False)
     detector.train()
@@ -223,9 +223,10 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     num_classes = max(c["id"] for c in train_set.categories) + 1  # label 0 is background
     detector = build_detector(ckpt, dc, num_classes, str(ckpt_path))
     verify_backbone(detector, ckpt["backbone"], str(ckpt_path))
-    loader = torch.utils.data.DataLoader(train_set, batch_size=dc["batch_size"], shuffle=True,
-                                         collate_fn=collate, drop_last=len(train_set) > dc["batch_size"],
-                                         generator=torch.Generator().manual_seed(dc["seed"]))
+    loader = torch.utils.data.DataLoader(
+        train_set, batch_size=dc["batch_size"], shuffle=True, collate_fn=collate,
+        drop_last=len(train_set) > dc["batch_size"],  # equal-sized steps, unless one batch is all there is
+        generator=torch.Generator().manual_seed(dc["seed"]))
     log(f"{len(train_set)} train / {len(val_set)} val images, {num_classes - 1} classes, "
         f"{ckpt['arch']}, norm {dc['norm']}")
     start = time.time()

@@ -58,6 +58,16 @@ def gather_objects(obj) -> list:
     return out
 
 
+def bn_statistics(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The BN running means and variances of a model, by state-dict name."""
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
+            out[f"{name}.running_mean"] = module.running_mean
+            out[f"{name}.running_var"] = module.running_var
+    return out
+
+
 @torch.no_grad()
 def average_bn_statistics(model: torch.nn.Module) -> None:
     """Average BN running statistics over ranks. Each rank normalises its own batches, so
@@ -65,11 +75,9 @@ def average_bn_statistics(model: torch.nn.Module) -> None:
     its kNN monitor, and the checkpoint) the same."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
-    for module in model.modules():
-        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
-            for buf in (module.running_mean, module.running_var):
-                dist.all_reduce(buf)
-                buf /= dist.get_world_size()
+    for buf in bn_statistics(model).values():
+        dist.all_reduce(buf)
+        buf /= dist.get_world_size()
 
 
 def barrier() -> None:

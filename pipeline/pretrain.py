@@ -128,11 +128,13 @@ class Trainer:
         rngs = distributed.gather_objects(checkpoint.rng_state())
         stats = distributed.gather_objects({k: v.cpu() if torch.is_tensor(v) else v
                                             for k, v in self.stats.state().items()})
+        # BN running statistics also differ per rank between the epoch-end averages
+        bn = distributed.gather_objects({k: v.cpu() for k, v in distributed.bn_statistics(self.model).items()})
         if self.env.is_main:
             checkpoint.save(self.state_path, arch=arch_of(self.p, self.d.get("crop_size")), method=self.p["method"],
                             model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
                             epoch=self.epoch, step_in_epoch=self.step_in_epoch, log=self.log_rows,
-                            stats=stats, rng=rngs, world_size=self.env.world_size)
+                            stats=stats, rng=rngs, bn=bn, world_size=self.env.world_size)
         distributed.barrier()
 
     def load_state(self) -> bool:
@@ -147,6 +149,9 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         mine = min(self.env.rank, len(state["rng"]) - 1)
+        with torch.no_grad():
+            for name, buf in distributed.bn_statistics(self.model).items():
+                buf.copy_(state["bn"][mine][name])
         self.log_rows, self.stats = list(state["log"]), EpochStats(self.device, state["stats"][mine])
         self._resume_rng = state["rng"][mine]
         log(f"resumed from {self.state_path} at epoch {self.epoch + 1}, step {self.step_in_epoch}")
