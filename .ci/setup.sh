@@ -20,20 +20,24 @@ fi
 
 [ -x .venv/bin/python ] || { echo "[setup] creating .venv"; "$PY" -m venv .venv; }
 
-reqs="requirements.txt"
-[ "$what" = test ] && reqs="$reqs requirements-test.txt"
-stamp=".venv/.installed-$(cat $reqs | sha256sum | cut -c1-16)"
-if [ ! -f "$stamp" ]; then
-  echo "[setup] installing Python dependencies ($reqs)"
-  # pip's exit code is kept; only the noise about this machine's local package mirrors goes.
-  pip_install() { .venv/bin/pip install -q "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
+# One stamp per requirements file: `make test` after `make demo` installs only the test tools.
+stamp_of() { echo ".venv/.installed-$1-$(sha256sum "$2" | cut -c1-16)"; }
+# pip's exit code is kept; only the noise about this machine's local package mirrors goes.
+pip_install() { .venv/bin/pip install -q "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
+
+if [ ! -f "$(stamp_of run requirements.txt)" ]; then
+  echo "[setup] installing Python dependencies (requirements.txt)"
   pip_install --upgrade pip wheel setuptools
   # numpy, cython and pkgconfig first: ffcv's setup.py imports them at build time.
   pip_install "numpy>=2.0,<2.5" cython pkgconfig
   pip_install --no-build-isolation ffcv==1.0.2
-  args=""; for r in $reqs; do args="$args -r $r"; done
-  pip_install $args
+  pip_install -r requirements.txt
   pip_install --no-deps -e .
-  touch "$stamp"
+  touch "$(stamp_of run requirements.txt)"
+fi
+if [ "$what" = test ] && [ ! -f "$(stamp_of test requirements-test.txt)" ]; then
+  echo "[setup] installing test dependencies (requirements-test.txt)"
+  pip_install -r requirements-test.txt
+  touch "$(stamp_of test requirements-test.txt)"
 fi
 echo "[setup] ready ($what)"

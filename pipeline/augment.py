@@ -20,8 +20,14 @@ def _blur_kernel(crop_size: int) -> int:
 
 
 def recipe(name: str, crop_size: int) -> nn.Module:
-    """``v1``: MoCo v1; ``v2``: aug+ of MoCo v2 / SimCLR; ``none``: normalisation only.
-    ``v3a``/``v3b``: the two asymmetric views of MoCo v3 (BYOL's recipe)."""
+    """The photometric part of each paper's augmentation (the official code's parameters):
+
+    ``v1`` (MoCo v1): grayscale p=0.2, then colour jitter 0.4/0.4/0.4/0.4 always.
+    ``v2`` (aug+ of MoCo v2 / SimCLR): jitter (0.4, 0.4, 0.4, 0.1) p=0.8, grayscale p=0.2,
+    Gaussian blur sigma 0.1-2 p=0.5. ``v3a``/``v3b``: the two asymmetric views of MoCo v3
+    (BYOL's recipe): jitter (0.4, 0.4, 0.2, 0.1) p=0.8, grayscale p=0.2, then blur p=1.0 (a)
+    or blur p=0.1 + solarize (threshold 0.5) p=0.2 (b). ``none``: normalisation only.
+    kornia draws every parameter per sample; the jitter order is drawn once per batch."""
     k = _blur_kernel(crop_size)
     jitter = K.ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8)
     if name == "v3a":
@@ -37,7 +43,7 @@ def recipe(name: str, crop_size: int) -> nn.Module:
     elif name == "none":
         ops = []
     else:
-        raise ValueError(f"unknown augmentation recipe '{name}' (v1, v2, none)")
+        raise ValueError(f"unknown augmentation recipe '{name}' (v1, v2, v3a, v3b, none; v3 = v3a + v3b)")
     return Photometric(ops)
 
 

@@ -85,10 +85,10 @@ def check_pretrain(p: dict, where: str = "pretrain", num_samples: int | None = N
 
 
 def check_dataset(d: dict) -> None:
-    if d["source"] == "imagefolder":
+    if d["source"] != "synthetic":
         root = d.get("root")
         if not root:
-            raise ConfigError("dataset.root: required when dataset.source is 'imagefolder'")
+            raise ConfigError(f"dataset.root: required when dataset.source is '{d['source']}'")
         if not Path(root).expanduser().is_dir():
             raise ConfigError(f"dataset.root: folder not found: {root}")
 

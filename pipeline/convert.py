@@ -1,140 +1,378 @@
-"""Convert an image dataset split to an FFCV ``.beton`` (image, label, sample index).
+"""Convert one dataset split to an FFCV ``.beton`` (fields: image, label, sample index).
 
-Sources: an ImageFolder tree (one subfolder per class; the embedded default is written in
-that layout). Unreadable files are skipped and listed in a JSON report next to the .beton
-(``strict`` fails on the first one instead). The .beton is written under a temporary name and
-renamed at the end, so an interrupted conversion never leaves a file that looks complete.
+Two passes, both parallel with a progress bar: every image is first decoded once (bad files
+are found before anything is written: unreadable, truncated or non-image files are listed in
+the report and skipped, or with ``strict`` the conversion fails naming the file), then FFCV's
+writer stores the good ones. The ``.beton`` is written under a temporary name and renamed at
+the end, so a crash or a kill never leaves a file that looks complete; a JSON report next to
+it records the source (kind, root, split: what the torchvision loader reopens), counts per
+class, skipped files and why, resolution statistics and sizes.
 
-    python -m pipeline.convert --root results/data/synthetic/cls/train --out results/data/ffcv/train.beton
+    python -m pipeline.convert --source imagefolder --root results/data/synthetic/cls/train \\
+        --split train --out results/data/ffcv/train.beton [--config '{"max_resolution": 64}'] [--strict]
+    python -m pipeline.convert --source cifar10 --root ~/torchvision-data --split val --out ffcv/val.beton
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
+import os
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 from pipeline.io import atomic_path, atomic_write_json
+from pipeline.sources import KINDS, UNLABELED, Source, SourceError, open_source
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff"}
-DEFAULTS = dict(max_resolution=256, jpeg_quality=90, write_mode="smart", workers=1, strict=False)
+# write_mode auto: raw pixels (no decoding cost when loading) while the whole split stays
+# below RAW_BUDGET bytes, i.e. comfortably in the page cache; above it FFCV's ImageNet recipe
+# (half the images JPEG-compressed). smart: JPEG for images above smart_threshold bytes.
+RAW_BUDGET = 4 << 30
+DEFAULTS = dict(max_resolution=256, jpeg_quality=90, write_mode="auto", compress_probability=0.5,
+                smart_threshold=3 * 128 * 128, workers=min(8, os.cpu_count() or 1), strict=False)
+MIN_PAGE = 1 << 21  # FFCV's minimum; its 8 MiB default pads small datasets heavily
 
 
 class ConversionError(RuntimeError):
     pass
 
 
-def scan_imagefolder(root: Path) -> tuple[list[tuple[Path, int]], list[str]]:
-    """(path, label) for every image file under root/<class>/, classes sorted by name."""
-    if not root.is_dir():
-        raise ConversionError(f"dataset root not found: {root}")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not classes:
-        raise ConversionError(f"{root}: no class folders (expected {root}/<class>/<image>)")
-    samples = []
-    for label, name in enumerate(classes):
-        files = sorted(p for p in (root / name).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-        if not files:
-            raise ConversionError(f"{root / name}: class '{name}' has no images")
-        samples += [(f, label) for f in files]
-    return samples, classes
+def log(msg: str) -> None:
+    print(f"[convert] {msg}", file=sys.stderr, flush=True)
 
 
-def load_rgb(path: Path) -> np.ndarray:
-    """Decode fully (a truncated file fails here, not halfway through writing)."""
-    with Image.open(path) as im:
-        im.load()
-        return np.asarray(im.convert("RGB"))
+# --- pass 1: decode every image once ------------------------------------------------------
+def _probe(i: int) -> tuple[int, tuple | str]:
+    """(i, (h, w)) for a readable item, (i, reason) for a bad one (runs in pool workers)."""
+    source, max_side = _PROBE
+    try:
+        return i, source.probe(i, max_side)
+    except Exception as err:  # PIL raises many types for bad files
+        return i, f"{type(err).__name__}: {err}"
 
 
-def check_images(samples, strict: bool):
-    """Split samples into readable ones (with their image shapes) and skipped ones."""
-    good, skipped, shapes = [], [], []
-    for path, label in samples:
-        try:
-            arr = load_rgb(path)
-        except Exception as err:  # PIL raises many types for bad files
-            if strict:
-                raise ConversionError(f"unreadable image {path}: {err}") from None
-            skipped.append({"path": str(path), "reason": f"{type(err).__name__}: {err}"})
-            continue
-        good.append((path, label))
-        shapes.append(arr.shape[:2])
-    return good, skipped, shapes
+_PROBE: tuple = (None, None)  # (source, max_side), set before the pool forks: nothing is pickled
 
 
-class _ImageDataset:
+def check_images(source: Source, strict: bool, workers: int = 1, progress: bool = True,
+                 max_side: int | None = None):
+    """Positions of the readable items with their original (h, w), and the skipped ones with
+    reasons. Each image is decoded as the writer will decode it (see decode_file)."""
+    from tqdm import tqdm
+
+    if source.verified:
+        return list(range(len(source))), [source.probe(i) for i in range(len(source))], []
+    global _PROBE
+    _PROBE = (source, max_side)
+    good, shapes, skipped = [], [], []
+    bar = tqdm(total=len(source), desc="convert: checking", disable=not progress, mininterval=2)
+    pool = mp.get_context("fork").Pool(workers) if workers > 1 else None
+    try:
+        results = pool.imap(_probe, range(len(source)), chunksize=32) if pool else map(_probe, range(len(source)))
+        for i, res in results:
+            bar.update()
+            if isinstance(res, tuple):
+                good.append(i), shapes.append(res)
+            elif strict:
+                raise ConversionError(f"unreadable image {source.key(i)}: {res}")
+            else:
+                skipped.append({"path": source.key(i), "reason": res})
+    finally:
+        bar.close()
+        if pool:
+            pool.terminate()
+            pool.join()
+        _PROBE = (None, None)
+    return good, shapes, skipped
+
+
+# --- pass 2: the FFCV writer ---------------------------------------------------------------
+class SplitDataset:
     """What FFCV's DatasetWriter indexes: (image HxWx3 uint8, label, sample index)."""
 
-    def __init__(self, samples):
-        self.samples = samples
+    def __init__(self, source: Source, max_side: int | None):
+        self.source, self.max_side = source, max_side
 
     def __len__(self):
-        return len(self.samples)
+        return len(self.source)
 
     def __getitem__(self, i):
-        path, label = self.samples[i]
-        return load_rgb(path), int(label), int(i)
+        return self.source.load(i, self.max_side), int(self.source.labels[i]), int(i)
 
 
-def write_beton(samples, out: Path, opts: dict) -> None:
-    from ffcv.fields import IntField, RGBImageField
+class _Guarded:
+    """Wraps the dataset in FFCV's writer processes: an exception there would kill the worker
+    and leave FFCV's writer waiting for ever, so it is recorded instead (the sample gets a
+    1-pixel placeholder) and the conversion fails once the writer returns."""
+
+    def __init__(self, dataset, errors):
+        self.dataset, self.errors = dataset, errors
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        try:
+            return self.dataset[i]
+        except Exception as err:
+            self.errors.put(f"sample {i}: {type(err).__name__}: {err}")
+            return np.zeros((1, 1, 3), np.uint8), 0, int(i)
+
+
+class _Watchdog:
+    """A writer process that dies without an exception (OOM kill, signal) also leaves FFCV's
+    writer waiting for ever: this thread watches them and interrupts the main thread when one
+    exits with an error code. (It sees a process once it polled it alive, every 0.1 s: a
+    worker killed within its first 0.1 s would go unnoticed.)"""
+
+    def __init__(self):
+        import threading
+
+        self.before = set(mp.active_children())
+        self.seen: set = set()
+        self.failed: str | None = None
+        self.lock, self.done = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def workers(self) -> list:
+        return [p for p in self.seen if p not in self.before]
+
+    def _run(self):
+        import _thread
+
+        while not self.done.wait(0.1):
+            try:
+                self.seen |= set(mp.active_children())
+            except RuntimeError:  # the main thread is starting processes right now
+                continue
+            dead = [p for p in self.workers() if p.exitcode not in (None, 0)]
+            if dead:
+                with self.lock:
+                    if not self.done.is_set():
+                        self.failed = f"writer process {dead[0].pid} exited with code {dead[0].exitcode}"
+                        _thread.interrupt_main()
+                return
+
+    def stop(self) -> None:
+        with self.lock:
+            self.done.set()
+
+    def kill_workers(self) -> None:
+        for p in self.workers():
+            if p.is_alive():
+                p.terminate()
+            p.join(5)
+
+
+def page_size_for(max_sample_bytes: int, total_bytes: int) -> int:
+    """Pages must hold the largest sample; bigger pages (8 MiB) only for large datasets."""
+    size = MIN_PAGE if total_bytes < (1 << 30) else 1 << 23
+    while size < 2 * max_sample_bytes:
+        size *= 2
+    return size
+
+
+def write_beton(dataset, out: Path, fields: dict, workers: int = 1, page_size: int = MIN_PAGE,
+                chunksize: int = 64) -> None:
+    """Write ``dataset`` (items: one value per field) to ``out`` atomically: on any failure
+    the temporary file is removed and ``out`` is left as it was."""
     from ffcv.writer import DatasetWriter
 
-    fields = {
+    errors = mp.Queue()
+    with atomic_path(out) as tmp:
+        writer = DatasetWriter(str(tmp), fields, num_workers=workers, page_size=page_size)
+        watchdog = _Watchdog()
+        try:
+            writer.from_indexed_dataset(_Guarded(dataset, errors), chunksize=chunksize)
+        except BaseException as err:
+            watchdog.stop()
+            watchdog.kill_workers()
+            _release_shared_memory(writer)
+            if isinstance(err, KeyboardInterrupt) and watchdog.failed:
+                raise ConversionError(f"writing {out} failed: {watchdog.failed}") from None
+            raise
+        watchdog.stop()
+        failures = _drain(errors)
+        if failures:
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise ConversionError(f"writing {out} failed at {failures[0]}{more}")
+
+
+def _drain(queue) -> list[str]:
+    import queue as q
+
+    out = []
+    while True:
+        try:
+            out.append(queue.get(timeout=0.05))  # the workers have exited: all is in the pipe
+        except q.Empty:
+            return out
+
+
+def _release_shared_memory(writer) -> None:
+    """The writer's metadata block outlives an unfinished write otherwise."""
+    shm = getattr(writer, "metadata_sm", None)
+    if hasattr(shm, "unlink"):
+        try:
+            shm.close()
+            shm.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def image_fields(opts: dict) -> dict:
+    from ffcv.fields import IntField, RGBImageField
+
+    return {
         "image": RGBImageField(write_mode=opts["write_mode"], max_resolution=opts["max_resolution"],
-                               jpeg_quality=opts["jpeg_quality"]),
+                               jpeg_quality=opts["jpeg_quality"], smart_threshold=opts["smart_threshold"],
+                               compress_probability=opts["compress_probability"]),
         "label": IntField(),
         "index": IntField(),
     }
-    with atomic_path(out) as tmp:
-        # page_size 2 MiB keeps small datasets small (the 8 MiB default pads every page).
-        writer = DatasetWriter(str(tmp), fields, num_workers=opts["workers"], page_size=1 << 21)
-        writer.from_indexed_dataset(_ImageDataset(samples), chunksize=64)
 
 
-def convert(root: str | Path, out: str | Path, opts: dict | None = None) -> dict:
+# --- the stage -----------------------------------------------------------------------------
+def stored_shape(hw, max_resolution: int | None) -> tuple[int, int]:
+    """The (h, w) FFCV stores: longest side scaled down to max_resolution (never up)."""
+    h, w = hw
+    if max_resolution and max(h, w) > max_resolution:
+        r = max_resolution / max(h, w)
+        return int(h * r), int(w * r)
+    return h, w
+
+
+def _hw_stats(shapes: np.ndarray) -> dict:
+    return {"min_hw": shapes.min(0).tolist(), "max_hw": shapes.max(0).tolist(),
+            "mean_hw": [round(float(v), 1) for v in shapes.mean(0)]}
+
+
+def resolve_write_mode(opts: dict, raw_bytes: int) -> tuple[str, str]:
+    if opts["write_mode"] != "auto":
+        return opts["write_mode"], "configured"
+    if raw_bytes <= RAW_BUDGET:
+        return "raw", f"auto: raw pixels take {raw_bytes / 2**20:.0f} MiB <= {RAW_BUDGET >> 20} MiB"
+    return "proportion", f"auto: raw pixels would take {raw_bytes / 2**30:.1f} GiB > {RAW_BUDGET >> 30} GiB"
+
+
+def remove_stale_temporaries(out: Path) -> None:
+    """Temporaries of a killed conversion (atomic_path's .<name>.*.tmp) are garbage."""
+    for tmp in out.parent.glob(f".{out.name}.*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def convert(root, out, opts: dict | None = None, source: str = "imagefolder", split: str | None = None,
+            progress: bool = True, beton: bool = True) -> dict:
+    """Convert one split; returns the report (also written next to ``out`` as .json).
+
+    ``beton=False`` checks the images and writes only the report (enough for the torchvision
+    loader where FFCV is not installed).
+    """
     opts = {**DEFAULTS, **(opts or {})}
-    root, out = Path(root), Path(out)
-    samples, classes = scan_imagefolder(root)
-    good, skipped, shapes = check_images(samples, opts["strict"])
+    out = Path(out)
+    split = split or out.stem
+    t0 = time.perf_counter()
+    try:
+        src = open_source(source, root, split)
+    except SourceError as err:
+        raise ConversionError(str(err)) from None
+    for note in src.notes:
+        log(f"note: {note}")
+    good, shapes, skipped = check_images(src, opts["strict"], opts["workers"], progress, opts["max_resolution"])
     if not good:
-        raise ConversionError(f"{root}: no readable images ({len(skipped)} skipped)")
-    write_beton(good, out, opts)
-    counts = Counter(label for _, label in good)
+        raise ConversionError(f"{src.root}: no readable images in split '{split}' ({len(skipped)} skipped)")
+    kept = src.select(good)
+    counts = Counter(kept.labels)
+    found = Counter(src.labels)
+    empty = [name for k, name in enumerate(src.classes) if found.get(k, 0) and not counts.get(k, 0)]
+    if empty:
+        raise ConversionError(f"{src.root}: class(es) {empty} have no readable images (see the skipped files)")
+
     hw = np.array(shapes)
+    stored = np.array([stored_shape(s, opts["max_resolution"]) for s in shapes])
+    raw_bytes = int((stored[:, 0] * stored[:, 1] * 3).sum())
+    mode, why = resolve_write_mode(opts, raw_bytes)
+    opts = {**opts, "write_mode": mode}
+    page = page_size_for(int((stored[:, 0] * stored[:, 1]).max() * 3), raw_bytes)
+    t_check = time.perf_counter() - t0
+    out.with_suffix(".json").unlink(missing_ok=True)  # never a report beside another run's .beton
+    if beton:
+        out.unlink(missing_ok=True)
+        remove_stale_temporaries(out)
+        # Each writer process fills pages of its own: on a small split extra writers only add
+        # padding (a page or two each), so use one per 16 pages of pixels.
+        writers = max(1, min(opts["workers"], raw_bytes // (16 * page)))
+        chunk = max(16, min(256, len(good) // (8 * writers)))
+        write_beton(SplitDataset(kept, opts["max_resolution"]), out, image_fields(opts), writers, page, chunk)
+    t_write = time.perf_counter() - t0 - t_check
+
+    labeled = [k for k in kept.labels if k != UNLABELED]
     report = {
-        "source": str(root), "beton": str(out), "num_samples": len(good), "classes": classes,
-        "counts_per_class": {classes[k]: counts.get(k, 0) for k in range(len(classes))},
+        "source": src.describe(),
+        "beton": str(out) if beton else None,
+        "num_samples": len(good),
+        "num_unlabeled": len(good) - len(labeled),
+        "classes": src.classes,
+        "counts_per_class": {name: counts.get(k, 0) for k, name in enumerate(src.classes)},
         "skipped": skipped,
-        "resolution": {"min_hw": hw.min(0).tolist(), "max_hw": hw.max(0).tolist(),
-                       "mean_hw": [round(float(v), 1) for v in hw.mean(0)]},
-        "bytes": out.stat().st_size,
-        "options": {k: opts[k] for k in ("max_resolution", "jpeg_quality", "write_mode")},
+        "ignored": src.ignored,
+        "notes": src.notes,
+        "sample_keys_sha1": kept.digest(),
+        "resolution": {"source": _hw_stats(hw), "stored": _hw_stats(stored)},
+        "bytes": out.stat().st_size if beton else 0,
+        "raw_pixel_bytes": raw_bytes,
+        "options": {"max_resolution": opts["max_resolution"], "jpeg_quality": opts["jpeg_quality"],
+                    "write_mode": mode, "write_mode_reason": why,
+                    "compress_probability": opts["compress_probability"], "smart_threshold": opts["smart_threshold"],
+                    "page_size": page, "workers": opts["workers"], "writers": writers if beton else 0,
+                    "strict": opts["strict"]},
+        "fields": {"image": "RGBImageField", "label": "IntField", "index": "IntField (position in this file)"},
+        "seconds": {"check": round(t_check, 2), "write": round(t_write, 2)},
     }
     atomic_write_json(report, out.with_suffix(".json"))
     return report
 
 
+def validate_options(opts: dict) -> dict:
+    """The convert section against the schema (key and allowed values on error)."""
+    from pipeline.config import ConfigError, load_schema, validate_schema
+
+    try:
+        validate_schema(opts, load_schema()["properties"]["convert"], prefix="convert")
+    except ConfigError as err:
+        raise ConversionError(str(err)) from None
+    return opts
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", required=True, help="ImageFolder split: <root>/<class>/<image>")
+    ap.add_argument("--source", default="imagefolder", choices=KINDS, help="dataset layout (pipeline.sources)")
+    ap.add_argument("--root", required=True,
+                    help="imagefolder/unlabeled: the split's folder; cifar10/cifar100/stl10: torchvision's root")
+    ap.add_argument("--split", default=None, help="split name (default: the output's stem); "
+                    "cifar: train | val; stl10: train | val | unlabeled | train+unlabeled")
     ap.add_argument("--out", required=True, help="output .beton path (report written next to it)")
     ap.add_argument("--config", default="{}", help="JSON with keys of the convert section")
     ap.add_argument("--strict", action="store_true", help="fail on the first unreadable image")
+    ap.add_argument("--report-only", action="store_true",
+                    help="check the images and write only the report (torchvision loader without FFCV)")
     args = ap.parse_args(argv)
-    opts = json.loads(args.config)
-    if args.strict:
-        opts["strict"] = True
     try:
-        report = convert(args.root, args.out, opts)
+        opts = validate_options(json.loads(args.config))
+        if args.strict:
+            opts["strict"] = True
+        report = convert(args.root, args.out, opts, source=args.source, split=args.split,
+                         beton=not args.report_only)
     except ConversionError as err:
         raise SystemExit(f"[convert] error: {err}")
-    print(f"[convert] {report['num_samples']} images, {len(report['classes'])} classes, "
-          f"{len(report['skipped'])} skipped -> {args.out} ({report['bytes'] / 1e6:.1f} MB)")
+    log(f"{report['num_samples']} images, {len(report['classes'])} classes, {len(report['skipped'])} skipped, "
+        f"{len(report['ignored'])} ignored -> {args.out} ({report['bytes'] / 1e6:.1f} MB, "
+        f"{report['options']['write_mode']})")
 
 
 if __name__ == "__main__":

@@ -1,70 +1,85 @@
-"""FFCV loaders: two augmented views for pretraining, one centre view for evaluation.
+"""Loaders: two augmented views for pretraining, one centre view for evaluation.
 
-Batches are uint8 NCHW tensors (views into FFCV's reused buffers: clone what you keep);
-photometric augmentation and normalisation happen on the training device (pipeline.augment).
-Normalisation is not an FFCV transform: on CPU that pipeline hangs (FFCV issue #396).
+Two implementations behind the same two factories, chosen by ``loader=`` (``data.loader``):
+
+- ``ffcv``: reads the ``.beton``; random resized crop + flip are fused with decoding (numba).
+- ``torchvision``: reads the images the ``.beton`` was converted from (its JSON report names
+  the source; files skipped then are skipped again) through a torch DataLoader with
+  transforms v2 per sample. The benchmark baseline, and the fallback where FFCV cannot be
+  installed (the report alone is enough: ``python -m pipeline.convert --report-only``).
+
+Both visit the same samples in the same order for a given seed and epoch (FFCV's RANDOM and
+SEQUENTIAL orders; DistributedSampler's shards when ``distributed``) and yield uint8 NCHW
+batches: (view1, view2, label, index) for two views, (image, label, index) for evaluation.
+FFCV's batches are views into reused buffers: clone what you keep. Photometric augmentation
+and normalisation happen on the training device (pipeline.augment), never in the loader: on
+CPU FFCV's normalisation hangs (FFCV issue #396).
 """
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
+import numpy as np
 import torch
 
-
-def _check(path: str | Path) -> str:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"FFCV dataset not found: {path} (run the convert stage first)")
-    return str(path)
+LOADERS = ("ffcv", "torchvision")
+RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop (as torchvision's default)
 
 
-def _restore_threads(n: int | None) -> None:
-    # Creating a Loader changes torch's thread count; put back what the stage asked for.
-    if n:
-        torch.set_num_threads(n)
-
-
-def two_view_loader(path, batch_size: int, crop_size: int, scale_min: float = 0.2,
-                    workers: int = 2, seed: int = 0, distributed: bool = False,
-                    threads: int | None = None, drop_last: bool = True, crop: str = "loader"):
+# --- factories -----------------------------------------------------------------------------
+def two_view_loader(path, batch_size: int, crop_size: int, scale_min: float = 0.2, workers: int = 2,
+                    seed: int = 0, distributed: bool = False, threads: int | None = None, drop_last: bool = True,
+                    crop: str = "loader", loader: str = "ffcv", flip: bool = True, ratio=RATIO):
     """Yields (view1, view2, label, index); each view is its own random resized crop + flip.
 
-    crop="loader": FFCV crops while decoding (fastest; its randomness is not seedable).
-    crop="device": FFCV decodes whole images, the crops are drawn from torch's RNG: with a
-    fixed seed every run, and every resumed run, sees exactly the same views.
+    path: the split's ``.beton`` (its report ``.json`` next to it is what the torchvision
+    loader reads). crop="loader": crops drawn in the loader (fastest; FFCV's are not
+    seedable). crop="device": the loader yields whole centre views and the crops are drawn
+    from torch's RNG on the device: with a fixed seed every run, and every resumed run, sees
+    exactly the same views. scale_min=1, ratio=(1, 1), flip=False: no geometric augmentation
+    (both views equal the evaluation view).
     """
+    _check_choice(loader, crop)
     if crop == "device":
         from pipeline.augment import DeviceCrop
 
-        loader = eval_loader(path, batch_size, crop_size, workers, threads=threads, distributed=distributed,
-                             order="random", seed=seed, drop_last=drop_last)
-        return TwoViewLoader(loader, DeviceCrop(crop_size, scale_min))
-    if crop != "loader":
+        base = eval_loader(path, batch_size, crop_size, workers, threads=threads, distributed=distributed,
+                           order="random", seed=seed, drop_last=drop_last, loader=loader)
+        return TwoViewLoader(base, DeviceCrop(crop_size, scale_min))
+    scale = (scale_min, 1.0)
+    if loader == "torchvision":
+        dataset = TwoViewDataset(converted_source(path), crop_size, scale, ratio, flip)
+        return TwoViewLoader(TorchLoader(dataset, batch_size, workers, seed, True, distributed, drop_last))
+    return TwoViewLoader(_ffcv_two_view(path, batch_size, crop_size, scale, ratio, flip, workers, seed,
+                                        distributed, threads, drop_last))
+
+
+def eval_loader(path, batch_size: int, crop_size: int, workers: int = 2, crop_ratio: float = 1.0,
+                threads: int | None = None, distributed: bool = False, order: str = "sequential",
+                seed: int = 0, drop_last: bool = False, loader: str = "ffcv"):
+    """Yields (image, label, index): the centre crop (side crop_ratio x the shorter side,
+    resized to crop_size), in file order (every sample once) unless order="random"."""
+    _check_choice(loader, "loader")
+    if order not in ("sequential", "random"):
+        raise ValueError(f"order must be 'sequential' or 'random', not {order!r}")
+    if loader == "torchvision":
+        dataset = CentreViewDataset(converted_source(path), crop_size, crop_ratio)
+        return TorchLoader(dataset, batch_size, workers, seed, order == "random", distributed, drop_last)
+    return _ffcv_eval(path, batch_size, crop_size, workers, crop_ratio, threads, distributed, order, seed, drop_last)
+
+
+def _check_choice(loader: str, crop: str) -> None:
+    if loader not in LOADERS:
+        raise ValueError(f"data.loader must be one of {LOADERS}, not {loader!r}")
+    if crop not in ("loader", "device"):
         raise ValueError(f"crop must be 'loader' or 'device', not {crop!r}")
-    from ffcv.fields.basics import IntDecoder
-    from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder
-    from ffcv.loader import Loader, OrderOption
-    from ffcv.pipeline import PipelineSpec
-    from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
-
-    def view():
-        return [RandomResizedCropRGBImageDecoder((crop_size, crop_size), scale=(scale_min, 1.0)),
-                RandomHorizontalFlip(), ToTensor(), ToTorchImage()]
-
-    pipelines = {
-        "image": view(),
-        "label": [IntDecoder(), ToTensor(), Squeeze(1)],
-        "index": [IntDecoder(), ToTensor(), Squeeze(1)],
-        "image2": PipelineSpec("image", decoder=view()[0], transforms=view()[1:]),
-    }
-    loader = Loader(_check(path), batch_size=batch_size, num_workers=workers, order=OrderOption.RANDOM,
-                    seed=seed, distributed=distributed, drop_last=drop_last, pipelines=pipelines)
-    _restore_threads(threads)
-    return TwoViewLoader(loader)
 
 
 class TwoViewLoader:
-    """Names FFCV's positional outputs and lets the training loop set the epoch."""
+    """Names the positional outputs (FFCV's layout: image, label, index, image2) and lets the
+    training loop set the epoch."""
 
     def __init__(self, loader, device_crop=None):
         self.loader = loader
@@ -74,7 +89,7 @@ class TwoViewLoader:
         return len(self.loader)
 
     def set_epoch(self, epoch: int) -> None:
-        # FFCV draws the order of epoch e from seed + e; resuming must continue the sequence.
+        # The order of epoch e is drawn from seed + e; resuming must continue the sequence.
         self.loader.next_epoch = epoch
 
     def __iter__(self):
@@ -82,6 +97,9 @@ class TwoViewLoader:
 
     def batches(self, skip: int = 0):
         """Iterate, skipping the first ``skip`` batches without augmenting them (resume)."""
+        if isinstance(self.loader, TorchLoader):  # skipped batches are not even decoded
+            yield from map(self._views, self.loader.iter_from(skip))
+            return
         for i, batch in enumerate(self.loader):
             if i >= skip:
                 yield self._views(batch)
@@ -94,23 +112,188 @@ class TwoViewLoader:
         return image, image2, label, index
 
 
-def eval_loader(path, batch_size: int, crop_size: int, workers: int = 2, crop_ratio: float = 1.0,
-                threads: int | None = None, distributed: bool = False, order: str = "sequential",
-                seed: int = 0, drop_last: bool = False):
-    """Yields (image, label, index): the centre crop, in file order (every sample once) unless
-    order="random"."""
+# --- FFCV ----------------------------------------------------------------------------------
+def _beton(path) -> str:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"FFCV dataset not found: {path} (run the convert stage first)")
+    try:
+        import ffcv  # noqa: F401
+    except ImportError as err:
+        raise RuntimeError(f"FFCV is not importable ({err}): install it, or set data.loader: torchvision") from None
+    return str(path)
+
+
+def _restore_threads(n: int | None) -> None:
+    # Creating a Loader changes torch's thread count; put back what the stage asked for.
+    if n:
+        torch.set_num_threads(n)
+
+
+def _int_pipeline():
     from ffcv.fields.basics import IntDecoder
+    from ffcv.transforms import Squeeze, ToTensor
+
+    return [IntDecoder(), ToTensor(), Squeeze(1)]
+
+
+def _ffcv_two_view(path, batch_size, crop_size, scale, ratio, flip, workers, seed, distributed, threads, drop_last):
+    path = _beton(path)
+    from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.pipeline import PipelineSpec
+    from ffcv.transforms import RandomHorizontalFlip, ToTensor, ToTorchImage
+
+    def view():
+        decoder = RandomResizedCropRGBImageDecoder((crop_size, crop_size), scale=tuple(scale), ratio=tuple(ratio))
+        return decoder, ([RandomHorizontalFlip()] if flip else []) + [ToTensor(), ToTorchImage()]
+
+    (dec1, ops1), (dec2, ops2) = view(), view()
+    pipelines = {"image": [dec1, *ops1], "label": _int_pipeline(), "index": _int_pipeline(),
+                 "image2": PipelineSpec("image", decoder=dec2, transforms=ops2)}
+    # RANDOM, not QUASI_RANDOM: the latter raises NotImplementedError with distributed=True.
+    loader = Loader(path, batch_size=batch_size, num_workers=workers, order=OrderOption.RANDOM, seed=seed,
+                    distributed=distributed, drop_last=drop_last, pipelines=pipelines)
+    _restore_threads(threads)
+    return loader
+
+
+def _ffcv_eval(path, batch_size, crop_size, workers, crop_ratio, threads, distributed, order, seed, drop_last):
+    path = _beton(path)
     from ffcv.fields.rgb_image import CenterCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
-    from ffcv.transforms import Squeeze, ToTensor, ToTorchImage
+    from ffcv.transforms import ToTensor, ToTorchImage
 
     pipelines = {
         "image": [CenterCropRGBImageDecoder((crop_size, crop_size), ratio=crop_ratio), ToTensor(), ToTorchImage()],
-        "label": [IntDecoder(), ToTensor(), Squeeze(1)],
-        "index": [IntDecoder(), ToTensor(), Squeeze(1)],
+        "label": _int_pipeline(),
+        "index": _int_pipeline(),
     }
-    loader = Loader(_check(path), batch_size=batch_size, num_workers=workers,
+    loader = Loader(path, batch_size=batch_size, num_workers=workers,
                     order=OrderOption.RANDOM if order == "random" else OrderOption.SEQUENTIAL, seed=seed,
                     distributed=distributed, drop_last=drop_last, pipelines=pipelines)
     _restore_threads(threads)
     return loader
+
+
+# --- torchvision ---------------------------------------------------------------------------
+def read_report(path) -> dict:
+    """The conversion report of a split: ``x.json`` next to ``x.beton`` (either path works)."""
+    report = Path(path).with_suffix(".json")
+    if not report.is_file():
+        raise FileNotFoundError(f"conversion report not found: {report} (run the convert stage first)")
+    return json.loads(report.read_text())
+
+
+def converted_source(path):
+    """The source a split was converted from, without the files skipped then: the same
+    samples, labels and indices as in the ``.beton``."""
+    from pipeline.sources import open_source
+
+    report = read_report(path)
+    src = open_source(**report["source"])
+    skipped = {s["path"] for s in report["skipped"]}
+    src = src.select([i for i in range(len(src)) if src.key(i) not in skipped])
+    expected = report.get("sample_keys_sha1")
+    if len(src) != report["num_samples"] or (expected and src.digest() != expected):
+        raise RuntimeError(f"{report['source']['root']} changed since it was converted ({len(src)} images now, "
+                           f"{report['num_samples']} then): rerun the convert stage")
+    return src
+
+
+def _as_chw(image: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(image).permute(2, 0, 1)  # a view: the resize kernels like channels-last
+
+
+class TwoViewDataset(torch.utils.data.Dataset):
+    """Decode once, crop twice: (view1, label, index, view2) (FFCV's output layout)."""
+
+    def __init__(self, source, crop_size: int, scale, ratio, flip: bool):
+        from torchvision.transforms import v2
+
+        self.source = source
+        ops = [v2.RandomResizedCrop((crop_size, crop_size), scale=tuple(scale), ratio=tuple(ratio), antialias=True)]
+        self.transform = v2.Compose(ops + ([v2.RandomHorizontalFlip()] if flip else []))
+
+    def __len__(self):
+        return len(self.source)
+
+    def __getitem__(self, i):
+        image = _as_chw(self.source.load(i))
+        return self.transform(image), self.source.labels[i], i, self.transform(image)
+
+
+class CentreViewDataset(torch.utils.data.Dataset):
+    """(image, label, index): the square centre crop FFCV's CenterCropRGBImageDecoder takes."""
+
+    def __init__(self, source, crop_size: int, crop_ratio: float = 1.0):
+        self.source, self.crop_size, self.crop_ratio = source, crop_size, crop_ratio
+
+    def __len__(self):
+        return len(self.source)
+
+    def __getitem__(self, i):
+        from torchvision.transforms.v2 import functional as F
+
+        image = _as_chw(self.source.load(i))
+        h, w = image.shape[1:]
+        side = int(self.crop_ratio * min(h, w))
+        image = F.resized_crop(image, (h - side) // 2, (w - side) // 2, side, side,
+                               [self.crop_size, self.crop_size], antialias=True)
+        return image.contiguous(), self.source.labels[i], i
+
+
+def epoch_order(n: int, epoch: int, seed: int, shuffle: bool, sampler=None) -> np.ndarray:
+    """The sample order FFCV uses in an epoch: a DistributedSampler's shard when distributed,
+    else a permutation drawn from seed + epoch (RANDOM) or file order (SEQUENTIAL)."""
+    if sampler is not None:
+        sampler.set_epoch(epoch)
+        return np.fromiter(iter(sampler), dtype=np.int64)
+    return np.random.default_rng(seed + epoch).permutation(n) if shuffle else np.arange(n)
+
+
+class _ListSampler(torch.utils.data.Sampler):
+    """The indices of the epoch being iterated (set just before each epoch)."""
+
+    def __init__(self):
+        self.indices: list[int] = []
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+class TorchLoader:
+    """A torch DataLoader over a map-style dataset with FFCV's interface and orders.
+
+    ``next_epoch`` is the epoch the next iteration draws its order from (then incremented),
+    as in FFCV's Loader. Workers persist across epochs (no start-up cost per epoch)."""
+
+    def __init__(self, dataset, batch_size: int, workers: int, seed: int, shuffle: bool,
+                 distributed: bool = False, drop_last: bool = True):
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        self.dataset, self.batch_size, self.seed, self.shuffle = dataset, batch_size, seed, shuffle
+        self.drop_last, self.next_epoch = drop_last, 0
+        # Sharding like FFCV's (which uses a DistributedSampler with drop_last=False inside).
+        self.shard = DistributedSampler(range(len(dataset)), shuffle=shuffle, seed=seed,
+                                        drop_last=False) if distributed else None
+        self.sampler = _ListSampler()
+        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, num_workers=workers,
+                                 drop_last=drop_last, persistent_workers=workers > 0)
+        n = len(self.shard) if self.shard is not None else len(dataset)
+        self._len = n // batch_size if drop_last else math.ceil(n / batch_size)
+
+    def __len__(self):
+        return self._len
+
+    def __iter__(self):
+        return self.iter_from(0)
+
+    def iter_from(self, skip: int = 0):
+        order = epoch_order(len(self.dataset), self.next_epoch, self.seed, self.shuffle, self.shard)
+        self.next_epoch += 1
+        self.sampler.indices = order[skip * self.batch_size: self._len * self.batch_size].tolist()
+        return iter(self.loader)

@@ -9,12 +9,12 @@ from pipeline.data import eval_loader
 
 @torch.no_grad()
 def extract(backbone: torch.nn.Module, beton, crop_size: int, workers: int = 2, batch_size: int = 512,
-            threads: int | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+            threads: int | None = None, device=None, loader: str = "ffcv") -> tuple[torch.Tensor, torch.Tensor]:
     """(features N x D, labels N) in file order, on ``device`` (default: the backbone's)."""
     backbone.eval()
     device = device or next(backbone.parameters()).device
     feats, labels = [], []
-    for images, y, _ in eval_loader(beton, batch_size, crop_size, workers=workers, threads=threads):
+    for images, y, _ in eval_loader(beton, batch_size, crop_size, workers=workers, threads=threads, loader=loader):
         feats.append(backbone(normalize(images.to(device))))
         labels.append(y.to(device, torch.long).clone())
     return torch.cat(feats), torch.cat(labels)

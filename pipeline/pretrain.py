@@ -114,7 +114,8 @@ class Trainer:
         self.loader = two_view_loader(
             data_dir / "train.beton", p["batch_size"] // env.world_size, d.get("crop_size", 32),
             scale_min=p.get("crop_scale_min", 0.2), workers=d.get("workers", 2), seed=p.get("seed", 0),
-            distributed=env.world_size > 1, threads=p.get("threads", 2), crop=d.get("crop", "loader"))
+            distributed=env.world_size > 1, threads=p.get("threads", 2), crop=d.get("crop", "loader"),
+            loader=d.get("loader", "ffcv"))
         if len(self.loader) == 0:
             raise ConfigError(f"pretrain.batch_size={p['batch_size']} exceeds the training set "
                               f"({self.num_samples} images)")
@@ -212,10 +213,13 @@ class Trainer:
         view of representation quality during training. Every rank computes it (no I/O
         races, identical numbers); BN statistics are untouched (eval mode)."""
         backbone, crop = self.model.encoder_q.backbone, self.d.get("crop_size", 32)
-        train_x, train_y = extract(backbone, self.data_dir / "train.beton", crop, self.d.get("workers", 2),
-                                   threads=self.p.get("threads"), device=self.device)
-        val_x, val_y = extract(backbone, self.data_dir / "val.beton", crop, self.d.get("workers", 2),
-                               threads=self.p.get("threads"), device=self.device)
+        opts = dict(threads=self.p.get("threads"), device=self.device, loader=self.d.get("loader", "ffcv"))
+        train_x, train_y = extract(backbone, self.data_dir / "train.beton", crop, self.d.get("workers", 2), **opts)
+        val_x, val_y = extract(backbone, self.data_dir / "val.beton", crop, self.d.get("workers", 2), **opts)
+        labelled = train_y >= 0  # unlabeled pretraining images (label -1) cannot vote
+        train_x, train_y = train_x[labelled], train_y[labelled]
+        if len(train_y) == 0:
+            return float("nan")
         self.model.train()
         return round(knn_accuracy(train_x, train_y, val_x, val_y, int(train_y.max()) + 1), 3)
 

@@ -138,16 +138,20 @@ def train_cached(probe: LinearProbe, train_x, train_y, val_x, val_y, seed: int) 
 def train_augmented(probe: LinearProbe, backbone, data_dir: Path, d: dict, pc: dict, val_x, val_y) -> list:
     crop = d.get("crop_size", 32)
     loader = eval_loader(data_dir / "train.beton", probe.s["batch_size"], crop, d.get("workers", 2),
-                         threads=pc.get("threads"), order="random", seed=pc.get("seed", 0), drop_last=False)
+                         threads=pc.get("threads"), order="random", seed=pc.get("seed", 0), drop_last=False,
+                         loader=d.get("loader", "ffcv"))
     random_crop = DeviceCrop(crop, scale_min=0.08)  # RandomResizedCrop + flip, as the papers
     curve = []
     for epoch in tqdm(range(probe.s["epochs"]), desc="probe", mininterval=10):
         total, seen = 0.0, 0
         for images, labels, _ in loader:
+            keep = labels.long() >= 0  # unlabeled images (label -1) have no class to learn
+            if not bool(keep.any()):
+                continue
             with torch.no_grad():
-                feats = backbone(normalize(random_crop(images)))
-            total += float(probe.train_batch(feats, labels.long())) * len(labels)
-            seen += len(labels)
+                feats = backbone(normalize(random_crop(images[keep])))
+            total += float(probe.train_batch(feats, labels.long()[keep])) * int(keep.sum())
+            seen += int(keep.sum())
         curve.append(curve_point(probe, epoch, total / max(seen, 1), val_x, val_y))
     return curve
 
@@ -165,8 +169,13 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     before = snapshot(backbone)
     classes = json.loads((data_dir / "train.json").read_text())["classes"]
     crop, workers, mode = d.get("crop_size", 32), d.get("workers", 2), pc.get("mode", "cached")
-    train_x, train_y = extract(backbone, data_dir / "train.beton", crop, workers, threads=pc.get("threads"))
-    val_x, val_y = extract(backbone, data_dir / "val.beton", crop, workers, threads=pc.get("threads"))
+    opts = dict(threads=pc.get("threads"), loader=d.get("loader", "ffcv"))
+    train_x, train_y = extract(backbone, data_dir / "train.beton", crop, workers, **opts)
+    val_x, val_y = extract(backbone, data_dir / "val.beton", crop, workers, **opts)
+    labelled = train_y >= 0  # e.g. STL-10 train+unlabeled: the probe learns from labelled images only
+    train_x, train_y = train_x[labelled], train_y[labelled]
+    if len(train_y) == 0:
+        raise ConfigError(f"{data_dir / 'train.beton'} has no labelled images: a probe needs labels")
     log(f"features: train {tuple(train_x.shape)}, val {tuple(val_x.shape)}; mode {mode}, "
         f"protocol {pc.get('protocol', 'moco')}")
     s = settings(pc)

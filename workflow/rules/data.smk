@@ -1,4 +1,5 @@
 # Stage 1: the dataset and its FFCV conversion (once per dataset, shared by every cell).
+DS = config["dataset"]
 
 
 rule synthetic:
@@ -18,6 +19,7 @@ rule synthetic:
 
 
 rule convert:
+    """One split -> .beton + JSON report (source, counts, skipped files, resolutions, bytes)."""
     input:
         lambda w: [f"{R}/data/synthetic"] if config["dataset"]["source"] == "synthetic" else [],
     output:
@@ -25,8 +27,14 @@ rule convert:
         report=f"{R}/data/ffcv/{{split}}.json",
     params:
         py=PY,
+        # the embedded dataset is an ImageFolder tree
+        source=lambda w: {"synthetic": "imagefolder"}.get(DS["source"], DS["source"]),
         root=split_root,
-        cfg=lambda w: json.dumps(config["convert"]),
+        # STL-10's train split may include its 100k unlabeled images (label -1)
+        split=lambda w: "train+unlabeled" if DS["source"] == "stl10" and w.split == "train"
+        and DS.get("stl10_unlabeled") else w.split,
+        cfg=lambda w: json.dumps(config["convert"], sort_keys=True),
+    threads: config["convert"].get("workers", 1)
     log:
         f"{R}/logs/convert/{{split}}.log",
     benchmark:
@@ -34,4 +42,5 @@ rule convert:
     conda:
         CONDA_ENV
     shell:
-        "{params.py} -m pipeline.convert --root {params.root:q} --out {output.beton} --config {params.cfg:q} > {log} 2>&1"
+        "{params.py} -m pipeline.convert --source {params.source} --root {params.root:q} --split {params.split:q}"
+        " --out {output.beton:q} --config {params.cfg:q} > {log:q} 2>&1"

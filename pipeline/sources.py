@@ -1,0 +1,269 @@
+"""Where the images of a split come from: one scanner per dataset layout.
+
+The FFCV conversion and the torchvision loader both read sources through this module, so both
+see the same samples in the same order with the same labels: sample index ``i`` is the i-th
+item of the scan that survived the conversion's checks (the report lists the skipped ones).
+
+Kinds (``dataset.source``; the embedded ``synthetic`` dataset is an ``imagefolder``):
+
+- ``imagefolder``: ``root/<class>/**/<image>`` (ImageNet layout); classes sorted by name.
+- ``unlabeled``: ``root/**/<image>``, every label -1 (pretraining-only data).
+- ``cifar10`` / ``cifar100``: torchvision's on-disk copy under ``root`` (python pickles).
+- ``stl10``: torchvision's ``root/stl10_binary``; splits ``train`` (5k labelled), ``test``,
+  ``unlabeled`` (100k, label -1) and ``train+unlabeled``.
+
+For the file kinds ``root`` is the folder of the split itself; for the array kinds it is the
+torchvision root and ``split`` picks the files (``val`` means the test set).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".webp", ".tif", ".tiff", ".gif"}
+FILE_KINDS = ("imagefolder", "unlabeled")
+ARRAY_KINDS = ("cifar10", "cifar100", "stl10")
+KINDS = FILE_KINDS + ARRAY_KINDS
+UNLABELED = -1
+
+
+class SourceError(RuntimeError):
+    """The dataset cannot be read as configured; the message says what is wrong and where."""
+
+
+class Source:
+    """The items of one split, their labels, and how to decode an item to HxWx3 uint8 RGB."""
+
+    verified = False  # True where items cannot be corrupt (decoded arrays): no check pass needed
+
+    def __init__(self, kind: str, root: Path, split: str, classes: list[str], items: list, labels: list[int]):
+        self.kind, self.root, self.split = kind, root, split
+        self.classes, self.items, self.labels = classes, items, labels
+        self.ignored: list[dict] = []  # files seen but not taken as images, and why
+        self.notes: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def key(self, i: int) -> str:
+        """How the report names item i (a file path, or kind:split[position])."""
+        return str(self.items[i])
+
+    def load(self, i: int, max_side: int | None = None) -> np.ndarray:
+        raise NotImplementedError
+
+    def probe(self, i: int, max_side: int | None = None) -> tuple[int, int]:
+        """Decode item i as the writer will (raising if it cannot); its original (h, w)."""
+        raise NotImplementedError
+
+    def select(self, keep: list[int]) -> "Source":
+        """The same source restricted to the items at positions ``keep`` (in that order)."""
+        out = copy.copy(self)
+        out.items = [self.items[i] for i in keep]
+        out.labels = [self.labels[i] for i in keep]
+        return out
+
+    def digest(self) -> str:
+        """A fingerprint of the items in order: a loader rescanning the source checks it."""
+        h = hashlib.sha1()
+        for i in range(len(self)):
+            h.update(self.key(i).encode() + b"\n")
+        return h.hexdigest()
+
+    def describe(self) -> dict:
+        """What the report records so that a loader can reopen exactly this source."""
+        return {"kind": self.kind, "root": str(self.root), "split": self.split}
+
+
+class FileSource(Source):
+    def load(self, i: int, max_side: int | None = None) -> np.ndarray:
+        return decode_file(self.items[i], max_side)
+
+    def probe(self, i: int, max_side: int | None = None) -> tuple[int, int]:
+        size = []
+        decode_file(self.items[i], max_side, size)
+        return size[0]
+
+
+class ArraySource(Source):
+    """Images already decoded in memory (CIFAR, STL-10); items are positions in ``data``."""
+
+    verified = True
+
+    def __init__(self, *args, data: np.ndarray, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.data = data  # N x H x W x 3 uint8 (possibly a strided view)
+
+    def key(self, i: int) -> str:
+        return f"{self.kind}:{self.split}[{self.items[i]}]"
+
+    def load(self, i: int, max_side: int | None = None) -> np.ndarray:
+        return np.ascontiguousarray(self.data[self.items[i]])
+
+    def probe(self, i: int, max_side: int | None = None) -> tuple[int, int]:
+        return tuple(self.data.shape[1:3])
+
+
+def decode_file(path, max_side: int | None = None, size_out: list | None = None) -> np.ndarray:
+    """Decode an image file fully (a truncated file fails here) to HxWx3 uint8 RGB.
+
+    With ``max_side``, JPEGs are decoded at the smallest libjpeg scale (1/2, 1/4, 1/8) that
+    keeps the longest side >= max_side: the result is resized to max_side anyway, and a large
+    JPEG then decodes several times faster. ``size_out`` receives the file's own (h, w).
+    """
+    from PIL import Image
+
+    with Image.open(path) as im:
+        if size_out is not None:
+            size_out.append((im.size[1], im.size[0]))
+        if max_side and im.format == "JPEG":
+            w, h = im.size
+            s = max_side / max(w, h)
+            if s < 0.5:
+                im.draft("RGB", (math.ceil(w * s), math.ceil(h * s)))
+        im.load()
+        return np.array(im.convert("RGB"))  # a writable copy (torch wants one)
+
+
+def _walk_files(folder: Path) -> list[Path]:
+    """Every visible file under folder, in a stable order (symlinked folders followed)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        out += [Path(dirpath) / f for f in sorted(filenames) if not f.startswith(".")]
+    return out
+
+
+def _split_images(files: list[Path], ignored: list[dict]) -> list[Path]:
+    images = []
+    for f in files:
+        if f.suffix.lower() in IMAGE_SUFFIXES:
+            images.append(f)
+        else:
+            ignored.append({"path": str(f), "reason": f"not an image file name (suffix '{f.suffix}')"})
+    return images
+
+
+def _require_dir(root: Path, what: str) -> None:
+    if not root.is_dir():
+        raise SourceError(f"{what} not found: {root}")
+
+
+def scan_imagefolder(root: Path, split: str) -> FileSource:
+    _require_dir(root, "dataset split folder")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise SourceError(f"{root}: no class folders (expected {root}/<class>/<image>)")
+    ignored = [{"path": str(p), "reason": "file outside the class folders"}
+               for p in sorted(root.iterdir()) if p.is_file() and not p.name.startswith(".")]
+    items, labels = [], []
+    for label, name in enumerate(classes):
+        files = _split_images(_walk_files(root / name), ignored)
+        if not files:
+            raise SourceError(f"{root / name}: class '{name}' has no images (remove the folder or add images)")
+        items += files
+        labels += [label] * len(files)
+    src = FileSource("imagefolder", root, split, classes, items, labels)
+    src.ignored = ignored
+    return src
+
+
+def scan_unlabeled(root: Path, split: str) -> FileSource:
+    _require_dir(root, "dataset split folder")
+    ignored: list[dict] = []
+    files = _split_images(_walk_files(root), ignored)
+    if not files:
+        raise SourceError(f"{root}: no images in the {split} split")
+    src = FileSource("unlabeled", root, split, [], files, [UNLABELED] * len(files))
+    src.ignored = ignored
+    return src
+
+
+def _torchvision_copy(cls, root: Path, kind: str, notes: list[str], **kwargs):
+    """torchvision's dataset class on a local copy, never downloading.
+
+    torchvision verifies the MD5 of every file of the official release. A copy that differs
+    (a subset, a re-packed or a generated test copy) is still read, with a note in the report;
+    a missing folder or file fails with its path.
+    """
+    folder = root / cls.base_folder
+    _require_dir(folder, f"{kind}: torchvision folder (download it with torchvision first; downloads are off here)")
+    try:
+        return cls(str(root), download=False, **kwargs)
+    except RuntimeError as err:
+        if "corrupted" not in str(err):
+            raise
+    notes.append(f"{kind}: files under {folder} differ from the official release (checksums); read anyway")
+    try:
+        return _unverified(cls)(str(root), download=False, **kwargs)
+    except (FileNotFoundError, KeyError, ValueError, pickle.UnpicklingError, EOFError) as err:
+        raise SourceError(f"{kind}: cannot read {folder}: {type(err).__name__}: {err}") from None
+
+
+def _unverified(cls):
+    """``cls`` without its checksum checks (only the integrity test and CIFAR's meta loader)."""
+
+    class Unverified(cls):
+        def _check_integrity(self) -> bool:
+            return True
+
+        def _load_meta(self) -> None:
+            with open(os.path.join(self.root, self.base_folder, self.meta["filename"]), "rb") as f:
+                self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
+            self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+    return Unverified
+
+
+def scan_cifar(root: Path, split: str, kind: str) -> ArraySource:
+    from torchvision import datasets
+
+    if split not in ("train", "val", "test"):
+        raise SourceError(f"{kind}: unknown split '{split}' (train, val = test)")
+    cls = datasets.CIFAR10 if kind == "cifar10" else datasets.CIFAR100
+    notes: list[str] = []
+    ds = _torchvision_copy(cls, root, kind, notes, train=split == "train")
+    data = np.asarray(ds.data)
+    src = ArraySource(kind, root, split, list(ds.classes), list(range(len(data))),
+                      [int(t) for t in ds.targets], data=data)
+    src.notes = notes
+    return src
+
+
+STL_SPLITS = {"train": "train", "val": "test", "test": "test", "unlabeled": "unlabeled",
+              "train+unlabeled": "train+unlabeled"}
+
+
+def scan_stl10(root: Path, split: str) -> ArraySource:
+    from torchvision import datasets
+
+    if split not in STL_SPLITS:
+        raise SourceError(f"stl10: unknown split '{split}' ({', '.join(STL_SPLITS)})")
+    notes: list[str] = []
+    ds = _torchvision_copy(datasets.STL10, root, "stl10", notes, split=STL_SPLITS[split])
+    classes = list(getattr(ds, "classes", [])) or [str(i) for i in range(10)]
+    data = ds.data.transpose(0, 2, 3, 1)  # N x 3 x H x W (stored column-major) -> N x H x W x 3
+    src = ArraySource("stl10", root, split, classes, list(range(len(data))),
+                      [int(t) for t in ds.labels], data=data)
+    src.notes = notes
+    return src
+
+
+def open_source(kind: str, root, split: str = "train") -> Source:
+    """Scan one split; fails with a SourceError naming the folder or file at fault."""
+    root = Path(root).expanduser().resolve()
+    if kind == "imagefolder":
+        return scan_imagefolder(root, split)
+    if kind == "unlabeled":
+        return scan_unlabeled(root, split)
+    if kind in ("cifar10", "cifar100"):
+        return scan_cifar(root, split, kind)
+    if kind == "stl10":
+        return scan_stl10(root, split)
+    raise SourceError(f"unknown dataset source kind '{kind}' (one of {', '.join(KINDS)})")

@@ -1,0 +1,354 @@
+"""Conversion: every source kind, bad input, and no .beton that looks complete after a crash.
+
+The fake CIFAR/STL copies are written in the real on-disk formats (python pickles, STL's
+column-major binaries) with a handful of images. The .beton files are read back with FFCV's
+Reader (metadata + raw pixels), without compiling a Loader: fast, and independent of loading.
+"""
+import io
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipeline.convert import ConversionError, SplitDataset, convert, image_fields, main, write_beton
+from pipeline.sources import decode_file, open_source
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RAW = {"write_mode": "raw", "workers": 1}
+
+
+# --- fake datasets in their real formats -----------------------------------------------------
+def rand_images(n, h, w, seed):
+    return np.random.default_rng(seed).integers(0, 256, size=(n, h, w, 3), dtype=np.uint8)
+
+
+def make_cifar(root, kind="cifar10", per_file=2):
+    """cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta} or cifar-100-python/{train,test,meta}."""
+    if kind == "cifar10":
+        folder, files, meta = root / "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"], \
+            {"label_names": [f"c{i}" for i in range(10)], "num_cases_per_batch": per_file, "num_vis": 3072}
+        meta_name, label_key, n_classes = "batches.meta", "labels", 10
+    else:
+        folder, files = root / "cifar-100-python", ["train", "test"]
+        meta = {"fine_label_names": [f"f{i}" for i in range(100)], "coarse_label_names": [f"g{i}" for i in range(20)]}
+        meta_name, label_key, n_classes = "meta", "fine_labels", 100
+    folder.mkdir(parents=True)
+    written = {"train": ([], []), "test": ([], [])}
+    for k, name in enumerate(files):
+        images = rand_images(per_file, 32, 32, seed=k)
+        labels = [(k * per_file + j) % n_classes for j in range(per_file)]
+        entry = {"data": images.transpose(0, 3, 1, 2).reshape(per_file, 3072), label_key: labels,
+                 "filenames": [f"{name}_{j}.png" for j in range(per_file)]}
+        if kind == "cifar100":
+            entry["coarse_labels"] = [v // 5 for v in labels]
+        (folder / name).write_bytes(pickle.dumps(entry))
+        split = "test" if "test" in name else "train"
+        written[split][0].append(images), written[split][1].extend(labels)
+    (folder / meta_name).write_bytes(pickle.dumps(meta))
+    return {s: (np.concatenate(x), y) for s, (x, y) in written.items()}
+
+
+def make_stl10(root, n=3):
+    """stl10_binary/{train,test}_{X,y}.bin, unlabeled_X.bin (column-major 3x96x96), class_names.txt."""
+    folder = root / "stl10_binary"
+    folder.mkdir(parents=True)
+    out = {}
+    for k, split in enumerate(("train", "test", "unlabeled")):
+        images = rand_images(n, 96, 96, seed=10 + k)
+        (folder / f"{split}_X.bin").write_bytes(images.transpose(0, 3, 2, 1).tobytes())  # N, C, W, H
+        labels = [(k + j) % 10 for j in range(n)] if split != "unlabeled" else [-1] * n
+        if split != "unlabeled":
+            (folder / f"{split}_y.bin").write_bytes(bytes(v + 1 for v in labels))  # 1-based on disk
+        out[split] = (images, labels)
+    (folder / "class_names.txt").write_text("\n".join(f"s{i}" for i in range(10)) + "\n")
+    return out
+
+
+def make_imagefolder(root, classes=("a", "b"), per_class=3, size=(20, 24), fmt="PNG"):
+    paths = []
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i, image in enumerate(rand_images(per_class, *size, seed=c)):
+            path = root / name / f"{i}.{fmt.lower()}"
+            Image.fromarray(image).save(path, format=fmt)
+            paths.append(path)
+    return paths
+
+
+def read_beton(path):
+    """(images HxWx3, labels, indices, modes) straight from the file (raw pixels or JPEG bytes)."""
+    from ffcv.reader import Reader
+
+    reader = Reader(str(path))
+    meta = reader.metadata
+    sizes = {int(a["ptr"]): int(a["size"]) for a in reader.alloc_table}
+    blob = np.memmap(path, dtype=np.uint8, mode="r")
+    images = []
+    for field in meta["f0"]:
+        ptr, h, w = int(field["data_ptr"]), int(field["height"]), int(field["width"])
+        data = np.asarray(blob[ptr: ptr + sizes[ptr]])
+        if field["mode"] == 1:  # raw
+            images.append(data[: h * w * 3].reshape(h, w, 3))
+        else:
+            images.append(np.asarray(Image.open(io.BytesIO(data.tobytes())).convert("RGB")))
+    return images, meta["f1"].tolist(), meta["f2"].tolist(), meta["f0"]["mode"].tolist()
+
+
+def no_temporaries(folder):
+    return not [p for p in os.listdir(folder) if p.endswith(".tmp")]
+
+
+# --- image folders and bad input --------------------------------------------------------------
+@pytest.fixture
+def corrupt_tree(tmp_path):
+    """Two classes of good images plus a truncated JPEG, a text file named .jpg, a zero-byte
+    file and a README (not an image name)."""
+    root = tmp_path / "train"
+    good = make_imagefolder(root)
+    Image.fromarray(rand_images(1, 64, 64, 5)[0]).save(root / "a" / "z_truncated.jpg", quality=95)
+    data = (root / "a" / "z_truncated.jpg").read_bytes()
+    (root / "a" / "z_truncated.jpg").write_bytes(data[: len(data) // 2])
+    (root / "b" / "notes.jpg").write_text("this is not an image\n")
+    (root / "b" / "empty.jpg").write_bytes(b"")
+    (root / "b" / "README.txt").write_text("hello")
+    return root, good
+
+
+def test_corrupt_files_are_skipped_and_reported(corrupt_tree, tmp_path):
+    root, good = corrupt_tree
+    report = convert(root, tmp_path / "out" / "train.beton", RAW, progress=False)
+    assert report["num_samples"] == len(good) == 6
+    skipped = {os.path.basename(s["path"]): s["reason"] for s in report["skipped"]}
+    assert set(skipped) == {"z_truncated.jpg", "notes.jpg", "empty.jpg"}
+    assert "truncated" in skipped["z_truncated.jpg"].lower() or "OSError" in skipped["z_truncated.jpg"]
+    assert [os.path.basename(s["path"]) for s in report["ignored"]] == ["README.txt"]
+    assert report["counts_per_class"] == {"a": 3, "b": 3}
+    assert report["resolution"]["source"]["min_hw"] == [20, 24]
+    assert report["bytes"] == (tmp_path / "out" / "train.beton").stat().st_size
+    assert report["source"] == {"kind": "imagefolder", "root": str(root.resolve()), "split": "train"}
+    assert json.loads((tmp_path / "out" / "train.json").read_text()) == report
+    images, labels, indices, _ = read_beton(tmp_path / "out" / "train.beton")
+    assert labels == [0, 0, 0, 1, 1, 1] and indices == list(range(6))
+    for image, path in zip(images, sorted(good)):
+        assert np.array_equal(image, decode_file(path))
+
+
+def test_strict_fails_naming_the_file(corrupt_tree, tmp_path):
+    root, _ = corrupt_tree
+    out = tmp_path / "out" / "train.beton"
+    with pytest.raises(ConversionError, match="z_truncated.jpg"):
+        convert(root, out, {**RAW, "strict": True}, progress=False)
+    assert not out.exists() and not out.with_suffix(".json").exists()
+    with pytest.raises(SystemExit, match=r"error: unreadable image .*z_truncated\.jpg"):
+        main(["--root", str(root), "--out", str(out), "--strict", "--config", json.dumps(RAW)])
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing_root", "dataset split folder not found"),
+    ("no_classes", "no class folders"),
+    ("empty_class", "class 'b' has no images"),
+    ("all_corrupt_class", r"class\(es\) \['b'\] have no readable images"),
+    ("empty_unlabeled", "no images in the train split"),
+    ("missing_cifar", "cifar10: torchvision folder .* not found"),
+])
+def test_clear_failures(tmp_path, case, message):
+    root = tmp_path / "train"
+    source = "imagefolder"
+    if case == "no_classes":
+        root.mkdir()
+    elif case == "empty_class":
+        make_imagefolder(root, classes=("a",))
+        (root / "b").mkdir()
+    elif case == "all_corrupt_class":
+        make_imagefolder(root, classes=("a",))
+        (root / "b").mkdir()
+        (root / "b" / "x.png").write_bytes(b"not a png")
+    elif case == "empty_unlabeled":
+        (root / "sub").mkdir(parents=True)
+        source = "unlabeled"
+    elif case == "missing_cifar":
+        root, source = tmp_path, "cifar10"
+    with pytest.raises(ConversionError, match=message):
+        convert(root, tmp_path / "out" / "train.beton", RAW, source=source, split="train", progress=False)
+    assert not (tmp_path / "out" / "train.beton").exists()
+
+
+def test_bad_option_names_the_key(tmp_path):
+    with pytest.raises(SystemExit, match="convert.write_mode"):
+        main(["--root", str(tmp_path), "--out", str(tmp_path / "x.beton"), "--config", '{"write_mode": "png"}'])
+
+
+# --- a crash never leaves a .beton that looks complete ----------------------------------------
+class FailingDataset(SplitDataset):
+    """Raises (or, with ``hard``, dies by SIGKILL) in a writer process at sample ``fail_at``."""
+
+    def __init__(self, source, fail_at, hard=False):
+        super().__init__(source, None)
+        self.fail_at, self.hard = fail_at, hard
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            if self.hard:
+                time.sleep(0.5)  # as an OOM kill would: some time into the writing
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"simulated read error at sample {i}")
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("hard, message", [(False, "failed at sample 25: RuntimeError: simulated read error"),
+                                           (True, "exited with code -9")])
+def test_writer_failure_midway_leaves_no_beton(tmp_path, hard, message):
+    make_imagefolder(tmp_path / "src", per_class=20, size=(16, 16))
+    src = open_source("imagefolder", tmp_path / "src")
+    out = tmp_path / "out" / "train.beton"
+    with pytest.raises(ConversionError, match=message):
+        write_beton(FailingDataset(src, fail_at=25, hard=hard), out, image_fields({**RAW, **_field_defaults()}),
+                    workers=2, chunksize=4)
+    assert not out.exists() and no_temporaries(out.parent)
+
+
+def _field_defaults():
+    from pipeline.convert import DEFAULTS
+
+    return {k: DEFAULTS[k] for k in ("max_resolution", "jpeg_quality", "compress_probability", "smart_threshold")}
+
+
+SLOW_CONVERT = """
+import sys, time
+from pipeline import convert as c
+get = c.SplitDataset.__getitem__
+def slow(self, i):  # only the writer is slowed down, not the check pass
+    time.sleep(0.05)
+    return get(self, i)
+c.SplitDataset.__getitem__ = slow
+c.convert(sys.argv[1], sys.argv[2], {"write_mode": "raw", "workers": 1}, progress=False)
+"""
+
+
+def test_killed_conversion_leaves_no_beton(tmp_path):
+    make_imagefolder(tmp_path / "src", per_class=100, size=(16, 16))
+    out = tmp_path / "out" / "train.beton"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_CONVERT, str(tmp_path / "src"), str(out)], cwd=REPO,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (out.parent.is_dir() and not no_temporaries(out.parent)):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.2)
+        assert not no_temporaries(out.parent), "the conversion never started writing"
+        time.sleep(1.0)  # well inside the writing (200 images x 50 ms)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        proc.stderr.close()
+    assert not out.exists() and not out.with_suffix(".json").exists()
+    # the next run cleans the killed run's temporary and completes
+    convert(tmp_path / "src", out, RAW, progress=False)
+    assert out.exists() and no_temporaries(out.parent)
+
+
+# --- torchvision copies, unlabeled folders, write options --------------------------------------
+@pytest.mark.parametrize("kind", ["cifar10", "cifar100"])
+def test_cifar(tmp_path, kind):
+    truth = make_cifar(tmp_path / "tv", kind)
+    for split, part in (("train", "train"), ("val", "test")):
+        out = tmp_path / "out" / f"{split}.beton"
+        report = convert(tmp_path / "tv", out, RAW, source=kind, split=split, progress=False)
+        images, labels, indices, _ = read_beton(out)
+        x, y = truth[part]
+        assert labels == y and indices == list(range(len(y)))
+        assert np.array_equal(np.stack(images), x)
+        assert report["classes"][:2] == (["c0", "c1"] if kind == "cifar10" else ["f0", "f1"])
+        assert report["source"]["kind"] == kind and report["num_samples"] == len(y)
+        assert any("checksums" in n for n in report["notes"])  # not the official files
+
+
+def test_stl10(tmp_path):
+    truth = make_stl10(tmp_path / "tv")
+    for split, parts in (("train", ["train"]), ("val", ["test"]), ("unlabeled", ["unlabeled"]),
+                         ("train+unlabeled", ["train", "unlabeled"])):
+        out = tmp_path / "out" / f"{split}.beton"
+        report = convert(tmp_path / "tv", out, RAW, source="stl10", split=split, progress=False)
+        images, labels, indices, _ = read_beton(out)
+        assert np.array_equal(np.stack(images), np.concatenate([truth[p][0] for p in parts]))
+        assert labels == sum((truth[p][1] for p in parts), [])
+        assert report["num_unlabeled"] == (3 if "unlabeled" in split else 0)
+        assert report["classes"] == [f"s{i}" for i in range(10)]
+
+
+def test_unlabeled_folder(tmp_path):
+    root = tmp_path / "train"
+    make_imagefolder(root / "any" / "depth", classes=("x",), per_class=2)
+    make_imagefolder(root, classes=("y",), per_class=3, fmt="JPEG")
+    report = convert(root, tmp_path / "out" / "train.beton", RAW, source="unlabeled", progress=False)
+    assert report["num_samples"] == report["num_unlabeled"] == 5 and report["classes"] == []
+    _, labels, indices, _ = read_beton(tmp_path / "out" / "train.beton")
+    assert labels == [-1] * 5 and indices == list(range(5))
+
+
+def test_write_modes_and_resolution(tmp_path):
+    make_imagefolder(tmp_path / "src", per_class=4, size=(64, 48))
+    small = convert(tmp_path / "src", tmp_path / "raw.beton", {"workers": 1, "max_resolution": 32}, progress=False)
+    assert small["options"]["write_mode"] == "raw"  # auto: small split -> raw pixels
+    assert small["resolution"]["stored"]["max_hw"] == [32, 24]
+    images, *_ = read_beton(tmp_path / "raw.beton")
+    assert images[0].shape == (32, 24, 3)
+    jpg = convert(tmp_path / "src", tmp_path / "jpg.beton",
+                  {"workers": 1, "write_mode": "jpg", "jpeg_quality": 50, "max_resolution": 32}, progress=False)
+    images, labels, _, modes = read_beton(tmp_path / "jpg.beton")
+    assert set(modes) == {0} and images[0].shape == (32, 24, 3) and labels == [0] * 4 + [1] * 4
+    assert jpg["options"]["jpeg_quality"] == 50
+    smart = convert(tmp_path / "src", tmp_path / "smart.beton",
+                    {"workers": 1, "write_mode": "smart", "smart_threshold": 100}, progress=False)
+    assert set(read_beton(tmp_path / "smart.beton")[3]) == {0}  # every image is above 100 bytes -> JPEG
+    assert smart["options"]["write_mode"] == "smart"
+
+
+def test_report_only(tmp_path):
+    make_imagefolder(tmp_path / "src")
+    report = convert(tmp_path / "src", tmp_path / "train.beton", RAW, beton=False, progress=False)
+    assert report["beton"] is None and report["num_samples"] == 6
+    assert not (tmp_path / "train.beton").exists() and (tmp_path / "train.json").is_file()
+
+
+# --- the convert rule, for every source kind ---------------------------------------------------
+def _snakemake_convert(tmp_path, dataset: dict, *args, splits=("train", "val")):
+    """The convert jobs of both splits for this dataset section (a config file: --config
+    would pass nested values as strings)."""
+    from conftest import run, snakemake_bin
+
+    results = tmp_path / "results"
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(json.dumps({"results": str(results), "dataset": dataset, "detect": {"enabled": False},
+                                 "convert": {"workers": 1, "write_mode": "raw"}}))
+    targets = [str(results / "data" / "ffcv" / f"{s}.json") for s in splits]
+    return run([snakemake_bin(), "--configfile", "workflow/config/presets/tiny.yaml", str(extra),
+                "--cores", "1", "-p", *args, *targets], timeout=600)
+
+
+def test_convert_rule_dry_runs_every_kind(tmp_path):
+    make_stl10(tmp_path / "stl")
+    for dataset, expect in [
+        ({"source": "cifar10", "root": str(tmp_path)}, f"--source cifar10 --root {tmp_path} --split val"),
+        ({"source": "stl10", "root": str(tmp_path / "stl"), "stl10_unlabeled": True}, "--split train+unlabeled"),
+        ({"source": "unlabeled", "root": str(tmp_path)}, f"--source unlabeled --root {tmp_path}/train --split train"),
+        ({"source": "imagefolder", "root": str(tmp_path)}, f"--source imagefolder --root {tmp_path}/val --split val"),
+    ]:
+        out = _snakemake_convert(tmp_path, dataset, "-n").stdout
+        assert expect in out, out[-3000:]
+
+
+def test_convert_rule_runs_on_stl10(tmp_path):
+    make_stl10(tmp_path / "stl")
+    _snakemake_convert(tmp_path, {"source": "stl10", "root": str(tmp_path / "stl")}, splits=("val",))
+    report = json.loads((tmp_path / "results" / "data" / "ffcv" / "val.json").read_text())
+    assert report["source"] == {"kind": "stl10", "root": str((tmp_path / "stl").resolve()), "split": "val"}
+    assert report["num_samples"] == 3 and report["classes"][0] == "s0"
+    assert (tmp_path / "results" / "data" / "ffcv" / "val.beton").is_file()

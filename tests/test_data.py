@@ -1,0 +1,179 @@
+"""Loaders: FFCV and torchvision agree (samples, labels, order); the two views differ; without
+geometric augmentation both views equal the evaluation view; the photometric recipes are the
+papers'; the benchmark runs. Creating an FFCV Loader costs a numba compilation (seconds), so
+the tests share loaders where they can."""
+import json
+
+import pytest
+import torch
+
+from pipeline import augment
+from pipeline.convert import convert
+from pipeline.data import LOADERS, converted_source, eval_loader, two_view_loader
+
+from test_convert import make_cifar, make_imagefolder, make_stl10
+
+KW = dict(batch_size=16, workers=1, seed=3)
+
+
+@pytest.fixture(scope="module")
+def eval_views(ffcv_small):
+    """index -> (image, label) of the centre view at 32 px (the stored size), per loader."""
+    out = {}
+    for kind in LOADERS:
+        views = {}
+        for x, y, i in eval_loader(ffcv_small / "train.beton", 16, 32, workers=1, loader=kind):
+            views.update({int(k): (img.clone(), int(lab)) for k, img, lab in zip(i, x, y)})
+        out[kind] = views
+    return out
+
+
+def test_eval_views_agree_exactly(eval_views):
+    ffcv, tv = eval_views["ffcv"], eval_views["torchvision"]
+    assert sorted(ffcv) == sorted(tv) == list(range(80))
+    for k in ffcv:
+        assert torch.equal(ffcv[k][0], tv[k][0]) and ffcv[k][1] == tv[k][1]
+
+
+def test_same_samples_same_order(ffcv_small):
+    beton = ffcv_small / "train.beton"
+    loaders = {kind: two_view_loader(beton, crop_size=24, loader=kind, **KW) for kind in LOADERS}
+    assert len(loaders["ffcv"]) == len(loaders["torchvision"]) == 80 // 16
+    orders = {}
+    for epoch in (0, 1, 1):
+        seen = {}
+        for kind, loader in loaders.items():
+            loader.set_epoch(epoch)
+            batches = []
+            for v1, v2, y, i in loader.batches():
+                assert v1.dtype == v2.dtype == torch.uint8 and v1.shape == v2.shape == (16, 3, 24, 24)
+                assert not torch.equal(v1, v2)  # independent random crops
+                batches.append((y.tolist(), i.tolist()))
+            seen[kind] = batches
+        assert seen["ffcv"] == seen["torchvision"]
+        assert sorted(sum((i for _, i in seen["ffcv"]), [])) == list(range(80))
+        orders.setdefault(epoch, seen["ffcv"])
+        assert orders[epoch] == seen["ffcv"]  # set_epoch replays an epoch's order
+    assert orders[0] != orders[1]
+    for kind, loader in loaders.items():  # resume: skipping batches continues the same epoch
+        loader.set_epoch(1)
+        assert [i.tolist() for *_, i in loader.batches(skip=2)] == [i for _, i in orders[1][2:]]
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+def test_no_augmentation_gives_the_eval_view(ffcv_small, eval_views, kind):
+    loader = two_view_loader(ffcv_small / "train.beton", crop_size=32, scale_min=1.0, ratio=(1, 1), flip=False,
+                             drop_last=False, loader=kind, **KW)
+    none = augment.recipe("none", 32)
+    count = 0
+    for v1, v2, y, i in loader:
+        ref = torch.stack([eval_views[kind][int(k)][0] for k in i])
+        assert torch.equal(v1, ref) and torch.equal(v2, ref)
+        assert torch.equal(none(v1), augment.normalize(ref))
+        count += len(i)
+    assert count == 80
+
+
+def test_torchvision_device_crop(ffcv_small):
+    """crop="device": whole centre views from the loader, crops drawn from torch's RNG."""
+    loader = two_view_loader(ffcv_small / "train.beton", 16, 24, workers=0, seed=1, crop="device",
+                             loader="torchvision")
+    torch.manual_seed(0)
+    v1, v2, y, i = next(iter(loader))
+    assert v1.shape == v2.shape == (16, 3, 24, 24) and v1.dtype == torch.uint8 and not torch.equal(v1, v2)
+    loader.set_epoch(0)
+    torch.manual_seed(0)
+    assert torch.equal(next(iter(loader))[0], v1)  # seeded: the same views again
+
+
+def test_torchvision_loader_without_beton(tmp_path):
+    """The fallback: a report-only conversion is enough (CIFAR, STL-10 unlabeled)."""
+    truth = make_cifar(tmp_path / "cifar")
+    convert(tmp_path / "cifar", tmp_path / "c" / "train.beton", {"workers": 1}, source="cifar10", beton=False,
+            progress=False)
+    x, y = truth["train"]
+    images, labels, idx = next(iter(eval_loader(tmp_path / "c" / "train.beton", 10, 32, workers=0,
+                                                loader="torchvision")))
+    assert torch.equal(images, torch.from_numpy(x).permute(0, 3, 1, 2)) and labels.tolist() == y
+    assert idx.tolist() == list(range(10))
+    make_stl10(tmp_path / "stl")
+    convert(tmp_path / "stl", tmp_path / "s" / "train.beton", {"workers": 1}, source="stl10",
+            split="train+unlabeled", beton=False, progress=False)
+    v1, v2, labels, idx = next(iter(two_view_loader(tmp_path / "s" / "train.beton", 6, 48, workers=1,
+                                                    loader="torchvision")))
+    assert v1.shape == (6, 3, 48, 48) and labels.tolist().count(-1) == 3
+    assert sorted(idx.tolist()) == list(range(6))
+
+
+def test_torchvision_loader_skips_what_conversion_skipped(tmp_path):
+    root = tmp_path / "train"
+    make_imagefolder(root)
+    (root / "a" / "bad.png").write_bytes(b"garbage")
+    report = convert(root, tmp_path / "train.beton", {"workers": 1}, beton=False, progress=False)
+    assert len(report["skipped"]) == 1 and len(converted_source(tmp_path / "train.beton")) == 6
+    make_imagefolder(root, classes=("b",), per_class=4)  # one more image after the conversion
+    with pytest.raises(RuntimeError, match="changed since it was converted"):
+        converted_source(tmp_path / "train.beton")
+
+
+def test_factory_errors(tmp_path):
+    with pytest.raises(ValueError, match="data.loader"):
+        two_view_loader(tmp_path / "x.beton", 8, 32, loader="dali")
+    with pytest.raises(FileNotFoundError, match="conversion report not found"):
+        eval_loader(tmp_path / "x.beton", 8, 32, loader="torchvision")
+    with pytest.raises(FileNotFoundError, match="FFCV dataset not found"):
+        eval_loader(tmp_path / "x.beton", 8, 32, loader="ffcv")
+
+
+# --- photometric recipes ---------------------------------------------------------------------
+def _spec(module):
+    out = []
+    for op in module.ops.children():
+        name, p = type(op).__name__, round(op.p, 3)
+        if name == "ColorJitter":
+            out.append((name, p, (op.brightness, op.contrast, op.saturation, op.hue)))
+        elif name == "RandomGaussianBlur":
+            out.append((name, p, tuple(float(v) for v in op._param_generator.sigma)))
+        else:
+            out.append((name, p))
+    return out
+
+
+def test_recipes_follow_the_papers():
+    blur = (0.1, 2.0)
+    assert _spec(augment.recipe("v1", 64)) == [("RandomGrayscale", 0.2), ("ColorJitter", 1.0, (0.4, 0.4, 0.4, 0.4))]
+    assert _spec(augment.recipe("v2", 64)) == [("ColorJitter", 0.8, (0.4, 0.4, 0.4, 0.1)), ("RandomGrayscale", 0.2),
+                                               ("RandomGaussianBlur", 0.5, pytest.approx(blur))]
+    a, b = augment.view_recipes("v3", 64)
+    jitter = ("ColorJitter", 0.8, (0.4, 0.4, 0.2, 0.1))
+    assert _spec(a) == [jitter, ("RandomGrayscale", 0.2), ("RandomGaussianBlur", 1.0, pytest.approx(blur))]
+    assert _spec(b) == [jitter, ("RandomGrayscale", 0.2), ("RandomGaussianBlur", 0.1, pytest.approx(blur)),
+                        ("RandomSolarize", 0.2)]
+    with pytest.raises(ValueError, match="unknown augmentation recipe"):
+        augment.recipe("v4", 32)
+
+
+@pytest.mark.parametrize("name", ["v1", "v2", "v3"])
+def test_recipes_run_per_sample(name):
+    torch.manual_seed(0)
+    x = torch.full((8, 3, 32, 32), 128, dtype=torch.uint8)
+    x[:, 0] = 200
+    out = augment.view_recipes(name, 32)[0](x)
+    assert out.dtype == torch.float32 and out.shape == x.shape
+    assert len({round(float(v), 4) for v in out.mean((1, 2, 3))}) > 1  # not one draw for the whole batch
+
+
+# --- the benchmark -----------------------------------------------------------------------------
+def test_bench_dispatch_and_loader_smoke(tmp_path, monkeypatch):
+    from pipeline import bench
+
+    assert "loader" in bench.available()
+    with pytest.raises(ValueError, match="unknown benchmark 'nope'"):
+        bench.load("nope")
+    monkeypatch.chdir(tmp_path)  # bench/out/ of this run lands here
+    result = bench.load("loader").main(["--images", "40", "--size", "40", "--crop", "32", "--batch", "8",
+                                        "--write-modes", "auto", "--rounds", "1", "--seconds", "0",
+                                        "--aug", "v2", "--cache", str(tmp_path / "cache")])
+    saved = json.loads((tmp_path / "bench" / "out" / "loader.json").read_text())
+    assert saved["ratio"] == result["ratio"] > 0
+    assert set(saved["loaders"]) == {"ffcv_auto", "torchvision"} and saved["photometric"]["samples_per_s"] > 0
