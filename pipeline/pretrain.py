@@ -60,6 +60,14 @@ def queue_checksum(model: nn.Module) -> str:
     return "-" if q is None else f"{float(q.keys.double().sum()):.10f}/{int(q.ptr)}"
 
 
+def strictly_top(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """True where the target's logit beats every other one. argmax would count a collapsed
+    encoder (all logits equal) as 100% correct, since ties resolve to index 0, the positive."""
+    target_logit = logits.gather(1, target[:, None])
+    others = logits.scatter(1, target[:, None], float("-inf"))
+    return target_logit.squeeze(1) > others.max(1).values
+
+
 class EpochStats:
     """Loss and accuracy summed on the device (no host sync per step); saved with the state."""
 
@@ -74,7 +82,7 @@ class EpochStats:
     def add(self, loss, logits, target) -> None:
         n = target.shape[0]
         self.loss += loss.detach().double() * n
-        self.correct += (logits.detach().argmax(1) == target).sum().double()
+        self.correct += strictly_top(logits.detach(), target).sum().double()
         self.seen += n
 
     def state(self) -> dict:

@@ -100,3 +100,11 @@ def test_key_encoder_gets_no_gradient_and_follows_ema():
         torch.testing.assert_close(p_k, 0.9 * old_k + 0.1 * old_q, rtol=0, atol=1e-6)
     opt.step()
     assert int(model.step) == 1 and int(model.queue.ptr) == 8
+
+
+def test_instance_accuracy_counts_ties_as_wrong():
+    from pipeline.pretrain import strictly_top
+
+    logits = torch.tensor([[1.0, 1.0, 1.0], [2.0, 1.0, 0.5], [0.1, 0.3, 0.2]])
+    target = torch.zeros(3, dtype=torch.long)
+    assert strictly_top(logits, target).tolist() == [False, True, False]

@@ -39,6 +39,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--backbone", default="resnet18")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--all-methods", action="store_true",
+                    help="also v1, end-to-end, memory bank and v3 ViT-tiny (patch 4) at the same batch")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -49,12 +51,19 @@ def main(argv=None) -> dict:
     variants = {"supervised": {"method": "supervised"},
                 "moco_v2": {"method": "moco", "variant": "v2"},
                 "moco_v3": {"method": "moco", "variant": "v3", "T": 1.0, "m": 0.99}}
+    if args.all_methods:
+        variants.update({
+            "moco_v1": {"method": "moco", "variant": "v1"},
+            "end_to_end": {"method": "moco", "variant": "v2", "mechanism": "end_to_end"},
+            "memory_bank": {"method": "moco", "variant": "v2", "mechanism": "memory_bank"},
+            "moco_v3_vit_tiny": {"method": "moco", "variant": "v3", "backbone": "vit_tiny", "patch_size": 4,
+                                 "T": 0.2, "m": 0.99}})
     x1, x2 = torch.randn(args.batch, 3, args.size, args.size), torch.randn(args.batch, 3, args.size, args.size)
     labels, index = torch.randint(0, 10, (args.batch,)), torch.arange(args.batch)
     steps = {}
     for name, extra in variants.items():
         p = {**base, **extra}
-        model = build_model(p, args.size, num_classes=10, num_samples=10 * args.batch).train()
+        model = build_model(p, args.size, num_classes=10, num_samples=20 * p["K"]).train()
         steps[name] = step_fn(model, build_optimizer(p, model.parameters()), x1, x2, labels, index)
     res = interleaved(steps, rounds=args.rounds)
     sup = res["supervised"]["median_s"]
