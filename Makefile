@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 demo: setup
 	snakemake
 	@echo; echo "=== results/tables/main.md ==="; cat results/tables/main.md
-	@echo "All tables: results/tables/   per-cell outputs: results/cells/<cell>/"
+	@echo; echo "All tables: results/tables/   per-cell outputs: results/cells/<cell>/"
 
 test: setup-test
 	python -m pytest $(PYTEST_ARGS)
