@@ -34,7 +34,7 @@ from pipeline.features import extract
 from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.knn import knn_accuracy
 from pipeline.methods import arch_of, build_model
-from pipeline.models import build_backbone
+from pipeline.models import build_backbone, is_resnet
 from pipeline.moco import MoCo
 from pipeline.moco.momentum import relative_drift
 from pipeline.optim import build_optimizer, lr_at
@@ -109,7 +109,7 @@ class Trainer:
         self.device = torch.device(f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")
         cuda = self.device.type == "cuda"
         # channels_last and bf16 autocast pay off on tensor cores; on CPU they only cost
-        self.channels_last = cuda and p["backbone"].startswith("resnet")
+        self.channels_last = cuda and is_resnet(p)
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and p.get("amp", True))
         if cuda and env.world_size > 1 and p.get("variant") == "v3":
             # MoCo v3 normalises its heads (and ResNet backbone) over the global batch

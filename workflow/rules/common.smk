@@ -5,6 +5,7 @@ import shlex
 import sys
 
 from pipeline.figures import FIGURES, figure_files
+from pipeline.models import is_resnet
 from pipeline.grid import cell_params, cell_resources as grid_cell_resources
 from pipeline.tables import TABLE_FORMATS, table_files
 
@@ -27,7 +28,7 @@ def detects(cell):
     """Detection transfer for this cell? ResNet backbones only, and only the chosen cells."""
     det = config["detect"]
     chosen = det.get("cells", ["all"])
-    return (det["enabled"] and params_of(cell)["backbone"].startswith("resnet")
+    return (det["enabled"] and is_resnet(params_of(cell))
             and ("all" in chosen or cell in chosen))
 
 
