@@ -125,32 +125,47 @@ class _Guarded:
 
 class _Watchdog:
     """A writer process that dies without an exception (OOM kill, signal) also leaves FFCV's
-    writer waiting for ever: this thread watches them and interrupts the main thread when one
-    exits with an error code. (It sees a process once it polled it alive, every 0.1 s: a
-    worker killed within its first 0.1 s would go unnoticed.)"""
+    writer waiting for ever (it polls a shared counter). While installed, the watchdog records
+    exactly the processes FFCV's writer starts (its ``Process`` is swapped for a recording
+    subclass); once all ``expected`` are started, a thread polls them and interrupts the main
+    thread when one exits with an error code. The thread starts only after the last fork, so
+    no thread of ours is alive while a worker is forked (a lock it held would be copied locked)."""
 
-    def __init__(self):
+    def __init__(self, expected: int):
         import threading
 
-        self.before = set(mp.active_children())
-        self.seen: set = set()
+        self.expected, self.started = expected, []
         self.failed: str | None = None
         self.lock, self.done = threading.Lock(), threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
 
-    def workers(self) -> list:
-        return [p for p in self.seen if p not in self.before]
+    def __enter__(self):
+        import ffcv.writer
+
+        watchdog, self.original = self, ffcv.writer.Process
+
+        class Recorded(self.original):
+            def start(self):
+                super().start()
+                watchdog.started.append(self)
+                if len(watchdog.started) == watchdog.expected:
+                    watchdog.thread.start()
+
+        ffcv.writer.Process = Recorded
+        return self
+
+    def __exit__(self, *exc):
+        import ffcv.writer
+
+        ffcv.writer.Process = self.original
+        with self.lock:
+            self.done.set()
 
     def _run(self):
         import _thread
 
         while not self.done.wait(0.1):
-            try:
-                self.seen |= set(mp.active_children())
-            except RuntimeError:  # the main thread is starting processes right now
-                continue
-            dead = [p for p in self.workers() if p.exitcode not in (None, 0)]
+            dead = [p for p in self.started if p.exitcode not in (None, 0)]
             if dead:
                 with self.lock:
                     if not self.done.is_set():
@@ -158,12 +173,8 @@ class _Watchdog:
                         _thread.interrupt_main()
                 return
 
-    def stop(self) -> None:
-        with self.lock:
-            self.done.set()
-
     def kill_workers(self) -> None:
-        for p in self.workers():
+        for p in self.started:
             if p.is_alive():
                 p.terminate()
             p.join(5)
@@ -186,17 +197,16 @@ def write_beton(dataset, out: Path, fields: dict, workers: int = 1, page_size: i
     errors = mp.Queue()
     with atomic_path(out) as tmp:
         writer = DatasetWriter(str(tmp), fields, num_workers=workers, page_size=page_size)
-        watchdog = _Watchdog()
+        watchdog = _Watchdog(expected=workers)
         try:
-            writer.from_indexed_dataset(_Guarded(dataset, errors), chunksize=chunksize)
+            with watchdog:
+                writer.from_indexed_dataset(_Guarded(dataset, errors), chunksize=chunksize)
         except BaseException as err:
-            watchdog.stop()
             watchdog.kill_workers()
             _release_shared_memory(writer)
             if isinstance(err, KeyboardInterrupt) and watchdog.failed:
                 raise ConversionError(f"writing {out} failed: {watchdog.failed}") from None
             raise
-        watchdog.stop()
         failures = _drain(errors)
         if failures:
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""

@@ -70,6 +70,12 @@ def eval_loader(path, batch_size: int, crop_size: int, workers: int = 2, crop_ra
     return _ffcv_eval(path, batch_size, crop_size, workers, crop_ratio, threads, distributed, order, seed, drop_last)
 
 
+def is_converted(path, loader: str = "ffcv") -> bool:
+    """Can ``loader`` read this split? FFCV needs the .beton; torchvision only its report."""
+    path = Path(path)
+    return (path if loader == "ffcv" else path.with_suffix(".json")).is_file()
+
+
 def _check_choice(loader: str, crop: str) -> None:
     if loader not in LOADERS:
         raise ValueError(f"data.loader must be one of {LOADERS}, not {loader!r}")

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from pipeline import checkpoint, distributed, preempt
 from pipeline.augment import view_recipes
 from pipeline.config import ConfigError, load_stage_config
-from pipeline.data import two_view_loader
+from pipeline.data import is_converted, two_view_loader
 from pipeline.features import extract
 from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.knn import knn_accuracy
@@ -216,7 +216,7 @@ class Trainer:
     def knn_due(self) -> bool:
         every = self.p.get("knn_every", 0)
         last = self.epoch + 1 == self.p["epochs"]
-        return bool(every) and ((self.epoch + 1) % every == 0 or last) and (self.data_dir / "val.beton").is_file()
+        return bool(every) and ((self.epoch + 1) % every == 0 or last) and is_converted(self.data_dir / "val.beton", self.d.get("loader", "ffcv"))
 
     @torch.no_grad()
     def knn_monitor(self) -> float:

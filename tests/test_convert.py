@@ -202,9 +202,9 @@ class FailingDataset(SplitDataset):
         return super().__getitem__(i)
 
 
-# A writer process SIGKILLed mid-write (hard=True) is caught by convert's watchdog most of the
-# time, but under heavy load the test hung in CI: it is left out until the watchdog is reliable.
-@pytest.mark.parametrize("hard, message", [(False, "failed at sample 25: RuntimeError: simulated read error")])
+@pytest.mark.timeout(120)  # a watchdog that missed the dead writer would leave FFCV waiting for ever
+@pytest.mark.parametrize("hard, message", [(False, "failed at sample 25: RuntimeError: simulated read error"),
+                                           (True, r"writer process \d+ exited with code -9")])
 def test_writer_failure_midway_leaves_no_beton(tmp_path, hard, message):
     make_imagefolder(tmp_path / "src", per_class=20, size=(16, 16))
     src = open_source("imagefolder", tmp_path / "src")

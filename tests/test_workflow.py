@@ -70,3 +70,25 @@ def test_tiny_workflow_end_to_end(tmp_path):
     # a second run has nothing to do: nothing already computed is redone
     again = snakemake(results, "-n").stdout
     assert "Nothing to be done" in again
+
+
+@pytest.mark.slow
+def test_workflow_without_ffcv(tmp_path):
+    """data.loader: torchvision runs the DAG where FFCV cannot be imported: convert writes only
+    the reports, and pretrain, the kNN monitor and the probe read the source images."""
+    blocked = tmp_path / "no_ffcv" / "ffcv"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('ffcv is blocked in this test')\n")
+    overlay = tmp_path / "torchvision.yaml"
+    overlay.write_text("data:\n  loader: torchvision\ndetect:\n  enabled: false\n"
+                       "pretrain:\n  knn_every: 1\n")
+    results = tmp_path / "results"
+    run([snakemake_bin(), *TINY, str(overlay), "--config", f"results={results}", "cell=base",
+         "--cores", "2", "cell"], env={"PYTHONPATH": f"{blocked.parent}:{REPO}"}, timeout=900)
+    converted = results / "data" / "ffcv"
+    assert sorted(p.name for p in converted.iterdir()) == ["train.json", "val.json"]
+    assert json.loads((converted / "train.json").read_text())["beton"] is None
+    probe = json.loads((results / "cells" / "base" / "probe.json").read_text())
+    assert 0 <= probe["top1"] <= 100
+    rows = list(csv.DictReader((results / "cells" / "base" / "pretrain" / "log.csv").open()))
+    assert [int(r["epoch"]) for r in rows] == [1, 2] and all(r["knn"] for r in rows)

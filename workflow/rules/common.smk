@@ -39,6 +39,18 @@ def cell_outputs(cell):
     return outs
 
 
+LOADER = config["data"]["loader"]
+CONVERTED = f"{R}/data/ffcv"  # the .beton files and their JSON reports
+
+
+def converted(split):
+    """What a stage reads of a converted split: the .beton and its report, or with
+    data.loader: torchvision only the report (it names the source images; FFCV need not be
+    installed, and no .beton is written)."""
+    summary = f"{CONVERTED}/{split}.json"  # (`report` would be read as Snakemake's keyword)
+    return [f"{CONVERTED}/{split}.beton", summary] if LOADER == "ffcv" else [summary]
+
+
 def split_root(wildcards):
     """What pipeline.convert --root reads for a split: the split's folder for the file layouts
     (synthetic, imagefolder, unlabeled), torchvision's root for cifar10/cifar100/stl10."""

@@ -23,8 +23,9 @@ rule convert:
     input:
         lambda w: [f"{R}/data/synthetic"] if config["dataset"]["source"] == "synthetic" else [],
     output:
-        beton=f"{R}/data/ffcv/{{split}}.beton",
-        report=f"{R}/data/ffcv/{{split}}.json",
+        # data.loader: torchvision writes only the report (--report-only): no FFCV needed
+        **({"beton": f"{CONVERTED}/{{split}}.beton"} if LOADER == "ffcv" else {}),
+        report=f"{CONVERTED}/{{split}}.json",
     params:
         py=PY,
         # the embedded dataset is an ImageFolder tree
@@ -34,6 +35,8 @@ rule convert:
         split=lambda w: "train+unlabeled" if DS["source"] == "stl10" and w.split == "train"
         and DS.get("stl10_unlabeled") else w.split,
         cfg=lambda w: json.dumps(config["convert"], sort_keys=True),
+        beton=lambda w, output: os.path.splitext(output.report)[0] + ".beton",
+        report_only="" if LOADER == "ffcv" else " --report-only",
     threads: config["convert"].get("workers", 1)
     log:
         f"{R}/logs/convert/{{split}}.log",
@@ -43,4 +46,4 @@ rule convert:
         CONDA_ENV
     shell:
         "{params.py} -m pipeline.convert --source {params.source} --root {params.root:q} --split {params.split:q}"
-        " --out {output.beton:q} --config {params.cfg:q} > {log:q} 2>&1"
+        " --out {params.beton:q} --config {params.cfg:q}{params.report_only} > {log:q} 2>&1"

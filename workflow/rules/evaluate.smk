@@ -4,14 +4,14 @@
 rule probe:
     input:
         checkpoint=f"{R}/cells/{{cell}}/pretrain/checkpoint.pt",
-        train=f"{R}/data/ffcv/train.beton",
-        val=f"{R}/data/ffcv/val.beton",
+        train=converted("train"),
+        val=converted("val"),
     output:
         f"{R}/cells/{{cell}}/probe.json",
     params:
         py=PY,
         cfg=lambda w: stage_config(data=config["data"], probe=config["probe"]),
-        data=lambda w, input: os.path.dirname(input.train),
+        data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder
     threads: config["probe"].get("threads", 2)
     log:
         f"{R}/logs/probe/{{cell}}.log",

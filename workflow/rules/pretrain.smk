@@ -21,9 +21,8 @@ if LAUNCH["launcher"] == "submitit":
 
 rule pretrain:
     input:
-        beton=f"{R}/data/ffcv/train.beton",
-        report=f"{R}/data/ffcv/train.json",
-        val=f"{R}/data/ffcv/val.beton",  # kNN monitor
+        train=converted("train"),
+        val=converted("val"),  # kNN monitor
     output:
         checkpoint=f"{R}/cells/{{cell}}/pretrain/checkpoint.pt",
         log_csv=f"{R}/cells/{{cell}}/pretrain/log.csv",
@@ -36,7 +35,7 @@ rule pretrain:
         cfg=lambda w: stage_config(data=config["data"], pretrain=params_of(w.cell)),
         state=lambda w: f"{R}/state/{w.cell}",
         out=lambda w, output: os.path.dirname(output.checkpoint),
-        data=lambda w, input: os.path.dirname(input.beton),
+        data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder
     threads: lambda w: params_of(w.cell).get("threads", 2)
     resources:
         runtime=cell_runtime,  # minutes, scaled with the cell (config grid.resources)
