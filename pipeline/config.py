@@ -98,10 +98,18 @@ def check_detect(det: dict, dataset: dict) -> None:
         return
     root = det.get("root")
     if root is None and dataset["source"] != "synthetic":
-        raise ConfigError("detect.root: required (a COCO-format folder) unless dataset.source is "
+        raise ConfigError("detect.root: required (a COCO folder or a VOCdevkit) unless dataset.source is "
                           "'synthetic', or set detect.enabled: false")
     if root is not None and not Path(root).expanduser().is_dir():
         raise ConfigError(f"detect.root: folder not found: {root}")
+    check_detector(det)
+
+
+def check_detector(det: dict) -> None:
+    sizes = det.get("anchor_sizes")
+    if sizes and det.get("head", "fpn") == "fpn" and len(sizes) != 5:
+        raise ConfigError(f"detect.anchor_sizes: the FPN head needs one size per pyramid level (5), "
+                          f"not {len(sizes)}")
 
 
 def validate(cfg: dict) -> dict:
@@ -126,6 +134,8 @@ def validate_sections(cfg: dict, sections: list[str]) -> dict:
         validate_schema(cfg[name], {**sub, "$defs": schema["$defs"]}, prefix=name)
     if "pretrain" in sections:
         check_pretrain(cfg["pretrain"])
+    if "detect" in sections:
+        check_detector(cfg["detect"])
     return cfg
 
 

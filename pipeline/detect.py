@@ -1,9 +1,21 @@
-"""Detection transfer: fine-tune a Faster R-CNN (FPN) whose backbone is the pretrained ResNet.
+"""Detection transfer: fine-tune a Faster R-CNN whose backbone is the pretrained ResNet.
 
-Every backbone tensor comes from the checkpoint (verified before fine-tuning); with
-``norm: frozen_bn`` its BatchNorms become FrozenBatchNorm2d holding the pretrained statistics,
-with ``norm: bn`` they stay trainable. All convolutions are fine-tuned. The val split is scored
-with pycocotools (COCO bbox AP, in percent).
+Heads (``head``): ``fpn`` (FPN over layer1..layer4, RoIs pooled from the pyramid) or ``c4``
+(the MoCo paper's R50-C4: RPN and 14x14 RoIAlign on layer3, layer4 as the box head, then
+average pooling). Every pretrained tensor comes from the checkpoint, layer4 of a C4 head
+included (verified before fine-tuning). Normalisation (``norm``):
+
+- ``frozen_bn``: the backbone's BatchNorms become FrozenBatchNorm2d holding the pretrained
+  statistics; the new layers (FPN, box head) have none (torchvision's default);
+- ``bn``: the backbone's BatchNorms are fine-tuned with batch statistics, and the new layers
+  have BatchNorm too (FPN, a 4conv1fc box head) - the single-process form of the paper's SyncBN;
+- ``gn``: GroupNorm in the new layers, for a backbone pretrained with GroupNorm
+  (``pretrain.norm: gn``), fine-tuned as is: independent of the (small) detection batch.
+
+All convolutions are fine-tuned. The val split is scored with pycocotools (COCO bbox AP, in
+percent). Datasets: pipeline.detection_data (the embedded scenes, COCO, Pascal VOC07+12).
+One run is one trial (``--seed``); the workflow runs ``detect.trials`` of them and reports
+their mean and std.
 
     python -m pipeline.detect --config workflow/config/config.yaml \
         --checkpoint results/cells/base/pretrain/checkpoint.pt --data results/data/synthetic/det \
@@ -28,8 +40,9 @@ from torch import nn
 from torchvision.models.detection import FasterRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import BackboneWithFPN
-from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
-from torchvision.ops import FrozenBatchNorm2d
+from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, FastRCNNPredictor, TwoMLPHead
+from torchvision.models._utils import IntermediateLayerGetter
+from torchvision.ops import FrozenBatchNorm2d, MultiScaleRoIAlign
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 from torchvision.transforms.functional import pil_to_tensor
 from tqdm import tqdm
@@ -37,8 +50,10 @@ from tqdm import tqdm
 from pipeline import checkpoint
 from pipeline.augment import MEAN, STD
 from pipeline.config import DEFAULT_CONFIG, ConfigError, load_stage_config, load_yaml
+from pipeline.distributed import stage_device
+from pipeline.detection_data import DetectionDataError, DetectionSplit, load_splits
 from pipeline.io import atomic_write_json
-from pipeline.models import build_backbone
+from pipeline.models import build_backbone, group_norm
 
 SECTIONS = ["detect"]
 AP_KEYS = ["AP", "AP50", "AP75", "APs", "APm", "APl"]  # the order of COCOeval.stats
@@ -46,6 +61,7 @@ AP_KEYS = ["AP", "AP50", "AP75", "APs", "APm", "APl"]  # the order of COCOeval.s
 # a x1.5 ladder from 1/8 to ~2/3 covers the 15-46 px shapes of 96 px scenes (IoU >= 0.6 when centred).
 ANCHOR_FRACTIONS = (0.125, 0.1875, 0.28125, 0.421875, 0.6328125)
 BOX_HEAD_DIM = 256  # torchvision's 1024 triples the cost on CPU for no gain on 10 classes
+HEADS, NORMS = ("fpn", "c4"), ("frozen_bn", "bn", "gn")
 
 
 def log(msg: str) -> None:
@@ -53,18 +69,18 @@ def log(msg: str) -> None:
 
 
 class CocoBoxes(torch.utils.data.Dataset):
-    """COCO json + images -> (float [0,1] CHW image, {boxes xyxy, labels, image_id})."""
+    """A COCO-format split -> (float [0,1] CHW image, {boxes xyxy, labels, image_id}).
 
-    def __init__(self, ann_path: Path, image_root: Path, flip: bool = False):
-        if not ann_path.is_file():
-            raise FileNotFoundError(f"annotation file not found: {ann_path}")
-        data = json.loads(ann_path.read_text())
-        self.images, self.root, self.flip = data["images"], image_root, flip
-        self.categories = data["categories"]
+    Training targets leave out crowd regions, but keep VOC's difficult objects."""
+
+    def __init__(self, split: DetectionSplit, flip: bool = False):
+        self.images, self.root, self.flip = split.coco["images"], split.image_root, flip
+        self.categories = split.coco["categories"]
         self.anns = {img["id"]: [] for img in self.images}
-        for ann in data["annotations"]:
+        for ann in split.coco["annotations"]:
             w, h = ann["bbox"][2:]
-            if not ann.get("iscrowd", 0) and w > 0 and h > 0:  # torchvision rejects empty boxes
+            crowd = ann.get("iscrowd", 0) and not ann.get("difficult", 0)
+            if not crowd and w > 0 and h > 0:  # torchvision rejects empty boxes
                 self.anns[ann["image_id"]].append(ann)
 
     def __len__(self) -> int:
@@ -72,7 +88,10 @@ class CocoBoxes(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):
         info = self.images[i]
-        image = pil_to_tensor(Image.open(self.root / info["file_name"]).convert("RGB")).float() / 255
+        path = self.root / info["file_name"]
+        if not path.is_file():
+            raise DetectionDataError(f"image not found: {path}")
+        image = pil_to_tensor(Image.open(path).convert("RGB")).float() / 255
         anns = self.anns[info["id"]]
         boxes = torch.tensor([a["bbox"] for a in anns], dtype=torch.float32).reshape(-1, 4)
         boxes[:, 2:] += boxes[:, :2]  # xywh -> xyxy
@@ -100,29 +119,84 @@ def freeze_batchnorm(module: nn.Module) -> nn.Module:
     return module
 
 
+class Res5Head(nn.Module):
+    """The C4 box head: the pretrained layer4 on each 14x14 RoI, then global average pooling.
+    With a norm, one more normalisation after layer4 (the MoCo paper's Res5ROIHeadsExtraNorm:
+    it adapts the pretrained features' scale to the new task)."""
+
+    def __init__(self, layer4: nn.Module, channels: int, norm=None):
+        super().__init__()
+        self.layer4 = layer4  # the attribute name keeps the checkpoint's keys (layer4.*)
+        self.extra_norm = norm(channels) if norm else nn.Identity()
+
+    def forward(self, x):
+        return self.extra_norm(self.layer4(x)).mean((2, 3))
+
+
+def anchor_sizes(dc: dict) -> list[int]:
+    """Anchor sides in pixels: detect.anchor_sizes, or fractions of the image side tuned for
+    the embedded scenes. FPN puts one per level (layer1..layer4, pool), C4 all on layer3."""
+    if dc.get("anchor_sizes"):
+        return list(dc["anchor_sizes"])
+    return [max(2, round(dc["image_size"] * f)) for f in ANCHOR_FRACTIONS]
+
+
+def new_layer_norm(dc: dict):
+    """The normalisation of the layers the detector adds (FPN, box head)."""
+    return {"frozen_bn": None, "bn": nn.BatchNorm2d, "gn": group_norm}[dc["norm"]]
+
+
+def check_norm(arch: dict, dc: dict, source: str) -> None:
+    backbone_norm = arch.get("norm", "bn")
+    if dc["norm"] == "gn" and backbone_norm != "gn":
+        raise ConfigError(f"detect.norm: gn needs a backbone pretrained with GroupNorm (pretrain.norm: gn); "
+                          f"{source} holds a BatchNorm backbone: use frozen_bn or bn")
+
+
 def build_detector(ckpt: dict, dc: dict, num_classes: int, source: str = "checkpoint") -> FasterRCNN:
-    """Faster R-CNN + FPN over layer1..layer4 of the checkpoint's backbone (all weights loaded)."""
+    """Faster R-CNN over the checkpoint's backbone (all weights loaded), FPN or C4 head."""
+    check_norm(ckpt["arch"], dc, source)
     backbone = build_backbone(ckpt["arch"])
     checkpoint.load_backbone_state(backbone, ckpt["backbone"], source)
     if dc["norm"] == "frozen_bn":
         freeze_batchnorm(backbone)
-    channels, size = dc["fpn_channels"], dc["image_size"]
-    body = BackboneWithFPN(backbone, {f"layer{k}": str(k - 1) for k in range(1, 5)},
-                           backbone.stage_channels, channels, extra_blocks=LastLevelMaxPool())
-    sizes = tuple((max(2, round(size * f)),) for f in ANCHOR_FRACTIONS)
-    anchors = AnchorGenerator(sizes, ((0.5, 1.0, 2.0),) * len(sizes))
-    head = TwoMLPHead(channels * 7 * 7, BOX_HEAD_DIM)
+    size, norm = dc["image_size"], new_layer_norm(dc)
+    sizes = anchor_sizes(dc)
+    if dc.get("head", "fpn") == "c4":
+        body = IntermediateLayerGetter(backbone, {"layer3": "0"})  # stem, layer1..layer3
+        body.out_channels = backbone.stage_channels[2]
+        parts = dict(rpn_anchor_generator=AnchorGenerator((tuple(sizes),), ((0.5, 1.0, 2.0),)),
+                     box_roi_pool=MultiScaleRoIAlign(["0"], output_size=14, sampling_ratio=0),
+                     box_head=Res5Head(backbone.layer4, backbone.stage_channels[3], norm),
+                     box_predictor=FastRCNNPredictor(backbone.stage_channels[3], num_classes))
+    else:
+        channels = dc["fpn_channels"]
+        body = BackboneWithFPN(backbone, {f"layer{k}": str(k - 1) for k in range(1, 5)}, backbone.stage_channels,
+                               channels, extra_blocks=LastLevelMaxPool(), norm_layer=norm)
+        # With a norm the box head is 4conv1fc (torchvision's v2 and Detectron2's GN/SyncBN head).
+        head = TwoMLPHead(channels * 7 * 7, BOX_HEAD_DIM) if norm is None else \
+            FastRCNNConvFCHead((channels, 7, 7), [channels] * 4, [BOX_HEAD_DIM], norm_layer=norm)
+        parts = dict(rpn_anchor_generator=AnchorGenerator(tuple((s,) for s in sizes), ((0.5, 1.0, 2.0),) * len(sizes)),
+                     box_head=head, box_predictor=FastRCNNPredictor(BOX_HEAD_DIM, num_classes))
     # Scenes hold 2-4 objects: a few hundred proposals and 128 sampled RoIs are plenty.
-    return FasterRCNN(body, rpn_anchor_generator=anchors, box_head=head,
-                      box_predictor=FastRCNNPredictor(BOX_HEAD_DIM, num_classes),
-                      min_size=size, max_size=size, image_mean=MEAN, image_std=STD,
+    return FasterRCNN(body, min_size=size, max_size=size, image_mean=MEAN, image_std=STD,
                       rpn_pre_nms_top_n_train=1000, rpn_post_nms_top_n_train=300,
-                      rpn_pre_nms_top_n_test=500, rpn_post_nms_top_n_test=150, box_batch_size_per_image=128)
+                      rpn_pre_nms_top_n_test=500, rpn_post_nms_top_n_test=150, box_batch_size_per_image=128,
+                      **parts)
+
+
+def pretrained_part(detector: FasterRCNN) -> dict:
+    """The detector's tensors that come from the checkpoint, under the checkpoint's names."""
+    body = detector.backbone if isinstance(detector.roi_heads.box_head, Res5Head) else detector.backbone.body
+    state = dict(body.state_dict())
+    if isinstance(detector.roi_heads.box_head, Res5Head):
+        state.update(detector.roi_heads.box_head.state_dict())
+    return state
 
 
 def verify_backbone(detector: FasterRCNN, state: dict, source: str = "checkpoint") -> None:
     """Raise CheckpointError unless every backbone tensor of the detector equals the checkpoint's."""
-    own = detector.backbone.body.state_dict()
+    own = pretrained_part(detector)
     # FrozenBatchNorm2d has no step counter; every other tensor must be present and equal.
     missing = [k for k in state if k not in own and not k.endswith("num_batches_tracked")]
     differ = [k for k in state if k in own and not torch.equal(own[k], state[k].to(own[k].dtype))]
@@ -139,8 +213,14 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
+def to_device(images, targets, device) -> tuple[list, list]:
+    return ([im.to(device, non_blocking=True) for im in images],
+            [{k: v.to(device) if torch.is_tensor(v) else v for k, v in t.items()} for t in targets])
+
+
 def train(detector: FasterRCNN, loader, dc: dict) -> list[float]:
     """Fine-tune everything trainable; returns the mean loss of each epoch."""
+    device = next(detector.parameters()).device
     params = [p for p in detector.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=dc["lr"], momentum=0.9, weight_decay=dc["weight_decay"])
     epochs, total = dc["epochs"], dc["epochs"] * len(loader)
@@ -151,7 +231,8 @@ def train(detector: FasterRCNN, loader, dc: dict) -> list[float]:
     for epoch in range(epochs):
         start, losses = time.time(), []
         for step, (images, targets) in enumerate(loader):
-            loss = sum(detector(list(images), list(targets)).values())
+            images, targets = to_device(images, targets, device)
+            loss = sum(detector(images, targets).values())
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"loss is not finite at epoch {epoch + 1} step {step + 1}; "
                                          f"lower detect.lr (now {dc['lr']})")
@@ -173,9 +254,9 @@ def predict(detector: FasterRCNN, dataset: CocoBoxes, batch_size: int) -> list[d
     """Detections on a dataset, in COCO results format (boxes in original image pixels)."""
     detector.eval()
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, collate_fn=collate)
-    results = []
+    device, results = next(detector.parameters()).device, []
     for images, targets in loader:
-        for out, target in zip(detector(list(images)), targets):
+        for out, target in zip(detector([im.to(device) for im in images]), targets):
             for (x0, y0, x1, y1), label, score in zip(out["boxes"].tolist(), out["labels"].tolist(),
                                                       out["scores"].tolist()):
                 results.append({"image_id": target["image_id"], "category_id": label,
@@ -191,9 +272,18 @@ def load_coco(path: str | Path) -> COCO:
         return COCO(str(path))
 
 
-def coco_evaluate(gt: str | Path | COCO, detections: list[dict]) -> dict:
-    """COCO bbox AP, AP50, AP75, APs, APm, APl in percent (None: no ground truth of that size)."""
-    coco_gt = gt if isinstance(gt, COCO) else load_coco(gt)
+def coco_from_dict(data: dict) -> COCO:
+    coco = COCO()
+    coco.dataset = data
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
+
+
+def coco_evaluate(gt: str | Path | dict | COCO, detections: list[dict]) -> dict:
+    """COCO bbox AP, AP50, AP75, APs, APm, APl in percent (None: no ground truth of that size).
+    Ground truth marked iscrowd (crowds; VOC's difficult objects) is ignored, not missed."""
+    coco_gt = gt if isinstance(gt, COCO) else coco_from_dict(gt) if isinstance(gt, dict) else load_coco(gt)
     with contextlib.redirect_stdout(io.StringIO()):
         if detections:
             coco_dt = coco_gt.loadRes(detections)
@@ -211,45 +301,93 @@ def coco_evaluate(gt: str | Path | COCO, detections: list[dict]) -> dict:
     return metrics
 
 
-def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
-    """Fine-tune on the train split, score the val split, write the metrics JSON to ``out``."""
+def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None = None) -> dict:
+    """Fine-tune on the train split, score the val split, write the metrics JSON to ``out``.
+    ``seed`` (default detect.seed) draws the new layers, the batch order and the flips."""
     dc = {**load_yaml(DEFAULT_CONFIG)["detect"], **cfg["detect"]}  # unset keys: the workflow defaults
     cfg = {**cfg, "detect": dc}
-    torch.manual_seed(dc["seed"])
+    seed = dc["seed"] if seed is None else seed
+    torch.manual_seed(seed)
     torch.set_num_threads(dc["threads"])
     ckpt = checkpoint.load(ckpt_path)
-    train_set = CocoBoxes(data_dir / "instances_train.json", data_dir, flip=True)
-    val_set = CocoBoxes(data_dir / "instances_val.json", data_dir)
-    num_classes = max(c["id"] for c in train_set.categories) + 1  # label 0 is background
+    train_split, val_split = load_splits(data_dir, dc.get("dataset", "auto"), dc.get("voc"))
+    train_set, val_set = CocoBoxes(train_split, flip=True), CocoBoxes(val_split)
+    num_classes = max(train_split.num_classes, val_split.num_classes)  # label 0 is background
     detector = build_detector(ckpt, dc, num_classes, str(ckpt_path))
     verify_backbone(detector, ckpt["backbone"], str(ckpt_path))
+    device = stage_device()
+    detector.to(device)
     loader = torch.utils.data.DataLoader(
         train_set, batch_size=dc["batch_size"], shuffle=True, collate_fn=collate,
+        num_workers=dc.get("workers", 0), pin_memory=device.type == "cuda",
         drop_last=len(train_set) > dc["batch_size"],  # equal-sized steps, unless one batch is all there is
-        generator=torch.Generator().manual_seed(dc["seed"]))
-    log(f"{len(train_set)} train / {len(val_set)} val images, {num_classes - 1} classes, "
-        f"{ckpt['arch']}, norm {dc['norm']}")
+        generator=torch.Generator().manual_seed(seed))
+    head = dc.get("head", "fpn")
+    log(f"{train_split.name}: {len(train_set)} train / {val_split.name}: {len(val_set)} val images, "
+        f"{num_classes - 1} classes, {ckpt['arch']}, head {head}, norm {dc['norm']}, seed {seed}, on {device}")
     start = time.time()
     curve = train(detector, loader, dc)
-    metrics = coco_evaluate(data_dir / "instances_val.json", predict(detector, val_set, dc["batch_size"]))
+    metrics = coco_evaluate(val_split.coco, predict(detector, val_set, dc["batch_size"]))
     metrics.update({"epochs": dc["epochs"], "train_loss": curve, "seconds": round(time.time() - start, 1),
-                    "arch": ckpt["arch"], "method": ckpt.get("method"), "norm": dc["norm"],
-                    "checkpoint": str(ckpt_path), "num_train_images": len(train_set),
+                    "arch": ckpt["arch"], "method": ckpt.get("method"), "head": head, "norm": dc["norm"],
+                    "seed": seed, "checkpoint": str(ckpt_path), "train_set": train_split.name,
+                    "val_set": val_split.name, "num_train_images": len(train_set),
                     "num_val_images": len(val_set), "config": cfg})
     atomic_write_json(metrics, out)
     return metrics
 
 
+def summarize_trials(paths: list, out: Path) -> dict:
+    """One cell's detection metrics from its trials: each AP key is the mean over the trials
+    that have it, ``std`` the sample std (None for a single trial); ``trials`` lists each one."""
+    trials = []
+    for path in paths:
+        try:
+            trials.append(json.loads(Path(path).read_text()))
+        except (FileNotFoundError, json.JSONDecodeError) as err:
+            raise FileNotFoundError(f"detection trial unreadable: {path} ({err})") from None
+    mean, std = {}, {}
+    for key in AP_KEYS:
+        vals = [t[key] for t in trials if t.get(key) is not None]
+        mean[key] = round(sum(vals) / len(vals), 3) if vals else None
+        std[key] = round(math.sqrt(sum((v - mean[key]) ** 2 for v in vals) / (len(vals) - 1)), 3) \
+            if len(vals) > 1 else None
+    first = trials[0]
+    shared = {k: first[k] for k in ("epochs", "arch", "method", "head", "norm", "checkpoint", "train_set", "val_set",
+                                    "num_train_images", "num_val_images", "config") if k in first}
+    summary = {**mean, "std": std, "n": len(trials), **shared,
+               "seconds": round(sum(t.get("seconds", 0) for t in trials), 1),
+               "trials": [{k: t.get(k) for k in (*AP_KEYS, "seed", "train_loss", "seconds")} for t in trials]}
+    atomic_write_json(summary, out)
+    log(" ".join(f"{k}={mean[k]}" + (f"±{std[k]}" if std[k] is not None else "") for k in ("AP", "AP50", "AP75"))
+        + f" over {len(trials)} trial(s) -> {out}")
+    return summary
+
+
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["summarize"]:
+        ap = argparse.ArgumentParser(prog="python -m pipeline.detect summarize",
+                                     description="mean and std of a cell's detection trials")
+        ap.add_argument("--out", required=True, help="the cell's detect.json")
+        ap.add_argument("trials", nargs="+", help="trial metrics JSONs")
+        args = ap.parse_args(argv[1:])
+        try:
+            summarize_trials(args.trials, Path(args.out))
+        except FileNotFoundError as err:
+            raise SystemExit(f"[detect] error: {err}")
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="inline JSON or a YAML file with a 'detect' section")
     ap.add_argument("--checkpoint", required=True, help="pretraining checkpoint.pt")
-    ap.add_argument("--data", required=True, help="folder with instances_{train,val}.json and the images")
+    ap.add_argument("--data", required=True, help="COCO folder (instances_{train,val}.json + images, or the "
+                    "2017 layout) or VOCdevkit (VOC2007/, VOC2012/)")
     ap.add_argument("--out", required=True, help="metrics JSON")
+    ap.add_argument("--seed", type=int, default=None, help="this trial's seed (default: detect.seed)")
     args = ap.parse_args(argv)
     try:
         cfg = load_stage_config(args.config, SECTIONS)
-        m = run(cfg, Path(args.checkpoint), Path(args.data), Path(args.out))
+        m = run(cfg, Path(args.checkpoint), Path(args.data), Path(args.out), args.seed)
     except (ConfigError, checkpoint.CheckpointError, FileNotFoundError, FloatingPointError) as err:
         raise SystemExit(f"[detect] error: {err}")
     log(f"AP={m['AP']} AP50={m['AP50']} AP75={m['AP75']} in {m['seconds']} s -> {args.out}")

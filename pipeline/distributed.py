@@ -33,6 +33,11 @@ def _export_slurm_env() -> None:
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
+def stage_device() -> torch.device:
+    """The device of a single-process stage (probe, detect): the job's GPU when it has one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def init() -> DistEnv:
     """Initialise torch.distributed when several processes run (gloo on CPU, nccl on GPU)."""
     _export_slurm_env()

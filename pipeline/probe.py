@@ -27,6 +27,7 @@ from pipeline import checkpoint
 from pipeline.augment import DeviceCrop, normalize
 from pipeline.config import ConfigError, load_stage_config
 from pipeline.data import eval_loader
+from pipeline.distributed import stage_device
 from pipeline.features import extract
 from pipeline.io import atomic_write_json
 from pipeline.knn import knn_accuracy
@@ -100,9 +101,10 @@ def make_classifier(dim: int, num_classes: int, standardize: bool) -> nn.Module:
 class LinearProbe:
     """SGD on a linear classifier; batches come from cached features or a frozen backbone."""
 
-    def __init__(self, dim: int, num_classes: int, s: dict, standardize: bool, steps_per_epoch: int):
+    def __init__(self, dim: int, num_classes: int, s: dict, standardize: bool, steps_per_epoch: int,
+                 device: torch.device | str = "cpu"):
         self.s, self.steps = s, max(1, steps_per_epoch * s["epochs"])
-        self.classifier = make_classifier(dim, num_classes, standardize)
+        self.classifier = make_classifier(dim, num_classes, standardize).to(device)
         self.opt = torch.optim.SGD(self.classifier.parameters(), lr=s["lr"], momentum=0.9,
                                    weight_decay=s["weight_decay"])
         self.step = 0
@@ -149,8 +151,8 @@ def train_augmented(probe: LinearProbe, backbone, data_dir: Path, d: dict, pc: d
             if not bool(keep.any()):
                 continue
             with torch.no_grad():
-                feats = backbone(normalize(random_crop(images[keep])))
-            total += float(probe.train_batch(feats, labels.long()[keep])) * int(keep.sum())
+                feats = backbone(normalize(random_crop(images[keep].to(val_x.device))))
+            total += float(probe.train_batch(feats, labels.long()[keep].to(val_x.device))) * int(keep.sum())
             seen += int(keep.sum())
         curve.append(curve_point(probe, epoch, total / max(seen, 1), val_x, val_y))
     return curve
@@ -166,6 +168,8 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     torch.manual_seed(pc.get("seed", 0))
     torch.set_num_threads(pc.get("threads", 2))
     backbone, ckpt = load_frozen_backbone(ckpt_path)
+    device = stage_device()
+    backbone.to(device)
     before = snapshot(backbone)
     classes = json.loads((data_dir / "train.json").read_text())["classes"]
     crop, workers, mode = d.get("crop_size", 32), d.get("workers", 2), pc.get("mode", "cached")
@@ -177,10 +181,10 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     if len(train_y) == 0:
         raise ConfigError(f"{data_dir / 'train.beton'} has no labelled images: a probe needs labels")
     log(f"features: train {tuple(train_x.shape)}, val {tuple(val_x.shape)}; mode {mode}, "
-        f"protocol {pc.get('protocol', 'moco')}")
+        f"protocol {pc.get('protocol', 'moco')}, on {device}")
     s = settings(pc)
     probe = LinearProbe(train_x.shape[1], len(classes), s, pc.get("standardize", False),
-                        math.ceil(len(train_x) / s["batch_size"]))
+                        math.ceil(len(train_x) / s["batch_size"]), device)
     if mode == "cached":
         curve = train_cached(probe, train_x, train_y, val_x, val_y, pc.get("seed", 0))
     else:

@@ -21,6 +21,8 @@ METRICS = {"top1": "linear top-1", "top5": "linear top-5", "knn_top1": "kNN top-
            "AP50": "AP50", "AP": "AP", "AP75": "AP75", "APs": "APs", "APm": "APm", "APl": "APl"}
 ABLATION_METRICS = ["top1", "knn_top1", "AP50", "AP", "AP75"]
 DETECTION_METRICS = ["AP50", "AP", "AP75"]
+DETECTION_KEYS = ["AP50", "AP", "AP75", "APs", "APm", "APl"]
+SAMPLES = "_samples"  # column suffix: a metric's values per trial within the cell
 PAPER_M = [0, 0.9, 0.99, 0.999, 0.9999]            # the MoCo paper's momentum ablation rows
 MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": "MoCo"}
 METHOD_LABELS = {"moco": "MoCo", "supervised": "supervised", "random": "random init"}
@@ -66,7 +68,10 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
            "epochs_run": summary.get("epochs_run"), "loss": final.get("loss"), "inst_acc": final.get("inst_acc"),
            "probe_mode": probe.get("mode")}
     row.update({k: probe.get(k) for k in ("top1", "top5", "knn_top1")})
-    row.update({k: det.get(k) for k in ("AP50", "AP", "AP75", "APs", "APm", "APl")})
+    row.update({k: det.get(k) for k in DETECTION_KEYS})
+    # each detection trial is one sample of the cell's group (the paper's mean over 5 VOC trials)
+    trials = det.get("trials") or ([det] if det else [])
+    row.update({f"{k}{SAMPLES}": [t[k] for t in trials if t.get(k) is not None] for k in DETECTION_KEYS})
     return row
 
 
@@ -99,10 +104,15 @@ class Value:
 
 
 def value(cells: pd.DataFrame | None, metric: str) -> Value:
+    """Mean ± sample std over the group's seeds (and, for detection, over each seed's trials)."""
     if cells is None or cells.empty:
         return Value()
     failed = int((cells["status"] == "fail").sum())
-    vals = cells.loc[cells["status"] != "fail", metric].dropna().astype(float).tolist()
+    ok = cells["status"] != "fail"
+    if metric + SAMPLES in cells:
+        vals = [float(v) for samples in cells.loc[ok, metric + SAMPLES] for v in samples]
+    else:
+        vals = cells.loc[ok, metric].dropna().astype(float).tolist()
     if not vals:
         return Value(failed=failed)
     mean = sum(vals) / len(vals)
@@ -278,7 +288,7 @@ def methods(gs, prov) -> Table:
 
 
 def detection(gs, prov) -> Table:
-    return _methods_like(gs, prov, "detection", "Transfer to detection (Faster R-CNN, FPN)", DETECTION_METRICS)
+    return _methods_like(gs, prov, "detection", "Transfer to detection (Faster R-CNN)", DETECTION_METRICS)
 
 
 def every_cell(gs, prov) -> Table:
@@ -326,8 +336,11 @@ def protocol_text(cfg: dict, df: pd.DataFrame, results: Path) -> str:
     det = cfg.get("detect")
     if det is None or det.get("enabled", True):
         det = det or {}
-        how = ", ".join(x for x in (det.get("epochs") and _epochs(det["epochs"]), det.get("norm")) if x)
-        text += (f"; detection: Faster R-CNN + FPN fine-tuned{f' ({how})' if how else ''}, "
+        trials = det.get("trials", 1)
+        how = ", ".join(x for x in (det.get("epochs") and _epochs(det["epochs"]), det.get("norm"),
+                                    trials > 1 and f"mean of {trials} trials") if x)
+        head = {"fpn": "FPN", "c4": "C4"}[det.get("head", "fpn")]
+        text += (f"; detection: Faster R-CNN + {head} fine-tuned{f' ({how})' if how else ''}, "
                  f"COCO box AP on {det.get('root') or 'the embedded scenes'}")
     return text
 

@@ -32,7 +32,8 @@ PARTIAL = "‡"
 FOOTNOTES = {
     MISSING: f"{MISSING}: not computed (the cell is not in the grid, or its jobs have not run or failed).",
     FAIL: f"{FAIL}: pretraining diverged (the loss became non-finite).",
-    "±": "mean ± std (sample standard deviation) over the seeds of a cell (cells differing only in seed).",
+    "±": "mean ± std (sample standard deviation) over the seeds of a cell (cells differing only in seed); "
+         "detection columns: over every fine-tuning trial of those seeds (detect.trials).",
     PARTIAL: f"{PARTIAL}: some seeds diverged; they are excluded from the mean.",
 }
 

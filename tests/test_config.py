@@ -59,3 +59,13 @@ def test_stage_config_checks_only_its_sections(cfg):
 def test_impossible_cell_is_named(cfg):
     with pytest.raises(ConfigError, match="ablation cell 'K=1000' is impossible"):
         cell_params(cfg, "K=1000")
+
+
+def test_fpn_needs_one_anchor_size_per_level(cfg):
+    cfg["detect"]["anchor_sizes"] = [32, 64, 128]
+    with pytest.raises(ConfigError, match=r"detect.anchor_sizes: the FPN head needs one size per pyramid level \(5\)"):
+        validate(cfg)
+    cfg["detect"]["head"] = "c4"  # C4 puts every size on one feature map
+    validate(cfg)
+    with pytest.raises(ConfigError, match="detect.anchor_sizes"):
+        load_stage_config('{"detect": {"head": "fpn", "anchor_sizes": [8]}}', ["detect"])

@@ -6,9 +6,13 @@ import shutil
 
 import pytest
 import torch
+from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, TwoMLPHead
 from torchvision.ops import FrozenBatchNorm2d
 
+from PIL import Image
+
 from pipeline import checkpoint, detect
+from pipeline.detection_data import VOC_CLASSES, DetectionSplit, load_splits
 from pipeline.models import build_backbone
 from pipeline.synthetic import generate
 
@@ -69,12 +73,13 @@ def test_wrong_class_scores_0(det_dir):
 # --- dataset -----------------------------------------------------------------------------------
 
 def test_dataset_targets_and_flip(det_dir):
-    plain = detect.CocoBoxes(det_dir / "instances_train.json", det_dir)
+    train, _ = load_splits(det_dir)
+    plain = detect.CocoBoxes(train)
     image, target = plain[0]
     assert image.dtype == torch.float32 and 0.0 <= float(image.min()) and float(image.max()) <= 1.0
     assert target["labels"].dtype == torch.int64 and target["boxes"].shape == (len(target["labels"]), 4)
     assert bool((target["boxes"][:, 2:] > target["boxes"][:, :2]).all())  # xyxy
-    flipping = detect.CocoBoxes(det_dir / "instances_train.json", det_dir, flip=True)
+    flipping = detect.CocoBoxes(train, flip=True)
     for seed in range(20):
         torch.manual_seed(seed)
         flipped, ftarget = flipping[0]
@@ -86,30 +91,175 @@ def test_dataset_targets_and_flip(det_dir):
     assert torch.allclose(ftarget["boxes"][:, 2], width - target["boxes"][:, 0])
 
 
-def test_missing_annotation_file_names_the_path(tmp_path):
+def test_missing_or_unknown_roots_fail_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="detection dataset root not found"):
+        load_splits(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="neither a COCO folder .* nor a VOCdevkit"):
+        load_splits(tmp_path)
     with pytest.raises(FileNotFoundError, match="instances_train.json"):
-        detect.CocoBoxes(tmp_path / "instances_train.json", tmp_path)
+        load_splits(tmp_path, "coco")
+
+
+def test_coco_2017_layout(det_dir, tmp_path):
+    """annotations/instances_{split}2017.json with images under {split}2017/, as COCO ships."""
+    for split in ("train", "val"):
+        ann = json.loads((det_dir / f"instances_{split}.json").read_text())
+        for img in ann["images"]:
+            (tmp_path / f"{split}2017").mkdir(exist_ok=True)
+            name = img["file_name"].split("/")[-1]
+            shutil.copy(det_dir / img["file_name"], tmp_path / f"{split}2017" / name)
+            img["file_name"] = name
+        (tmp_path / "annotations").mkdir(exist_ok=True)
+        (tmp_path / "annotations" / f"instances_{split}2017.json").write_text(json.dumps(ann))
+    train, val = load_splits(tmp_path)
+    assert train.image_root == tmp_path / "train2017" and len(val.coco["images"]) == 8
+    image, target = detect.CocoBoxes(train)[0]
+    reference, ref_target = detect.CocoBoxes(load_splits(det_dir)[0])[0]
+    assert torch.equal(image, reference) and torch.equal(target["boxes"], ref_target["boxes"])
+
+
+# --- Pascal VOC --------------------------------------------------------------------------------
+
+def write_voc(devkit, year, image_set, split, difficult=frozenset()):
+    """A COCO-format split written as a VOC image set (JPEGs, XMLs, the listing); ``difficult``:
+    annotation ids marked difficult. Boxes go out 1-based and inclusive, as VOC's."""
+    folder = devkit / f"VOC{year}"
+    for sub in ("Annotations", "JPEGImages", "ImageSets/Main"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    stems = []
+    for img in split.coco["images"]:
+        stem = f"{image_set}_{img['id']:06d}"
+        Image.open(split.image_root / img["file_name"]).convert("RGB").save(folder / "JPEGImages" / f"{stem}.jpg")
+        objects = "".join(
+            f"<object><name>{VOC_CLASSES[a['category_id'] - 1]}</name><difficult>{int(a['id'] in difficult)}</difficult>"
+            f"<bndbox><xmin>{a['bbox'][0] + 1:g}</xmin><ymin>{a['bbox'][1] + 1:g}</ymin>"
+            f"<xmax>{a['bbox'][0] + a['bbox'][2]:g}</xmax><ymax>{a['bbox'][1] + a['bbox'][3]:g}</ymax></bndbox></object>"
+            for a in split.coco["annotations"] if a["image_id"] == img["id"])
+        (folder / "Annotations" / f"{stem}.xml").write_text(
+            f"<annotation><size><width>{img['width']}</width><height>{img['height']}</height><depth>3</depth>"
+            f"</size>{objects}</annotation>")
+        stems.append(stem)
+    (folder / "ImageSets" / "Main" / f"{image_set}.txt").write_text("\n".join(stems) + "\n")
+
+
+@pytest.fixture(scope="module")
+def voc_root(det_dir, tmp_path_factory):
+    """VOC2007 trainval/test and VOC2012 trainval made of the embedded scenes; in the 07 test
+    set, the first object of every image is marked difficult."""
+    devkit = tmp_path_factory.mktemp("VOCdevkit")
+    train, val = load_splits(det_dir)
+    half = {**train.coco, "images": train.coco["images"][:10]}
+    rest = {**train.coco, "images": train.coco["images"][10:]}
+    write_voc(devkit, "2007", "trainval", DetectionSplit(half, train.image_root, "07"))
+    write_voc(devkit, "2012", "trainval", DetectionSplit(rest, train.image_root, "12"))
+    first = {min(a["id"] for a in val.coco["annotations"] if a["image_id"] == img["id"]) for img in val.coco["images"]}
+    write_voc(devkit, "2007", "test", val, difficult=first)
+    return devkit, first
+
+
+def test_voc_07_12_trainval_and_07_test(det_dir, voc_root):
+    devkit, difficult = voc_root
+    train, val = load_splits(devkit)  # auto: a VOCdevkit
+    coco_train, coco_val = load_splits(det_dir)
+    assert train.name == "VOC 2007/trainval+2012/trainval" and val.name == "VOC 2007/test"
+    assert len(train.coco["images"]) == 16 and len(val.coco["images"]) == 8  # 10 from 07 + 6 from 12
+    assert [c["name"] for c in train.coco["categories"]] == list(VOC_CLASSES) and train.num_classes == 21
+    # the same boxes and classes as the source, back in 0-based continuous coordinates
+    got = [(a["category_id"], a["bbox"]) for a in val.coco["annotations"]]
+    want = [(a["category_id"], a["bbox"]) for a in coco_val.coco["annotations"]]
+    assert [g[0] for g in got] == [w[0] for w in want]
+    assert all(g == pytest.approx(w, abs=1e-6) for (_, g), (_, w) in zip(got, want))
+    assert sum(a["iscrowd"] for a in val.coco["annotations"]) == len(difficult) == 8
+    image, target = detect.CocoBoxes(train)[12]  # an image from VOC2012
+    assert image.shape == (3, 96, 96) and len(target["boxes"]) > 0
+    # difficult objects are training targets, not ignored there
+    test_targets = sum(len(detect.CocoBoxes(val)[i][1]["boxes"]) for i in range(8))
+    assert test_targets == len(val.coco["annotations"])
+
+
+def test_voc_difficult_objects_are_ignored_in_evaluation(voc_root):
+    devkit, _ = voc_root
+    _, val = load_splits(devkit, "voc")
+    easy = [a for a in val.coco["annotations"] if not a["difficult"]]
+    as_dets = lambda anns: [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"],
+                             "score": 1.0} for a in anns]
+    assert detect.coco_evaluate(val.coco, as_dets(easy))["AP50"] == pytest.approx(100.0)  # not missed
+    assert detect.coco_evaluate(val.coco, as_dets(val.coco["annotations"]))["AP50"] == pytest.approx(100.0)  # no FP
+
+
+def test_voc_errors_name_the_file(voc_root, tmp_path):
+    devkit, _ = voc_root
+    with pytest.raises(FileNotFoundError, match=r"VOC2012.*test.txt"):
+        load_splits(devkit, "voc", {"val": "2012/test"})
+    broken = tmp_path / "VOCdevkit"
+    shutil.copytree(devkit, broken)
+    xml = sorted((broken / "VOC2007" / "Annotations").glob("*.xml"))[0]
+    xml.write_text(xml.read_text().replace("<name>", "<name>unicorn", 1))
+    with pytest.raises(FileNotFoundError, match=f"{xml.name}: unknown VOC class 'unicorn"):
+        load_splits(broken)
+    xml.write_text("<annotation><size>")
+    with pytest.raises(FileNotFoundError, match=f"{xml.name}: malformed VOC annotation"):
+        load_splits(broken)
 
 
 # --- weight transfer ---------------------------------------------------------------------------
 
+@pytest.mark.parametrize("head", ["fpn", "c4"])
 @pytest.mark.parametrize("norm", ["frozen_bn", "bn"])
-def test_detector_backbone_holds_the_checkpoint_weights(ckpt_path, norm):
+def test_detector_backbone_holds_the_checkpoint_weights(ckpt_path, norm, head):
     ckpt = checkpoint.load(ckpt_path)
-    detector = detect.build_detector(ckpt, {**TINY, "norm": norm}, num_classes=11)
+    detector = detect.build_detector(ckpt, {**TINY, "norm": norm, "head": head}, num_classes=11)
     detect.verify_backbone(detector, ckpt["backbone"])
-    body = detector.backbone.body.state_dict()
+    own = detect.pretrained_part(detector)
     compared = 0
     for key, value in ckpt["backbone"].items():
         if key.endswith("num_batches_tracked") and norm == "frozen_bn":
             continue  # FrozenBatchNorm2d keeps no step counter
-        assert torch.equal(body[key], value), key
+        assert torch.equal(own[key], value), key
         compared += 1
     assert compared >= len(ckpt["backbone"]) - 20
-    bns = [m for m in detector.backbone.body.modules() if isinstance(m, torch.nn.BatchNorm2d)]
-    frozen = [m for m in detector.backbone.body.modules() if isinstance(m, FrozenBatchNorm2d)]
-    assert (len(bns), bool(frozen)) == ((0, True) if norm == "frozen_bn" else (len(bns), False))
-    assert all(p.requires_grad for p in detector.backbone.body.parameters())  # convs fine-tuned
+    assert any(k.startswith("layer4.") for k in own)  # C4: layer4 is the box head, loaded too
+    pretrained = [detector.backbone if head == "c4" else detector.backbone.body]
+    if head == "c4":
+        assert isinstance(detector.roi_heads.box_head, detect.Res5Head)
+        extra = detector.roi_heads.box_head.extra_norm  # the paper's extra BN after res5
+        assert isinstance(extra, torch.nn.BatchNorm2d if norm == "bn" else torch.nn.Identity)
+        pretrained.append(detector.roi_heads.box_head)
+    modules = [m for part in pretrained for m in part.modules()]
+    bns = [m for m in modules if isinstance(m, torch.nn.BatchNorm2d)]
+    frozen = [m for m in modules if isinstance(m, FrozenBatchNorm2d)]
+    assert (bool(bns), bool(frozen)) == ((False, True) if norm == "frozen_bn" else (True, False))
+    assert all(p.requires_grad for part in pretrained for p in part.parameters())  # convs fine-tuned
+    if head == "fpn":  # new layers: no norm with frozen BN, BatchNorm in FPN and a 4conv1fc head with bn
+        fpn_bns = [m for m in detector.backbone.fpn.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+        assert bool(fpn_bns) == (norm == "bn")
+        assert isinstance(detector.roi_heads.box_head, FastRCNNConvFCHead if norm == "bn" else TwoMLPHead)
+
+
+def test_c4_head_changed_layer4_weight_is_detected(ckpt_path):
+    ckpt = checkpoint.load(ckpt_path)
+    detector = detect.build_detector(ckpt, {**TINY, "head": "c4"}, num_classes=11)
+    with torch.no_grad():
+        detector.roi_heads.box_head.layer4[1].conv2.weight.add_(1e-3)
+    with pytest.raises(checkpoint.CheckpointError, match="layer4.1.conv2.weight"):
+        detect.verify_backbone(detector, ckpt["backbone"])
+
+
+@pytest.mark.parametrize("head", ["fpn", "c4"])
+def test_group_norm_backbone_and_heads_train(head, det_dir):
+    """norm: gn for a GN-pretrained backbone: GroupNorm everywhere, no BatchNorm; one step learns."""
+    arch = {**ARCH, "norm": "gn"}
+    ckpt = {"arch": arch, "backbone": build_backbone(arch).state_dict()}
+    detector = detect.build_detector(ckpt, {**TINY, "norm": "gn", "head": head}, num_classes=11)
+    detect.verify_backbone(detector, ckpt["backbone"])
+    kinds = {type(m) for m in detector.modules()}
+    assert torch.nn.GroupNorm in kinds and not kinds & {torch.nn.BatchNorm2d, FrozenBatchNorm2d}
+    images, targets = detect.collate([detect.CocoBoxes(load_splits(det_dir)[0])[i] for i in range(2)])
+    detector.train()
+    loss = sum(detector(list(images), list(targets)).values())
+    loss.backward()
+    first_conv = (detector.backbone.body if head == "fpn" else detector.backbone).conv1.weight
+    assert torch.isfinite(loss) and first_conv.grad.abs().sum() > 0
 
 
 def test_verify_backbone_detects_a_changed_weight(ckpt_path):
@@ -156,11 +306,44 @@ def test_tiny_run_writes_metrics(det_dir, ckpt_path, tmp_path):
     assert m["arch"] == ARCH and m["norm"] == "frozen_bn" and m["config"]["detect"]["image_size"] == 64
 
 
+def test_voc_c4_trials_and_their_summary(voc_root, ckpt_path, tmp_path):
+    """Two trials (seeds) of a C4 detector on VOC07+12 -> VOC07 test, then their mean ± std."""
+    devkit, _ = voc_root
+    cfg = json.dumps({"detect": {**TINY, "head": "c4"}})
+    trials = []
+    for seed in (3, 4):
+        trials.append(tmp_path / f"trial{seed}.json")
+        detect.main(["--config", cfg, "--checkpoint", str(ckpt_path), "--data", str(devkit),
+                     "--seed", str(seed), "--out", str(trials[-1])])
+    runs = [json.loads(t.read_text()) for t in trials]
+    assert [r["seed"] for r in runs] == [3, 4] and {r["head"] for r in runs} == {"c4"}
+    assert runs[0]["train_set"] == "VOC 2007/trainval+2012/trainval" and runs[0]["val_set"] == "VOC 2007/test"
+    assert (runs[0]["num_train_images"], runs[0]["num_val_images"]) == (16, 8)
+    assert runs[0]["train_loss"] != runs[1]["train_loss"]  # the seed changes the run
+    detect.main(["summarize", "--out", str(tmp_path / "detect.json"), *map(str, trials)])
+    summary = json.loads((tmp_path / "detect.json").read_text())
+    assert summary["n"] == 2 and [t["seed"] for t in summary["trials"]] == [3, 4]
+    for key in ("AP", "AP50"):
+        a, b = runs[0][key], runs[1][key]
+        assert summary[key] == pytest.approx((a + b) / 2, abs=1e-3)
+        assert summary["std"][key] == pytest.approx(abs(a - b) / 2 ** 0.5, abs=1e-3)
+
+
+def test_summary_of_one_trial_has_no_std(tmp_path):
+    (tmp_path / "t0.json").write_text(json.dumps({"AP": 10.0, "AP50": 20.0, "AP75": None, "seed": 0}))
+    s = detect.summarize_trials([tmp_path / "t0.json"], tmp_path / "d.json")
+    assert (s["AP"], s["std"]["AP"], s["AP75"], s["n"]) == (10.0, None, None, 1)
+    with pytest.raises(SystemExit, match="detection trial unreadable: .*t1.json"):
+        detect.main(["summarize", "--out", str(tmp_path / "d.json"), str(tmp_path / "t1.json")])
+
+
 def test_cli_errors_exit_with_a_message(det_dir, ckpt_path, tmp_path):
     args = ["--checkpoint", str(ckpt_path), "--out", str(tmp_path / "m.json")]
-    with pytest.raises(SystemExit, match=r"\[detect\] error: annotation file not found: .*instances_train"):
+    with pytest.raises(SystemExit, match=r"\[detect\] error: .*: neither a COCO folder"):
         detect.main(["--config", json.dumps({"detect": TINY}), "--data", str(tmp_path), *args])
     with pytest.raises(SystemExit, match=r"\[detect\] error: .*detect.norm"):
+        detect.main(["--config", json.dumps({"detect": {**TINY, "norm": "batch"}}), "--data", str(det_dir), *args])
+    with pytest.raises(SystemExit, match=r"\[detect\] error: detect.norm: gn needs a backbone pretrained with GroupNorm"):
         detect.main(["--config", json.dumps({"detect": {**TINY, "norm": "gn"}}), "--data", str(det_dir), *args])
     with pytest.raises(SystemExit, match=r"\[detect\] error: checkpoint not found"):
         detect.main(["--config", json.dumps({"detect": TINY}), "--data", str(det_dir),

@@ -36,9 +36,9 @@ def planned_jobs(stdout: str) -> set[tuple[str, str | None]]:
             if rule:
                 jobs.add((rule, cell))
             rule, cell = m.group(1), None
-        m = re.match(r"^\s+wildcards: cell=(\S+)", line)
+        m = re.match(r"^\s+wildcards: (.+)", line)  # "cell=K=1024,m=0.9, trial=0"
         if m and rule:
-            cell = m.group(1)
+            cell = dict(w.split("=", 1) for w in m.group(1).split(", ")).get("cell")
     return {j for j in jobs if j[0] != "end"}
 
 
@@ -83,7 +83,7 @@ def test_nothing_to_do_after_a_full_run(done):
 
 def test_one_new_cell_runs_only_its_jobs(done):
     out = snakemake(done, "cell", "-n", config=["cell=K=512"]).stdout
-    assert planned_jobs(out) == cell_jobs("K=512", "pretrain", "probe", "detect") | {("cell", None)}
+    assert planned_jobs(out) == cell_jobs("K=512", "pretrain", "probe", "detect", "detect_trials") | {("cell", None)}
 
 
 def test_existing_cell_is_up_to_date(done):
@@ -93,7 +93,7 @@ def test_existing_cell_is_up_to_date(done):
 
 def test_rerun_one_cell_forcerun_pretrain(done):
     out = snakemake(done, "cell", "-n", "--forcerun", "pretrain", config=["cell=K=128"]).stdout
-    assert planned_jobs(out) == cell_jobs("K=128", "pretrain", "probe", "detect") | {("cell", None)}
+    assert planned_jobs(out) == cell_jobs("K=128", "pretrain", "probe", "detect", "detect_trials") | {("cell", None)}
     out = snakemake(done, "cell", "-n", "--forcerun", "probe", config=["cell=m=0.9"]).stdout
     assert planned_jobs(out) == cell_jobs("m=0.9", "probe") | {("cell", None)}
 
@@ -101,7 +101,7 @@ def test_rerun_one_cell_forcerun_pretrain(done):
 def test_rerun_one_cell_and_refresh_tables(done):
     ckpt = done / "cells" / "K=128" / "pretrain" / "checkpoint.pt"
     out = snakemake(done, "-n", "--forcerun", str(ckpt)).stdout
-    assert planned_jobs(out) == cell_jobs("K=128", "pretrain", "probe", "detect") | {("tables", None), ("all", None)}
+    assert planned_jobs(out) == cell_jobs("K=128", "pretrain", "probe", "detect", "detect_trials") | {("tables", None), ("all", None)}
 
 
 def test_rerun_one_cell_then_tables_in_two_steps(done, tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import require, REPO, run
 from pipeline.config import merge
+from pipeline.detect import summarize_trials
 from pipeline.grid import parse_cell_id
 from pipeline.tables import latex, write_tables
 from pipeline.studies import STUDY_NAMES
@@ -47,9 +48,14 @@ def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE)
              "per_class_top1": {}, "curve": [{"epoch": e, "train_loss": 1.0 / e, "val_top1": top1 * e / 3}
                                               for e in (1, 2, 3)],
              "config": {"probe": {"mode": "cached", "epochs": 3}}}))
-    if ap is not None:
-        (d / "detect.json").write_text(json.dumps({"AP": ap, "AP50": ap * 2, "AP75": ap * 0.8, "APs": None,
-                                                   "APm": ap, "APl": ap}))
+    if ap is not None:  # one AP, or a list: one per fine-tuning trial
+        trials = []
+        for t, a in enumerate(ap if isinstance(ap, list) else [ap]):
+            trials.append(d / "detect" / f"trial{t}.json")
+            trials[-1].parent.mkdir(exist_ok=True)
+            trials[-1].write_text(json.dumps({"AP": a, "AP50": a * 2, "AP75": a * 0.8, "APs": None, "APm": a,
+                                              "APl": a, "seed": t, "epochs": 8}))
+        summarize_trials(trials, d / "detect.json")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +72,7 @@ def results(tmp_path_factory):
     fake_cell(r, "epochs=60", 65.0, ap=16.0)
     fake_cell(r, "mechanism=end_to_end", 52.0, ap=13.0)            # dictionary = the batch (256)
     fake_cell(r, "mechanism=memory_bank", 54.0, ap=13.5)
-    fake_cell(r, "method=supervised", 70.0, ap=18.0)
+    fake_cell(r, "method=supervised", 70.0, ap=[17.0, 18.0, 19.0])  # three detection trials
     fake_cell(r, "method=random", 20.0, ap=3.0)
     fake_cell(r, "variant=v3,backbone=vit_small", 63.0)            # no detect.json -> "—"
     write_tables(r, CONFIG)
@@ -139,7 +145,10 @@ def test_method_comparison_and_detection(results):
     assert md["supervised"][2] == "70.0" and md["random init"][2] == "20.0"
     det = md_rows(results, "detection")
     assert det["MoCo"][2:] == ["—", "—", "—"]        # ViT cell: no detection transfer
-    assert det["supervised"][2:] == ["36.0", "18.0", "14.4"]  # AP50, AP, AP75
+    assert det["supervised"][2:] == ["36.0 ± 2.0", "18.0 ± 1.0", "14.4 ± 0.8"]  # AP50, AP, AP75 over 3 trials
+    assert det["MoCo (base cell)"][2:] == ["32.0 ± 2.8", "16.0 ± 1.4", "12.8 ± 1.1"]  # 2 seeds x 1 trial
+    rows = {r["method"]: r for r in read_csv(results, "detection")}
+    assert rows["supervised"]["AP_n"] == "3" and float(rows["supervised"]["AP_std"]) == pytest.approx(1.0)
 
 
 def test_mechanisms_over_k(results):

@@ -29,7 +29,7 @@ def jobs_planned(dry_run_stdout: str) -> dict:
 def test_dry_run_shows_full_dag(tmp_path):
     out = snakemake(tmp_path / "results", "-n").stdout
     assert jobs_planned(out) == {"synthetic": 1, "convert": 2, "pretrain": 4, "probe": 4,
-                                 "detect": 4, "tables": 1, "all": 1}
+                                 "detect": 4, "detect_trials": 4, "tables": 1, "all": 1}
 
 
 def test_lint_is_clean():
@@ -92,3 +92,76 @@ def test_workflow_without_ffcv(tmp_path):
     assert 0 <= probe["top1"] <= 100
     rows = list(csv.DictReader((results / "cells" / "base" / "pretrain" / "log.csv").open()))
     assert [int(r["epoch"]) for r in rows] == [1, 2] and all(r["knn"] for r in rows)
+
+
+def test_detection_trials_are_separate_jobs(tmp_path):
+    """detect.trials: 3 -> three fine-tuning jobs per cell (parallel on a cluster), one summary."""
+    overlay = tmp_path / "trials.yaml"
+    overlay.write_text("detect:\n  trials: 3\n")
+    out = run([snakemake_bin(), *TINY, str(overlay), "--config", f"results={tmp_path / 'results'}", "-n", "-p"],
+              timeout=120).stdout
+    counts = jobs_planned(out)
+    assert (counts["detect"], counts["detect_trials"]) == (12, 4)
+    assert all(f"--seed {seed} --out" in out for seed in (0, 1, 2))
+
+
+# --- paper-scale presets (GPU clusters): valid, and the DAG they describe builds ----------------
+PRESETS = {  # preset -> the config files it is used with, as its header documents
+    "imagenet-mocov2": ["imagenet-mocov2"],
+    "imagenet-mocov1": ["imagenet-mocov2", "imagenet-mocov1"],
+    "imagenet-mocov3-vit": ["imagenet-mocov2", "imagenet-mocov3-vit"],
+    "cifar10": ["cifar10"],
+}
+
+
+def preset_config(name: str) -> dict:
+    from pipeline.config import DEFAULT_CONFIG, load_yaml, merge
+
+    cfg = load_yaml(DEFAULT_CONFIG)
+    for part in PRESETS[name]:
+        cfg = merge(cfg, load_yaml(REPO / "workflow" / "config" / "presets" / f"{part}.yaml"))
+    return cfg
+
+
+def test_every_preset_is_covered():
+    on_disk = {p.stem for p in (REPO / "workflow" / "config" / "presets").glob("*.yaml")}
+    assert on_disk == set(PRESETS) | {"tiny"}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_builds_its_dag(name, tmp_path):
+    """With the site's dataset roots in place, the preset validates and plans every stage."""
+    site = tmp_path / "site.yaml"
+    (tmp_path / "data").mkdir()
+    site.write_text(f"dataset:\n  root: {tmp_path / 'data'}\ndetect:\n  root: {tmp_path / 'data'}\n")
+    files = [str(REPO / "workflow" / "config" / "presets" / f"{p}.yaml") for p in PRESETS[name]]
+    out = run([snakemake_bin(), "--configfile", *files, str(site), "--config", f"results={tmp_path / 'r'}", "-n"],
+              timeout=120).stdout
+    jobs = jobs_planned(out)
+    assert jobs["convert"] == 2 and jobs["pretrain"] == jobs["probe"] >= 2 and jobs["tables"] == 1
+    cfg = preset_config(name)
+    if cfg["detect"]["enabled"]:
+        assert jobs["detect"] == len(cfg["detect"]["cells"]) * cfg["detect"]["trials"]
+
+
+def test_paper_presets_hold_the_reference_settings():
+    """The papers' settings (NOTES: MoCo reference settings), so that an edit that drifts fails."""
+    v2 = preset_config("imagenet-mocov2")
+    p = v2["pretrain"]
+    assert (p["backbone"], p["width"], p["cifar_stem"], p["K"], p["m"], p["T"], p["dim"]) == \
+        ("resnet50", 64, False, 65536, 0.999, 0.2, 128)
+    assert (p["epochs"], p["batch_size"], p["lr"], p["weight_decay"], p["schedule"], p["aug"], p["crop_scale_min"]) == \
+        (200, 256, 0.03, 0.0001, "cosine", "v2", 0.2)
+    assert (v2["probe"]["protocol"], v2["probe"]["mode"], v2["probe"]["epochs"]) == ("moco", "augmented", 100)
+    d = v2["detect"]
+    assert (d["dataset"], d["head"], d["voc"], d["trials"]) == \
+        ("voc", "c4", {"train": ["2007/trainval", "2012/trainval"], "val": "2007/test"}, 5)
+    v1 = preset_config("imagenet-mocov1")["pretrain"]
+    assert (v1["variant"], v1["T"], v1["schedule"], v1["aug"], v1["K"], v1["m"], v1["lr"]) == \
+        ("v1", 0.07, "step", "v1", 65536, 0.999, 0.03)
+    v3 = preset_config("imagenet-mocov3-vit")
+    p = v3["pretrain"]
+    assert (p["variant"], p["backbone"], p["patch_size"], p["optimizer"], p["batch_size"], p["warmup_epochs"]) == \
+        ("v3", "vit_small", 16, "adamw", 4096, 40)
+    assert p["lr"] == pytest.approx(1.5e-4 * 4096 / 256) and (p["T"], p["m"], p["aug"]) == (0.2, 0.99, "v3")
+    assert (v3["probe"]["protocol"], v3["probe"]["epochs"]) == ("mocov3", 90)

@@ -17,7 +17,7 @@ def collect(results: Path) -> pd.DataFrame:
     for tsv in sorted((results / "benchmarks").rglob("*.tsv")):
         rel = tsv.relative_to(results / "benchmarks")
         stage = rel.parts[0] if len(rel.parts) > 1 else rel.stem
-        job = rel.stem if len(rel.parts) > 1 else ""
+        job = "/".join(rel.with_suffix("").parts[1:])  # e.g. base, or base/trial0 (detection)
         frame = pd.read_csv(tsv, sep="\t")
         rows.append({"stage": stage, "job": job, "seconds": float(frame["s"].iloc[-1]),
                      "max_rss_mb": float(pd.to_numeric(frame["max_rss"], errors="coerce").iloc[-1])})

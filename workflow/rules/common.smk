@@ -107,3 +107,4 @@ def reported_figures():
 wildcard_constraints:
     cell=r"base|[A-Za-z_]+=[A-Za-z0-9_.+-]+(,[A-Za-z_]+=[A-Za-z0-9_.+-]+)*",
     split=r"train|val",
+    trial=r"\d+",

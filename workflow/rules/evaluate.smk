@@ -25,25 +25,47 @@ rule probe:
 
 
 rule detect:
+    """One fine-tuning trial (seed = detect.seed + trial)."""
     input:
         checkpoint=f"{R}/cells/{{cell}}/pretrain/checkpoint.pt",
         data=[] if config["detect"]["root"] else f"{R}/data/synthetic",
     output:
-        f"{R}/cells/{{cell}}/detect.json",
+        f"{R}/cells/{{cell}}/detect/trial{{trial}}.json",
     params:
         py=PY,
         cfg=lambda w: stage_config(detect=config["detect"]),
         root=detection_root(),
+        seed=lambda w: config["detect"]["seed"] + int(w.trial),
     threads: config["detect"].get("threads", 2)
     log:
-        f"{R}/logs/detect/{{cell}}.log",
+        f"{R}/logs/detect/{{cell}}/trial{{trial}}.log",
     benchmark:
-        f"{R}/benchmarks/detect/{{cell}}.tsv"
+        f"{R}/benchmarks/detect/{{cell}}/trial{{trial}}.tsv"
     conda:
         CONDA_ENV
     shell:
         "{params.py} -m pipeline.detect --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
-        " --data {params.root:q} --out {output:q} > {log:q} 2>&1"
+        " --data {params.root:q} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
+
+
+localrules:
+    detect_trials,
+
+
+rule detect_trials:
+    """A cell's detection metrics: the mean and std of its trials (each trial listed too)."""
+    input:
+        lambda w: [f"{R}/cells/{w.cell}/detect/trial{t}.json" for t in range(config["detect"].get("trials", 1))],
+    output:
+        f"{R}/cells/{{cell}}/detect.json",
+    params:
+        py=PY,
+    log:
+        f"{R}/logs/detect/{{cell}}/trials.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "{params.py} -m pipeline.detect summarize --out {output:q} {input:q} > {log:q} 2>&1"
 
 
 rule cell:
