@@ -106,6 +106,9 @@ def check_detect(det: dict, dataset: dict) -> None:
 
 
 def check_detector(det: dict) -> None:
+    ranks = det.get("ranks", 1)
+    if det.get("batch_size") and det["batch_size"] % ranks:
+        raise ConfigError(f"detect.batch_size={det['batch_size']} is not a multiple of detect.ranks={ranks}")
     sizes = det.get("anchor_sizes")
     if sizes and det.get("head", "fpn") == "fpn" and len(sizes) != 5:
         raise ConfigError(f"detect.anchor_sizes: the FPN head needs one size per pyramid level (5), "

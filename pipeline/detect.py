@@ -8,14 +8,16 @@ included (verified before fine-tuning). Normalisation (``norm``):
 - ``frozen_bn``: the backbone's BatchNorms become FrozenBatchNorm2d holding the pretrained
   statistics; the new layers (FPN, box head) have none (torchvision's default);
 - ``bn``: the backbone's BatchNorms are fine-tuned with batch statistics, and the new layers
-  have BatchNorm too (FPN, a 4conv1fc box head) - the single-process form of the paper's SyncBN;
+  have BatchNorm too (FPN, a 4conv1fc box head); with several ranks on GPUs (``ranks``, under
+  torchrun: DDP) every BatchNorm becomes SyncBatchNorm, the paper's SyncBN;
 - ``gn``: GroupNorm in the new layers, for a backbone pretrained with GroupNorm
   (``pretrain.norm: gn``), fine-tuned as is: independent of the (small) detection batch.
 
 All convolutions are fine-tuned. The val split is scored with pycocotools (COCO bbox AP, in
 percent). Datasets: pipeline.detection_data (the embedded scenes, COCO, Pascal VOC07+12).
 One run is one trial (``--seed``); the workflow runs ``detect.trials`` of them and reports
-their mean and std.
+their mean and std. ``torchrun --nproc-per-node N -m pipeline.detect ...`` splits the batch
+over N ranks; rank 0 scores the val split and writes the metrics.
 
     python -m pipeline.detect --config workflow/config/config.yaml \
         --checkpoint results/cells/base/pretrain/checkpoint.pt --data results/data/synthetic/det \
@@ -28,6 +30,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -50,7 +53,7 @@ from tqdm import tqdm
 from pipeline import checkpoint
 from pipeline.augment import MEAN, STD
 from pipeline.config import DEFAULT_CONFIG, ConfigError, load_stage_config, load_yaml
-from pipeline.distributed import stage_device
+from pipeline import distributed
 from pipeline.detection_data import DetectionDataError, DetectionSplit, load_splits
 from pipeline.io import atomic_write_json
 from pipeline.models import build_backbone, group_norm
@@ -61,11 +64,13 @@ AP_KEYS = ["AP", "AP50", "AP75", "APs", "APm", "APl"]  # the order of COCOeval.s
 # a x1.5 ladder from 1/8 to ~2/3 covers the 15-46 px shapes of 96 px scenes (IoU >= 0.6 when centred).
 ANCHOR_FRACTIONS = (0.125, 0.1875, 0.28125, 0.421875, 0.6328125)
 BOX_HEAD_DIM = 256  # torchvision's 1024 triples the cost on CPU for no gain on 10 classes
-HEADS, NORMS = ("fpn", "c4"), ("frozen_bn", "bn", "gn")
+def is_main() -> bool:
+    return os.environ.get("RANK", "0") == "0"  # with several ranks only rank 0 logs and writes
 
 
 def log(msg: str) -> None:
-    tqdm.write(f"[detect] {msg}", file=sys.stdout)  # clears and redraws a progress bar on stderr
+    if is_main():
+        tqdm.write(f"[detect] {msg}", file=sys.stdout)  # clears and redraws a progress bar on stderr
 
 
 class CocoBoxes(torch.utils.data.Dataset):
@@ -218,18 +223,22 @@ def to_device(images, targets, device) -> tuple[list, list]:
             [{k: v.to(device) if torch.is_tensor(v) else v for k, v in t.items()} for t in targets])
 
 
-def train(detector: FasterRCNN, loader, dc: dict) -> list[float]:
-    """Fine-tune everything trainable; returns the mean loss of each epoch."""
+def train(detector: nn.Module, loader, dc: dict) -> list[float]:
+    """Fine-tune everything trainable (a FasterRCNN, or it wrapped in DDP); returns the mean
+    loss of each epoch (this rank's)."""
     device = next(detector.parameters()).device
     params = [p for p in detector.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=dc["lr"], momentum=0.9, weight_decay=dc["weight_decay"])
     epochs, total = dc["epochs"], dc["epochs"] * len(loader)
     warmup = max(1, min(100, total // 4))  # random heads give huge first gradients (NaN at 2x lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup))
-    curve, bar = [], tqdm(total=total, desc="[detect] train", file=sys.stderr, mininterval=5, leave=False)
+    curve, bar = [], tqdm(total=total, desc="[detect] train", file=sys.stderr, mininterval=5, leave=False,
+                          disable=not is_main())
     detector.train()
     for epoch in range(epochs):
         start, losses = time.time(), []
+        if isinstance(loader.sampler, torch.utils.data.DistributedSampler):
+            loader.sampler.set_epoch(epoch)  # a new shard order every epoch
         for step, (images, targets) in enumerate(loader):
             images, targets = to_device(images, targets, device)
             loss = sum(detector(images, targets).values())
@@ -315,26 +324,52 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
     num_classes = max(train_split.num_classes, val_split.num_classes)  # label 0 is background
     detector = build_detector(ckpt, dc, num_classes, str(ckpt_path))
     verify_backbone(detector, ckpt["backbone"], str(ckpt_path))
-    device = stage_device()
+    env = distributed.init()  # one process, or one per GPU under torchrun (detect.ranks)
+    device = torch.device(f"cuda:{env.local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    synced = env.world_size > 1 and dc["norm"] == "bn" and device.type == "cuda"
+    if synced:  # BN statistics over the images of every rank: the paper's SyncBN
+        detector = nn.SyncBatchNorm.convert_sync_batchnorm(detector)
     detector.to(device)
+    if dc["batch_size"] % env.world_size:
+        raise ConfigError(f"detect.batch_size={dc['batch_size']} is not a multiple of the {env.world_size} ranks")
+    per_rank = dc["batch_size"] // env.world_size
+    sampler = torch.utils.data.DistributedSampler(train_set, env.world_size, env.rank, shuffle=True, seed=seed,
+                                                  drop_last=True) if env.world_size > 1 else None
     loader = torch.utils.data.DataLoader(
-        train_set, batch_size=dc["batch_size"], shuffle=True, collate_fn=collate,
+        train_set, batch_size=per_rank, sampler=sampler, shuffle=sampler is None, collate_fn=collate,
         num_workers=dc.get("workers", 0), pin_memory=device.type == "cuda",
         drop_last=len(train_set) > dc["batch_size"],  # equal-sized steps, unless one batch is all there is
         generator=torch.Generator().manual_seed(seed))
     head = dc.get("head", "fpn")
     log(f"{train_split.name}: {len(train_set)} train / {val_split.name}: {len(val_set)} val images, "
-        f"{num_classes - 1} classes, {ckpt['arch']}, head {head}, norm {dc['norm']}, seed {seed}, on {device}")
+        f"{num_classes - 1} classes, {ckpt['arch']}, head {head}, norm {dc['norm']}{' (SyncBN)' if synced else ''}, "
+        f"seed {seed}, {env.world_size} rank(s) on {device}")
     start = time.time()
-    curve = train(detector, loader, dc)
-    metrics = coco_evaluate(val_split.coco, predict(detector, val_set, dc["batch_size"]))
-    metrics.update({"epochs": dc["epochs"], "train_loss": curve, "seconds": round(time.time() - start, 1),
-                    "arch": ckpt["arch"], "method": ckpt.get("method"), "head": head, "norm": dc["norm"],
-                    "seed": seed, "checkpoint": str(ckpt_path), "train_set": train_split.name,
-                    "val_set": val_split.name, "num_train_images": len(train_set),
-                    "num_val_images": len(val_set), "config": cfg})
-    atomic_write_json(metrics, out)
+    model = nn.parallel.DistributedDataParallel(detector, device_ids=[device.index] if device.type == "cuda" else None) \
+        if env.world_size > 1 else detector
+    curve = train(model, loader, dc)
+    check_ranks_agree(detector)
+    metrics = None
+    if env.is_main:  # one evaluation, on the full val split
+        metrics = coco_evaluate(val_split.coco, predict(detector, val_set, per_rank))
+        metrics.update({"epochs": dc["epochs"], "train_loss": curve, "seconds": round(time.time() - start, 1),
+                        "arch": ckpt["arch"], "method": ckpt.get("method"), "head": head, "norm": dc["norm"],
+                        "sync_bn": synced, "ranks": env.world_size, "seed": seed, "checkpoint": str(ckpt_path),
+                        "train_set": train_split.name, "val_set": val_split.name,
+                        "num_train_images": len(train_set), "num_val_images": len(val_set), "config": cfg})
+        atomic_write_json(metrics, out)
+    if env.world_size > 1:
+        distributed.barrier()
+        distributed.shutdown()
     return metrics
+
+
+def check_ranks_agree(detector: nn.Module) -> None:
+    """DDP keeps every rank's weights equal; a rank that drifted would make the result depend
+    on which rank evaluates: fail instead."""
+    sums = distributed.gather_objects(sum(float(p.detach().double().sum()) for p in detector.parameters()))
+    if len(set(sums)) > 1:
+        raise RuntimeError(f"detector weights differ across ranks after fine-tuning: checksums {sums}")
 
 
 def summarize_trials(paths: list, out: Path) -> dict:
@@ -390,7 +425,8 @@ def main(argv=None) -> None:
         m = run(cfg, Path(args.checkpoint), Path(args.data), Path(args.out), args.seed)
     except (ConfigError, checkpoint.CheckpointError, FileNotFoundError, FloatingPointError) as err:
         raise SystemExit(f"[detect] error: {err}")
-    log(f"AP={m['AP']} AP50={m['AP50']} AP75={m['AP75']} in {m['seconds']} s -> {args.out}")
+    if m is not None:
+        log(f"AP={m['AP']} AP50={m['AP50']} AP75={m['AP75']} in {m['seconds']} s -> {args.out}")
 
 
 if __name__ == "__main__":

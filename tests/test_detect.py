@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from torchvision.ops import FrozenBatchNorm2d
 
 from PIL import Image
 
+from conftest import REPO
 from pipeline import checkpoint, detect
 from pipeline.detection_data import VOC_CLASSES, DetectionSplit, load_splits
 from pipeline.models import build_backbone
@@ -349,3 +352,30 @@ def test_cli_errors_exit_with_a_message(det_dir, ckpt_path, tmp_path):
         detect.main(["--config", json.dumps({"detect": TINY}), "--data", str(det_dir),
                      "--checkpoint", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "m.json")])
     assert not (tmp_path / "m.json").exists()
+
+
+def test_ranks_that_drifted_apart_fail(ckpt_path, monkeypatch):
+    detector = detect.build_detector(checkpoint.load(ckpt_path), TINY, num_classes=11)
+    detect.check_ranks_agree(detector)  # one process: trivially equal
+    monkeypatch.setattr(detect.distributed, "gather_objects", lambda x: [x, x + 1e-3])
+    with pytest.raises(RuntimeError, match="detector weights differ across ranks"):
+        detect.check_ranks_agree(detector)
+
+
+@pytest.mark.timeout(600)
+def test_two_ranks_fine_tune_one_detector(det_dir, ckpt_path, tmp_path):
+    """detect.ranks: 2 through torchrun (gloo on CPU): the batch is split over the ranks, DDP
+    keeps their weights equal (checked after training), rank 0 alone scores and writes."""
+    out = tmp_path / "metrics.json"
+    cfg = json.dumps({"detect": {**TINY, "norm": "bn", "ranks": 2, "threads": 1}})
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "pipeline.detect", "--config", cfg, "--checkpoint", str(ckpt_path),
+                           "--data", str(det_dir), "--seed", "1", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    m = json.loads(out.read_text())
+    assert (m["ranks"], m["seed"], m["norm"]) == (2, 1, "bn")
+    assert m["sync_bn"] is False  # SyncBN needs GPUs; on CPU each rank normalises its own images
+    assert len(m["train_loss"]) == 1 and 0 <= m["AP50"] <= 100
+    assert proc.stdout.count("COCO bbox") == 1  # one evaluation, by rank 0
+    assert "2 rank(s) on cpu" in proc.stdout

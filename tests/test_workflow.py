@@ -95,14 +95,16 @@ def test_workflow_without_ffcv(tmp_path):
 
 
 def test_detection_trials_are_separate_jobs(tmp_path):
-    """detect.trials: 3 -> three fine-tuning jobs per cell (parallel on a cluster), one summary."""
+    """detect.trials: 3 -> three fine-tuning jobs per cell (parallel on a cluster), one summary;
+    detect.ranks: 2 -> each job starts 2 processes with torchrun."""
     overlay = tmp_path / "trials.yaml"
-    overlay.write_text("detect:\n  trials: 3\n")
+    overlay.write_text("detect:\n  trials: 3\n  ranks: 2\n")
     out = run([snakemake_bin(), *TINY, str(overlay), "--config", f"results={tmp_path / 'results'}", "-n", "-p"],
               timeout=120).stdout
     counts = jobs_planned(out)
     assert (counts["detect"], counts["detect_trials"]) == (12, 4)
     assert all(f"--seed {seed} --out" in out for seed in (0, 1, 2))
+    assert out.count("-m torch.distributed.run --standalone --nproc-per-node 2 -m pipeline.detect") == 12
 
 
 # --- paper-scale presets (GPU clusters): valid, and the DAG they describe builds ----------------

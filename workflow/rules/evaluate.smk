@@ -36,6 +36,9 @@ rule detect:
         cfg=lambda w: stage_config(detect=config["detect"]),
         root=detection_root(),
         seed=lambda w: config["detect"]["seed"] + int(w.trial),
+        # several ranks: torchrun starts one process per GPU of the job (DDP, SyncBN with norm bn)
+        launch=lambda w: "-m torch.distributed.run --standalone --nproc-per-node {} -m".format(
+            config["detect"]["ranks"]) if config["detect"].get("ranks", 1) > 1 else "-m",
     threads: config["detect"].get("threads", 2)
     log:
         f"{R}/logs/detect/{{cell}}/trial{{trial}}.log",
@@ -44,7 +47,7 @@ rule detect:
     conda:
         CONDA_ENV
     shell:
-        "{params.py} -m pipeline.detect --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
+        "{params.py} {params.launch} pipeline.detect --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
         " --data {params.root:q} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
 
 
