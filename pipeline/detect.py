@@ -192,9 +192,9 @@ def build_detector(ckpt: dict, dc: dict, num_classes: int, source: str = "checkp
 
 def pretrained_part(detector: FasterRCNN) -> dict:
     """The detector's tensors that come from the checkpoint, under the checkpoint's names."""
-    body = detector.backbone if isinstance(detector.roi_heads.box_head, Res5Head) else detector.backbone.body
-    state = dict(body.state_dict())
-    if isinstance(detector.roi_heads.box_head, Res5Head):
+    c4 = isinstance(detector.roi_heads.box_head, Res5Head)  # C4: stem..layer3 in the body, layer4 in the head
+    state = dict((detector.backbone if c4 else detector.backbone.body).state_dict())
+    if c4:
         state.update(detector.roi_heads.box_head.state_dict())
     return state
 

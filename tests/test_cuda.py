@@ -62,3 +62,20 @@ def test_ffcv_loads_to_gpu(ffcv_small):
     images, labels, index = next(iter(loader))
     assert images.is_cuda and images.shape == (16, 3, 32, 32) and images.dtype == torch.uint8
     assert labels.is_cuda
+
+
+def test_detection_fine_tunes_on_the_gpu(tmp_path):
+    """The detect stage moves the detector and every batch to the job's GPU (C4 head, BN)."""
+    import json
+
+    from pipeline import checkpoint, detect
+    from pipeline.models import build_backbone
+    from pipeline.synthetic import generate
+
+    generate(tmp_path / "synth", {"train_per_class": 1, "val_per_class": 1, "det_train_images": 8,
+                                  "det_val_images": 4}, progress=False)
+    arch = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
+    checkpoint.save(tmp_path / "ckpt.pt", arch=arch, method="random", backbone=build_backbone(arch).state_dict())
+    cfg = {"detect": {"epochs": 1, "batch_size": 4, "lr": 0.01, "image_size": 64, "head": "c4", "norm": "bn"}}
+    m = detect.run(cfg, tmp_path / "ckpt.pt", tmp_path / "synth" / "det", tmp_path / "m.json")
+    assert json.loads((tmp_path / "m.json").read_text())["AP50"] == m["AP50"] and m["train_loss"][0] > 0
