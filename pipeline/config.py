@@ -106,6 +106,8 @@ def check_detect(det: dict, dataset: dict) -> None:
 
 
 def check_detector(det: dict) -> None:
+    if det.get("max_image_size") and det.get("image_size") and det["max_image_size"] < det["image_size"]:
+        raise ConfigError(f"detect.max_image_size={det['max_image_size']} is below detect.image_size={det['image_size']}")
     ranks = det.get("ranks", 1)
     if det.get("batch_size") and det["batch_size"] % ranks:
         raise ConfigError(f"detect.batch_size={det['batch_size']} is not a multiple of detect.ranks={ranks}")

@@ -184,7 +184,7 @@ def build_detector(ckpt: dict, dc: dict, num_classes: int, source: str = "checkp
         parts = dict(rpn_anchor_generator=AnchorGenerator(tuple((s,) for s in sizes), ((0.5, 1.0, 2.0),) * len(sizes)),
                      box_head=head, box_predictor=FastRCNNPredictor(BOX_HEAD_DIM, num_classes))
     # Scenes hold 2-4 objects: a few hundred proposals and 128 sampled RoIs are plenty.
-    return FasterRCNN(body, min_size=size, max_size=size, image_mean=MEAN, image_std=STD,
+    return FasterRCNN(body, min_size=size, max_size=dc.get("max_image_size") or size, image_mean=MEAN, image_std=STD,
                       rpn_pre_nms_top_n_train=1000, rpn_post_nms_top_n_train=300,
                       rpn_pre_nms_top_n_test=500, rpn_post_nms_top_n_test=150, box_batch_size_per_image=128,
                       **parts)

@@ -379,3 +379,13 @@ def test_two_ranks_fine_tune_one_detector(det_dir, ckpt_path, tmp_path):
     assert len(m["train_loss"]) == 1 and 0 <= m["AP50"] <= 100
     assert proc.stdout.count("COCO bbox") == 1  # one evaluation, by rank 0
     assert "2 rank(s) on cpu" in proc.stdout
+
+
+def test_image_sizes_shorter_side_and_cap(ckpt_path):
+    """image_size sets the shorter side; max_image_size caps the longer one (default: image_size)."""
+    ckpt = checkpoint.load(ckpt_path)
+    wide = [torch.rand(3, 40, 80)]
+    square = detect.build_detector(ckpt, TINY, num_classes=11).eval()
+    assert square.transform(wide)[0].image_sizes == [(32, 64)]  # bounded by 64 x 64
+    capped = detect.build_detector(ckpt, {**TINY, "max_image_size": 200}, num_classes=11).eval()
+    assert capped.transform(wide)[0].image_sizes == [(64, 128)]  # shorter side 64, as Detectron2's 800/1333
