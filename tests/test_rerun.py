@@ -21,9 +21,10 @@ CELLS = list(expand(CFG))  # base, K=128, m=0.9, method=random
 METRICS = {"base": 40.0, "K=128": 35.0, "m=0.9": 30.0, "method=random": 15.0}
 
 
-def snakemake(results, *args, config=(), check=True):
-    """snakemake [targets/options] --configfile tiny --config results=<results> [config...]"""
-    cmd = [snakemake_bin(), *args, "--cores", "1", "--configfile", TINY, "--config", f"results={results}", *config]
+def snakemake(results, *args, config=(), check=True, configfiles=()):
+    """snakemake [targets/options] --configfile tiny [overlays] --config results=<results> [config...]"""
+    cmd = [snakemake_bin(), *args, "--cores", "1", "--configfile", TINY, *map(str, configfiles),
+           "--config", f"results={results}", *config]
     return run(cmd, timeout=300, check=check)
 
 
@@ -146,3 +147,25 @@ def test_html_report(done):
     html = report.read_text()
     for name in ("ablation_m.md", "mechanisms.tex", "accuracy_vs_K.png", "Training curves"):
         assert name in html, name
+
+
+def test_more_detection_trials_add_only_the_new_trials(done, tmp_path):
+    """Raising detect.trials from 1 to 3 plans trials 1 and 2 of every cell (trial 0 is kept)
+    and the summaries and tables that read them."""
+    copy = tmp_path / "results"
+    shutil.copytree(done, copy)
+    # the summaries as Snakemake writes them (it records their inputs: faked files have no record)
+    summaries = [copy / "cells" / cell / "detect.json" for cell in CELLS]
+    for path in summaries:
+        path.unlink()
+    snakemake(copy, *map(str, summaries))
+    overlay = tmp_path / "trials.yaml"
+    overlay.write_text("detect:\n  trials: 3\n")
+    out = snakemake(copy, "-n", "-p", configfiles=[overlay]).stdout
+    jobs = planned_jobs(out)
+    # a trial's parameters leave out the number of trials: trial 0 of a real run is not redone either
+    commands = [line for line in out.splitlines() if "pipeline.detect --config" in line]
+    assert len(commands) == 2 * len(CELLS) and not any('"trials"' in c for c in commands)
+    assert {rule for rule, _ in jobs} == {"detect", "detect_trials", "tables", "all"}
+    assert out.count("rule detect:") == 2 * len(CELLS)
+    assert "trial=0" not in out and "trial=1" in out and "trial=2" in out

@@ -33,7 +33,9 @@ rule detect:
         f"{R}/cells/{{cell}}/detect/trial{{trial}}.json",
     params:
         py=PY,
-        cfg=lambda w: stage_config(detect=config["detect"]),
+        # how many trials and which cells do not change a trial: raising trials adds jobs only
+        cfg=lambda w: stage_config(detect={k: v for k, v in config["detect"].items()
+                                           if k not in ("trials", "cells", "enabled")}),
         root=detection_root(),
         seed=lambda w: config["detect"]["seed"] + int(w.trial),
         # several ranks: torchrun starts one process per GPU of the job (DDP, SyncBN with norm bn)
