@@ -325,7 +325,7 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
     detector = build_detector(ckpt, dc, num_classes, str(ckpt_path))
     verify_backbone(detector, ckpt["backbone"], str(ckpt_path))
     env = distributed.init()  # one process, or one per GPU under torchrun (detect.ranks)
-    device = torch.device(f"cuda:{env.local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    device = distributed.rank_device(env.local_rank)
     synced = env.world_size > 1 and dc["norm"] == "bn" and device.type == "cuda"
     if synced:  # BN statistics over the images of every rank: the paper's SyncBN
         detector = nn.SyncBatchNorm.convert_sync_batchnorm(detector)

@@ -33,9 +33,9 @@ def _export_slurm_env() -> None:
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
-def stage_device() -> torch.device:
-    """The device of a single-process stage (probe, detect): the job's GPU when it has one."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def rank_device(local_rank: int = 0) -> torch.device:
+    """This rank's GPU (its local rank's) when the job has GPUs, else the CPU."""
+    return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
 
 
 def init() -> DistEnv:

@@ -106,7 +106,7 @@ class Trainer:
             log(f"warning: K={p['K']} >= {self.num_samples} training images: the queue holds keys of the "
                 f"query's own image as negatives; lower K or set mask_same_source: true")
         self.model = build_model(p, d.get("crop_size", 32), len(info.get("classes", [])) or 1, self.num_samples)
-        self.device = torch.device(f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")
+        self.device = distributed.rank_device(env.local_rank)
         cuda = self.device.type == "cuda"
         # channels_last and bf16 autocast pay off on tensor cores; on CPU they only cost
         self.channels_last = cuda and is_resnet(p)

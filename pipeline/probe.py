@@ -27,7 +27,7 @@ from pipeline import checkpoint
 from pipeline.augment import DeviceCrop, normalize
 from pipeline.config import ConfigError, load_stage_config
 from pipeline.data import eval_loader
-from pipeline.distributed import stage_device
+from pipeline.distributed import rank_device
 from pipeline.features import extract
 from pipeline.io import atomic_write_json
 from pipeline.knn import knn_accuracy
@@ -168,7 +168,7 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     torch.manual_seed(pc.get("seed", 0))
     torch.set_num_threads(pc.get("threads", 2))
     backbone, ckpt = load_frozen_backbone(ckpt_path)
-    device = stage_device()
+    device = rank_device()
     backbone.to(device)
     before = snapshot(backbone)
     classes = json.loads((data_dir / "train.json").read_text())["classes"]
