@@ -31,6 +31,7 @@ import io
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -384,9 +385,8 @@ def summarize_trials(paths: list, out: Path) -> dict:
     mean, std = {}, {}
     for key in AP_KEYS:
         vals = [t[key] for t in trials if t.get(key) is not None]
-        mean[key] = round(sum(vals) / len(vals), 3) if vals else None
-        std[key] = round(math.sqrt(sum((v - mean[key]) ** 2 for v in vals) / (len(vals) - 1)), 3) \
-            if len(vals) > 1 else None
+        mean[key] = round(statistics.fmean(vals), 3) if vals else None
+        std[key] = round(statistics.stdev(vals), 3) if len(vals) > 1 else None  # sample std
     first = trials[0]
     shared = {k: first[k] for k in ("epochs", "arch", "method", "head", "norm", "checkpoint", "train_set", "val_set",
                                     "num_train_images", "num_val_images", "config") if k in first}
