@@ -65,6 +65,8 @@ AP_KEYS = ["AP", "AP50", "AP75", "APs", "APm", "APl"]  # the order of COCOeval.s
 # a x1.5 ladder from 1/8 to ~2/3 covers the 15-46 px shapes of 96 px scenes (IoU >= 0.6 when centred).
 ANCHOR_FRACTIONS = (0.125, 0.1875, 0.28125, 0.421875, 0.6328125)
 BOX_HEAD_DIM = 256  # torchvision's 1024 triples the cost on CPU for no gain on 10 classes
+
+
 def is_main() -> bool:
     return os.environ.get("RANK", "0") == "0"  # with several ranks only rank 0 logs and writes
 
@@ -275,33 +277,27 @@ def predict(detector: FasterRCNN, dataset: CocoBoxes, batch_size: int) -> list[d
     return results
 
 
-def load_coco(path: str | Path) -> COCO:
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"annotation file not found: {path}")
-    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress chatter
-        return COCO(str(path))
-
-
 def coco_from_dict(data: dict) -> COCO:
     coco = COCO()
     coco.dataset = data
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress chatter
         coco.createIndex()
     return coco
 
 
-def coco_evaluate(gt: str | Path | dict | COCO, detections: list[dict]) -> dict:
+def coco_evaluate(gt: str | Path | dict, detections: list[dict]) -> dict:
     """COCO bbox AP, AP50, AP75, APs, APm, APl in percent (None: no ground truth of that size).
-    Ground truth marked iscrowd (crowds; VOC's difficult objects) is ignored, not missed."""
-    coco_gt = gt if isinstance(gt, COCO) else coco_from_dict(gt) if isinstance(gt, dict) else load_coco(gt)
+    ``gt``: a COCO-format dict or its JSON file. Ground truth marked iscrowd (crowds; VOC's
+    difficult objects) is ignored, not missed."""
+    if not isinstance(gt, dict):
+        if not Path(gt).is_file():
+            raise FileNotFoundError(f"annotation file not found: {gt}")
+        gt = json.loads(Path(gt).read_text())
+    coco_gt = coco_from_dict(gt)
     with contextlib.redirect_stdout(io.StringIO()):
-        if detections:
-            coco_dt = coco_gt.loadRes(detections)
-        else:  # loadRes rejects an empty list: evaluate against an empty result set instead
-            coco_dt = COCO()
-            coco_dt.dataset = {"images": coco_gt.dataset["images"], "annotations": [],
-                               "categories": coco_gt.dataset["categories"]}
-            coco_dt.createIndex()
+        # loadRes rejects an empty list: evaluate against an empty result set instead
+        coco_dt = coco_gt.loadRes(detections) if detections else \
+            coco_from_dict({"images": gt["images"], "annotations": [], "categories": gt["categories"]})
         evaluator = COCOeval(coco_gt, coco_dt, iouType="bbox")
         evaluator.evaluate()
         evaluator.accumulate()

@@ -8,7 +8,7 @@ and ``Value``s) that pipeline.tables renders as Markdown, CSV and LaTeX.
 from __future__ import annotations
 
 import json
-import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,9 +115,8 @@ def value(cells: pd.DataFrame | None, metric: str) -> Value:
         vals = cells.loc[ok, metric].dropna().astype(float).tolist()
     if not vals:
         return Value(failed=failed)
-    mean = sum(vals) / len(vals)
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else None
-    return Value(mean, std, len(vals), failed)
+    std = statistics.stdev(vals) if len(vals) > 1 else None  # sample std, as detect.summarize_trials
+    return Value(statistics.fmean(vals), std, len(vals), failed)
 
 
 @dataclass
