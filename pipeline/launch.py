@@ -167,6 +167,7 @@ def print_logs(folder: Path, job_id: str) -> None:
 def check_pretrain_args(argv: list[str]) -> None:
     """Fail here, before anything is queued, on a bad config or a missing dataset."""
     from pipeline.config import ConfigError, load_stage_config
+    from pipeline.data import is_converted
     from pipeline.pretrain import SECTIONS
 
     ap = argparse.ArgumentParser(prog="pipeline.pretrain", add_help=False)
@@ -175,11 +176,12 @@ def check_pretrain_args(argv: list[str]) -> None:
     ap.add_argument("--out", required=True)
     args, _ = ap.parse_known_args(argv)
     try:
-        load_stage_config(args.config, SECTIONS)
+        cfg = load_stage_config(args.config, SECTIONS)
     except (ConfigError, ValueError) as err:
         raise SystemExit(f"[launch] error: {err}")
-    if not (Path(args.data) / "train.beton").is_file():
-        raise SystemExit(f"[launch] error: {args.data}/train.beton not found")
+    loader = cfg["data"].get("loader", "ffcv")
+    if not is_converted(Path(args.data) / "train.beton", loader):  # torchvision reads only the report
+        raise SystemExit(f"[launch] error: {args.data} holds no converted train split for data.loader: {loader}")
 
 
 def main(argv=None) -> None:

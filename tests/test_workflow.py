@@ -94,6 +94,25 @@ def test_workflow_without_ffcv(tmp_path):
     assert [int(r["epoch"]) for r in rows] == [1, 2] and all(r["knn"] for r in rows)
 
 
+def test_submitit_launcher_accepts_what_the_loader_reads(tmp_path):
+    """The launcher checks the converted train split before queueing: the torchvision loader
+    needs only the report (no .beton exists without FFCV), the FFCV loader the .beton."""
+    from pipeline.config import DEFAULT_CONFIG, load_yaml
+    from pipeline.launch import check_pretrain_args
+
+    defaults = load_yaml(DEFAULT_CONFIG)
+    (tmp_path / "train.json").write_text("{}")  # a report-only conversion
+
+    def check(loader):
+        cfg = tmp_path / f"{loader}.json"
+        cfg.write_text(json.dumps({"data": {**defaults["data"], "loader": loader}, "pretrain": defaults["pretrain"]}))
+        check_pretrain_args(["--config", str(cfg), "--data", str(tmp_path), "--out", str(tmp_path / "out")])
+
+    check("torchvision")
+    with pytest.raises(SystemExit, match="no converted train split for data.loader: ffcv"):
+        check("ffcv")
+
+
 def test_detection_trials_are_separate_jobs(tmp_path):
     """detect.trials: 3 -> three fine-tuning jobs per cell (parallel on a cluster), one summary;
     detect.ranks: 2 -> each job starts 2 processes with torchrun."""
