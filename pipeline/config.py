@@ -75,6 +75,10 @@ def check_pretrain(p: dict, where: str = "pretrain", num_samples: int | None = N
     if mechanism == "memory_bank" and num_samples is not None and p["K"] >= num_samples:
         raise ConfigError(f"{where}: memory bank K={p['K']} negatives need a larger training set "
                           f"({num_samples} images)")
+    splits = p.get("bn_splits")
+    if splits and p["batch_size"] % splits:
+        raise ConfigError(f"{where}: bn_splits={splits} does not divide the batch size {p['batch_size']} "
+                          f"(BatchNorm normalises each rank's batch in that many equal sub-batches)")
     if p.get("variant") == "v3" or mechanism != "moco":
         return  # no queue
     if p["K"] % p["batch_size"] != 0:

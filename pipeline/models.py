@@ -15,8 +15,9 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
 ARCHS = {"resnet18": (BasicBlock, [2, 2, 2, 2]), "resnet50": (Bottleneck, [3, 4, 6, 3])}
-# name: (embed_dim, depth, heads) as in the ViT / DeiT papers
-VITS = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 6), "vit_base": (768, 12, 12)}
+# name: (embed_dim, depth, heads): ViT-Ti as DeiT; ViT-S/B as the MoCo v3 reference (12 heads
+# in ViT-S, where DeiT-S has 6)
+VITS = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 12), "vit_base": (768, 12, 12)}
 
 
 class ResNetBackbone(ResNet):
@@ -27,7 +28,7 @@ class ResNetBackbone(ResNet):
     """
 
     def __init__(self, arch: str = "resnet18", width: int = 64, cifar_stem: bool = False,
-                 norm_layer=None):
+                 norm_layer=None, zero_init_residual: bool = False):
         if arch not in ARCHS:
             raise ValueError(f"unknown backbone '{arch}' (known: {', '.join([*ARCHS, *VITS])})")
         block, layers = ARCHS[arch]
@@ -56,6 +57,12 @@ class ResNetBackbone(ResNet):
             elif isinstance(mod, (nn.BatchNorm2d, nn.GroupNorm)):
                 nn.init.ones_(mod.weight)
                 nn.init.zeros_(mod.bias)
+        if zero_init_residual:  # each block starts as the identity (torchvision's option)
+            for block in self.modules():
+                last_norm = getattr(block, "bn3", None) if isinstance(block, Bottleneck) else \
+                    getattr(block, "bn2", None) if isinstance(block, BasicBlock) else None
+                if last_norm is not None:
+                    nn.init.zeros_(last_norm.weight)
 
 
 def group_norm(channels: int) -> nn.GroupNorm:
@@ -74,8 +81,30 @@ def sincos_2d(grid: int, dim: int, temperature: float = 10000.0) -> torch.Tensor
     return torch.cat([out_x.sin(), out_x.cos(), out_y.sin(), out_y.cos()], dim=1)[None]
 
 
+def init_vit_as_moco_v3(vit: nn.Module) -> None:
+    """MoCo v3's ViT initialisation (timm's differs): xavier-uniform Linear weights, the qkv
+    weight as three separate Q, K, V matrices; zero biases; class token N(0, 1e-6); the patch
+    projection xavier-uniform over its fan-in (3 p^2) and fan-out (embed_dim)."""
+    for name, module in vit.named_modules():
+        if isinstance(module, nn.Linear):
+            if "qkv" in name:
+                out_features, in_features = module.weight.shape
+                bound = math.sqrt(6.0 / (out_features // 3 + in_features))
+                nn.init.uniform_(module.weight, -bound, bound)
+            else:
+                nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    nn.init.normal_(vit.cls_token, std=1e-6)
+    proj = vit.patch_embed.proj
+    bound = math.sqrt(6.0 / (3 * proj.kernel_size[0] * proj.kernel_size[1] + proj.out_channels))
+    nn.init.uniform_(proj.weight, -bound, bound)
+    nn.init.zeros_(proj.bias)
+
+
 def vit_backbone(arch: dict) -> nn.Module:
-    """timm ViT returning the class token; fixed sin-cos positions, frozen patch projection.
+    """timm ViT returning the class token, initialised as MoCo v3; fixed sin-cos positions,
+    frozen patch projection.
 
     The position embedding becomes a buffer (not a parameter), and the patch projection keeps
     its random init with requires_grad=False: MoCo v3's fix for training instability.
@@ -83,10 +112,11 @@ def vit_backbone(arch: dict) -> nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
     dim, depth, heads = VITS[arch["backbone"]]
-    depth = arch.get("depth") or depth
+    depth, heads = arch.get("depth") or depth, arch.get("heads") or heads
     patch, size = arch.get("patch_size", 16), arch.get("image_size", 224)
     vit = VisionTransformer(img_size=size, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads,
                             num_classes=0, global_pool="token", norm_layer=partial(nn.LayerNorm, eps=1e-6))
+    init_vit_as_moco_v3(vit)
     grid = size // patch
     pos = torch.cat([torch.zeros(1, 1, dim), sincos_2d(grid, dim)], dim=1)  # class token: zeros
     del vit.pos_embed
@@ -97,15 +127,17 @@ def vit_backbone(arch: dict) -> nn.Module:
     return vit
 
 
-def build_backbone(arch: dict) -> nn.Module:
+def build_backbone(arch: dict, zero_init_residual: bool = False) -> nn.Module:
     """``arch``: the record stored in every checkpoint, e.g. {"backbone": "resnet18",
     "width": 64, "cifar_stem": False, "norm": "bn"} or {"backbone": "vit_small",
-    "patch_size": 16, "image_size": 224}."""
+    "patch_size": 16, "image_size": 224}. zero_init_residual (ResNets): an initialisation
+    choice only, the architecture (and so the checkpoint format) is the same."""
     name = arch["backbone"]
     if name in VITS:
         return vit_backbone(arch)
     norm = group_norm if arch.get("norm", "bn") == "gn" else None
-    return ResNetBackbone(name, arch.get("width", 64), arch.get("cifar_stem", False), norm_layer=norm)
+    return ResNetBackbone(name, arch.get("width", 64), arch.get("cifar_stem", False), norm_layer=norm,
+                          zero_init_residual=zero_init_residual)
 
 
 def is_resnet(arch: dict) -> bool:

@@ -33,7 +33,7 @@ from pipeline.data import is_converted, two_view_loader
 from pipeline.features import extract
 from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.knn import knn_accuracy
-from pipeline.methods import arch_of, build_model
+from pipeline.methods import arch_of, bn_guard_text, build_model
 from pipeline.models import build_backbone, is_resnet
 from pipeline.moco import MoCo
 from pipeline.moco.momentum import relative_drift
@@ -105,7 +105,10 @@ class Trainer:
                 and p["K"] >= self.num_samples > 0 and not p.get("mask_same_source"):
             log(f"warning: K={p['K']} >= {self.num_samples} training images: the queue holds keys of the "
                 f"query's own image as negatives; lower K or set mask_same_source: true")
-        self.model = build_model(p, d.get("crop_size", 32), len(info.get("classes", [])) or 1, self.num_samples)
+        self.model = build_model(p, d.get("crop_size", 32), len(info.get("classes", [])) or 1, self.num_samples,
+                                 env.world_size)
+        self.bn_guard = bn_guard_text(self.model, env.world_size)
+        log(f"BN-leak guard: {self.bn_guard}")
         self.device = distributed.rank_device(env.local_rank)
         cuda = self.device.type == "cuda"
         # channels_last and bf16 autocast pay off on tensor cores; on CPU they only cost
@@ -300,19 +303,20 @@ def train(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: b
         f"mechanism={p.get('mechanism', 'moco')} backbone={p['backbone']} K={p.get('K')} m={p.get('m')} T={p.get('T')}")
     if p["method"] == "random":  # the random-init baseline: same backbone, no training
         backbone = build_backbone(arch_of(p, cfg["data"].get("crop_size")))
-        return finish(cfg, out_dir, backbone.state_dict(), [], env, diverged=False, model_state={})
+        return finish(cfg, out_dir, backbone.state_dict(), [], env, diverged=False, model_state={},
+                      bn_guard="not applicable (no training)")
     trainer = Trainer(cfg, data_dir, state_dir, env, progress)
     ok = trainer.train()
     log(f"rank {env.rank}/{env.world_size} on {env.host}: queue checksum {queue_checksum(trainer.model)}")
     return finish(cfg, out_dir, trainer.model.encoder_q.backbone.state_dict(), trainer.log_rows, env,
-                  diverged=not ok, model_state=trainer.model.state_dict())
+                  diverged=not ok, model_state=trainer.model.state_dict(), bn_guard=trainer.bn_guard)
 
 
-def finish(cfg, out_dir: Path, backbone_state, log_rows, env, diverged: bool, model_state) -> dict:
+def finish(cfg, out_dir: Path, backbone_state, log_rows, env, diverged: bool, model_state, bn_guard: str) -> dict:
     """Write the stage's outputs (rank 0): checkpoint, per-epoch CSV log, summary."""
     p, arch = cfg["pretrain"], arch_of(cfg["pretrain"], cfg["data"].get("crop_size"))
     summary = {"method": p["method"], "arch": arch, "world_size": env.world_size, "epochs_run": len(log_rows),
-               "diverged": diverged, "final": log_rows[-1] if log_rows else {}}
+               "diverged": diverged, "bn_guard": bn_guard, "final": log_rows[-1] if log_rows else {}}
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.save(out_dir / "checkpoint.pt", arch=arch, method=p["method"], backbone=backbone_state,

@@ -1,8 +1,9 @@
 """Linear probe on the frozen query backbone of a pretraining checkpoint (+ weighted kNN).
 
 Protocols (``probe.protocol``): ``moco`` (SGD lr 30, momentum 0.9, wd 0, x0.1 at 60% and
-80% of the epochs, batch 256) and ``mocov3`` (batch 1024, cosine, lr 0.1 x batch/256, wd 0);
-``lr`` / ``batch_size`` in the config override the protocol's when set.
+80% of the epochs, batch 256) and ``mocov3`` (batch 1024, cosine, lr 0.1 x batch/256 for a
+ResNet, 3 x batch/256 for a ViT, wd 0: the v3 reference's CONFIG.md); ``lr`` / ``batch_size``
+in the config override the protocol's when set.
 Modes (``probe.mode``): ``augmented`` trains on RandomResizedCrop + flip views of the train
 split, as the papers do; ``cached`` extracts the features once (centre view) and trains on
 them, much faster. The metrics say which protocol and mode produced them. The backbone is
@@ -31,13 +32,14 @@ from pipeline.distributed import rank_device
 from pipeline.features import extract
 from pipeline.io import atomic_write_json
 from pipeline.knn import knn_accuracy
-from pipeline.models import build_backbone
+from pipeline.models import build_backbone, is_resnet
 
 SECTIONS = ["data", "probe"]
 PROTOCOLS = {
     "moco": {"lr": 30.0, "batch_size": 256, "schedule": "step", "weight_decay": 0.0},
     "mocov3": {"lr": 0.1, "batch_size": 1024, "schedule": "cosine", "weight_decay": 0.0, "scale_lr": True},
 }
+MOCOV3_VIT_LR = 3.0  # the v3 reference probes its ViTs at lr 3 x bs/256 (its ResNets at 0.1)
 
 
 def log(msg: str) -> None:
@@ -69,9 +71,11 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> dict
     return {f"top{k}": 100.0 * float(hit[:, :k].any(1).float().mean()) for k in ks}
 
 
-def settings(pc: dict) -> dict:
-    """The protocol's hyper-parameters with the config's explicit overrides."""
+def settings(pc: dict, arch: dict) -> dict:
+    """The protocol's hyper-parameters for this backbone, with the config's explicit overrides."""
     s = dict(PROTOCOLS[pc.get("protocol", "moco")])
+    if pc.get("protocol") == "mocov3" and not is_resnet(arch):
+        s["lr"] = MOCOV3_VIT_LR
     s["batch_size"] = pc.get("batch_size") or s["batch_size"]
     if pc.get("lr"):
         s["lr"] = pc["lr"]
@@ -182,7 +186,7 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
         raise ConfigError(f"{data_dir / 'train.beton'} has no labelled images: a probe needs labels")
     log(f"features: train {tuple(train_x.shape)}, val {tuple(val_x.shape)}; mode {mode}, "
         f"protocol {pc.get('protocol', 'moco')}, on {device}")
-    s = settings(pc)
+    s = settings(pc, ckpt["arch"])
     probe = LinearProbe(train_x.shape[1], len(classes), s, pc.get("standardize", False),
                         math.ceil(len(train_x) / s["batch_size"]), device)
     if mode == "cached":

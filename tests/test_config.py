@@ -25,6 +25,9 @@ def test_default_config_is_valid(cfg):
     ("pretrain", "bogus", 1, "bogus"),
     ("data", "loader", "dali", "ffcv"),
     ("probe", "lr", -1.0, "probe.lr"),
+    ("pretrain", "bn_splits", 0, "pretrain.bn_splits"),
+    ("pretrain", "bn_splits", 3, "bn_splits=3 does not divide the batch size 64"),
+    ("grid", "seeds", 0, "grid.seeds"),
 ])
 def test_bad_values_name_the_key(cfg, section, key, value, expect):
     cfg[section][key] = value

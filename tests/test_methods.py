@@ -42,6 +42,25 @@ def views(x: torch.Tensor, g: torch.Generator):
     return one(), one()
 
 
+# Queue methods: their pretext loss is no measure of learning here, since it rises as the queue
+# fills with keys of an ever better encoder (and, without the BN-leak guard, it fell for the
+# wrong reason). What must improve is the representation: fresh views of the same image closer
+# than those of other images, with the query encoder in eval mode (no batch statistics).
+REPRESENTATION_CHECKED = {"v1", "v2"}
+EPOCHS = 10
+
+
+@torch.no_grad()
+def instance_loss(model, images: torch.Tensor, seed: int = 5) -> float:
+    """In-batch instance discrimination on two fresh views of every image, eval mode."""
+    was_training = model.training
+    model.eval()
+    x1, x2 = views(images, torch.Generator().manual_seed(seed))
+    q, k = (F.normalize(model.encoder_q(v), dim=1) for v in (x1, x2))
+    model.train(was_training)
+    return F.cross_entropy(q @ k.T / 0.2, torch.arange(len(images))).item()
+
+
 @pytest.mark.parametrize("name", list(METHODS))
 def test_method_learns_on_embedded_data(name, images):
     torch.manual_seed(0)
@@ -50,12 +69,13 @@ def test_method_learns_on_embedded_data(name, images):
     opt = build_optimizer(p, model.parameters())
     x, y, idx = images
     g = torch.Generator().manual_seed(0)
+    before = instance_loss(model, x)
     losses = []
-    for epoch in range(6):
+    for epoch in range(EPOCHS):
         for b in range(4):  # 4 batches of 16, the same every epoch
             sl = slice(16 * b, 16 * (b + 1))
             if hasattr(model, "set_momentum"):
-                model.set_momentum(epoch / 6)
+                model.set_momentum(epoch / EPOCHS)
             x1, x2 = views(x[sl], g)
             loss, logits, target = model(x1, x2, idx[sl], y[sl])
             opt.zero_grad()
@@ -63,8 +83,12 @@ def test_method_learns_on_embedded_data(name, images):
             opt.step()
             losses.append(loss.item())
             assert math.isfinite(losses[-1])
-    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
-    assert last < first, f"{name}: loss went from {first:.3f} to {last:.3f}"
+    if name in REPRESENTATION_CHECKED:
+        after = instance_loss(model, x)
+        assert after < before - 0.3, f"{name}: instance loss on fresh views went from {before:.3f} to {after:.3f}"
+    else:
+        first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
+        assert last < first, f"{name}: loss went from {first:.3f} to {last:.3f}"
 
 
 def test_v3_symmetric_loss_matches_formula():
@@ -124,3 +148,61 @@ def test_site_packages_modules_named_like_tests_are_not_rewritten():
     import timm.layers.test_time_pool as module
 
     assert type(module.__loader__).__name__ != "AssertionRewritingHook"
+
+
+# --- MoCo v3 as its reference (facebookresearch/moco-v3) ----------------------------------------
+def test_vit_small_has_the_reference_twelve_heads():
+    vit = build_backbone({"backbone": "vit_small", "patch_size": 16, "image_size": 32, "depth": 1})
+    assert vit.blocks[0].attn.num_heads == 12 and vit.embed_dim == 384
+
+
+def test_vit_initialisation_is_the_reference():
+    """xavier-uniform (Q, K, V as three matrices), zero biases, cls token N(0, 1e-6), and the
+    patch projection uniform in +-sqrt(6 / (3 p^2 + dim)), zero bias, frozen."""
+    torch.manual_seed(0)
+    dim, patch = 384, 16
+    vit = build_backbone({"backbone": "vit_small", "patch_size": patch, "image_size": 64, "depth": 2})
+
+    def is_uniform_with_bound(w, bound):  # max close to the bound, std = bound / sqrt(3)
+        return float(w.abs().max()) <= bound and float(w.abs().max()) > 0.98 * bound and \
+            float(w.std()) == pytest.approx(bound / math.sqrt(3), rel=0.03)
+
+    proj = vit.patch_embed.proj
+    assert is_uniform_with_bound(proj.weight, math.sqrt(6 / (3 * patch * patch + dim)))
+    assert torch.all(proj.bias == 0) and not proj.weight.requires_grad and not proj.bias.requires_grad
+    qkv = vit.blocks[0].attn.qkv
+    for part in qkv.weight.chunk(3):  # each of Q, K, V: a dim x dim xavier matrix
+        assert is_uniform_with_bound(part, math.sqrt(6 / (dim + dim)))
+    fc1 = vit.blocks[0].mlp.fc1
+    assert is_uniform_with_bound(fc1.weight, math.sqrt(6 / (fc1.in_features + fc1.out_features)))
+    linears = [m for m in vit.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(torch.all(m.bias == 0) for m in linears if m.bias is not None)
+    assert float(vit.cls_token.std()) < 1e-5
+
+
+def test_v3_predictor_ends_as_the_reference():
+    """ResNet: the predictor's last layer is a Linear (no BN); ViT: a BN without affine."""
+    resnet = build_model({**BASE, **METHODS["v3_resnet"]}, image_size=32, num_classes=10, num_samples=64)
+    vit = build_model({**BASE, **METHODS["v3_vit"]}, image_size=32, num_classes=10, num_samples=64)
+    assert isinstance(resnet.predictor[-1], torch.nn.Linear)
+    assert isinstance(vit.predictor[-1], torch.nn.BatchNorm1d) and not vit.predictor[-1].affine
+    for model in (resnet, vit):  # both projectors end in a BN, as the reference
+        assert isinstance(model.encoder_q.head[-1], torch.nn.BatchNorm1d)
+
+
+def test_v3_resnet_starts_each_residual_branch_at_zero():
+    model = build_model({**BASE, **METHODS["v3_resnet"]}, image_size=32, num_classes=10, num_samples=64)
+    blocks = [b for layer in ("layer1", "layer2", "layer3", "layer4")
+              for b in getattr(model.encoder_q.backbone, layer)]
+    assert blocks and all(torch.all(b.bn2.weight == 0) for b in blocks)
+    v2 = build_model(BASE, image_size=32, num_classes=10, num_samples=64)
+    assert all(torch.all(b.bn2.weight == 1) for b in v2.encoder_q.backbone.layer1)
+
+
+def test_v3_vit_probe_lr_is_the_reference():
+    from pipeline.probe import settings
+
+    pc = {"protocol": "mocov3", "epochs": 90}
+    assert settings(pc, {"backbone": "vit_small"})["lr"] == pytest.approx(3.0 * 1024 / 256)
+    assert settings(pc, {"backbone": "resnet50"})["lr"] == pytest.approx(0.1 * 1024 / 256)
+    assert settings({"protocol": "moco", "epochs": 100}, {"backbone": "vit_small"})["lr"] == 30.0

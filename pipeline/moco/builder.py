@@ -10,9 +10,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pipeline.moco.distributed import gather_all, shuffle_across_ranks, unshuffle_across_ranks
+from pipeline.moco.distributed import encode_shuffled, gather_all
 from pipeline.moco.momentum import momentum_update
 from pipeline.moco.queue import KeyQueue
+from pipeline.moco.split_bn import has_batch_norm
 
 
 def info_nce(q: torch.Tensor, k: torch.Tensor, negatives: torch.Tensor, T: float,
@@ -48,17 +49,20 @@ class ZeroLabels(nn.Module):
 class MoCo(nn.Module):
     """``encoder`` is the query encoder (backbone + head); its copy becomes the key encoder.
 
-    K: queue size; m: momentum of the key encoder; T: temperature; shuffle_bn: shuffle the
-    key batch across ranks around the key encoder (a no-op in one process, where the batch
-    statistics cannot leak across ranks anyway); mask_same_source: never use a key of the
-    query's own image (seen in an earlier epoch) as a negative.
+    K: queue size; m: momentum of the key encoder; T: temperature; shuffle_bn: the BN-leak
+    guard (paper, 3.3): shuffle the key batch around the key encoder, across ranks and across
+    the split-BN sub-batches of each rank (pipeline.moco.split_bn), so that key i is never
+    normalised with the statistics that normalise query i; without BatchNorm in the encoder
+    there is nothing to leak and no shuffle. mask_same_source: never use a key of the query's
+    own image (seen in an earlier epoch) as a negative.
     """
 
     def __init__(self, encoder: nn.Module, dim: int = 128, K: int = 65536, m: float = 0.999,
                  T: float = 0.07, shuffle_bn: bool = True, mask_same_source: bool = False):
         super().__init__()
         self.m, self.T = m, T
-        self.shuffle_bn, self.mask_same_source = shuffle_bn, mask_same_source
+        self.shuffle_bn = shuffle_bn and has_batch_norm(encoder)
+        self.mask_same_source = mask_same_source
         self.encoder_q = encoder
         self.encoder_k = copy.deepcopy(encoder)
         for p in self.encoder_k.parameters():
@@ -67,17 +71,17 @@ class MoCo(nn.Module):
         self.labels = ZeroLabels()
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
 
+    def encode_keys(self, im_k: torch.Tensor) -> torch.Tensor:
+        """The key encoder's output, in im_k's order, normalised apart from the queries' BN batches."""
+        return encode_shuffled(self.encoder_k, im_k) if self.shuffle_bn else self.encoder_k(im_k)
+
     def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None, labels=None):
         """Returns (loss, logits, target); the positive of row i is logits[i, 0]."""
         q = F.normalize(self.encoder_q(im_q), dim=1)
 
         with torch.no_grad():
             momentum_update(self.encoder_k, self.encoder_q, self.m)
-            if self.shuffle_bn:
-                im_k, undo = shuffle_across_ranks(im_k)
-            k = F.normalize(self.encoder_k(im_k), dim=1)
-            if self.shuffle_bn:
-                k = unshuffle_across_ranks(k, undo)
+            k = F.normalize(self.encode_keys(im_k), dim=1)
 
         mask = None
         if self.mask_same_source and index is not None:

@@ -1,4 +1,9 @@
-"""The two distributed pieces of MoCo: gathering keys and ShuffleBN. Identity in one process."""
+"""The distributed pieces of MoCo: gathering keys and ShuffleBN.
+
+In one process the gathers are the identity and the shuffle permutes the batch, which
+matters only with split BatchNorm (pipeline.moco.split_bn): it moves each key into another
+sub-batch than its query's.
+"""
 from __future__ import annotations
 
 import torch
@@ -23,16 +28,25 @@ def gather_all(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
-@torch.no_grad()
-def shuffle_across_ranks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """``gather_all`` through which gradients flow back to every rank's input."""
+    if world_size() == 1:
+        return x
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(x), dim=0)
+
+
+def shuffle_across_ranks(x: torch.Tensor, gather=gather_all) -> tuple[torch.Tensor, torch.Tensor]:
     """ShuffleBN, step 1: give each rank a random slice of the global key batch.
 
     BatchNorm statistics of the key encoder then come from other samples than those of the
     query batch on the same rank, so the model cannot cheat through BN (MoCo paper, 3.3).
     Returns this rank's shuffled slice and the permutation needed to undo it.
+    ``gather=gather_with_grad`` keeps the shuffle differentiable (end-to-end keys).
     """
     n_local = x.shape[0]
-    x_all = gather_all(x)
+    x_all = gather(x)
     perm = torch.randperm(x_all.shape[0], device=x.device)
     if world_size() > 1:
         dist.broadcast(perm, src=0)  # every rank must apply the same permutation
@@ -40,10 +54,17 @@ def shuffle_across_ranks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x_all[mine], torch.argsort(perm)
 
 
-@torch.no_grad()
-def unshuffle_across_ranks(x: torch.Tensor, inverse_perm: torch.Tensor) -> torch.Tensor:
+def unshuffle_across_ranks(x: torch.Tensor, inverse_perm: torch.Tensor, gather=gather_all) -> torch.Tensor:
     """ShuffleBN, step 2: return each rank the outputs of its own samples, in order."""
     n_local = x.shape[0]
-    x_all = gather_all(x)
+    x_all = gather(x)
     mine = inverse_perm.view(world_size(), n_local)[rank()]
     return x_all[mine]
+
+
+def encode_shuffled(encoder, x: torch.Tensor, gather=gather_all) -> torch.Tensor:
+    """ShuffleBN around an encoder: ``encoder(x)`` with the batch normalised in other BN
+    batches (other ranks' slices, other split-BN sub-batches) than its order implies,
+    returned in ``x``'s order."""
+    shuffled, undo = shuffle_across_ranks(x, gather)
+    return unshuffle_across_ranks(encoder(shuffled), undo, gather)

@@ -15,26 +15,27 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.moco.builder import ZeroLabels, info_nce
-from pipeline.moco.distributed import gather_all, rank, world_size
-
-
-def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
-    if world_size() == 1:
-        return x
-    from torch.distributed.nn.functional import all_gather
-
-    return torch.cat(all_gather(x), dim=0)
+from pipeline.moco.distributed import encode_shuffled, gather_all, gather_with_grad, rank, world_size
+from pipeline.moco.split_bn import has_batch_norm
 
 
 class EndToEnd(nn.Module):
-    def __init__(self, encoder: nn.Module, T: float = 0.2):
+    """shuffle_bn: the same BN-leak guard as MoCo's (the paper uses it for both), here with
+    gradients through the shuffle."""
+
+    def __init__(self, encoder: nn.Module, T: float = 0.2, shuffle_bn: bool = True):
         super().__init__()
         self.T = T
         self.encoder_q = encoder
+        self.shuffle_bn = shuffle_bn and has_batch_norm(encoder)
+
+    def encode_keys(self, x2: torch.Tensor) -> torch.Tensor:
+        """Keys from the query encoder (gradients flow through them too), guarded like MoCo's."""
+        return encode_shuffled(self.encoder_q, x2, gather_with_grad) if self.shuffle_bn else self.encoder_q(x2)
 
     def forward(self, x1, x2, index=None, labels=None):
         q = F.normalize(self.encoder_q(x1), dim=1)
-        k = F.normalize(self.encoder_q(x2), dim=1)   # gradients flow through the keys too
+        k = F.normalize(self.encode_keys(x2), dim=1)
         k_all = gather_with_grad(k)
         logits = q @ k_all.T / self.T
         target = torch.arange(q.shape[0], device=q.device) + rank() * q.shape[0]

@@ -1,0 +1,93 @@
+"""Split BatchNorm: the BN-leak guard when a rank's whole key batch would share one BN batch.
+
+The leak (MoCo paper, 3.3): a query and its positive key normalised with statistics of the
+same images let the model find the positive through the batch statistics instead of the
+image content. Across ranks ShuffleBN cures it (each rank's key encoder normalises a random
+slice of the global batch). In one process there is nothing to shuffle across, so each batch
+is normalised in ``splits`` sub-batches and the keys are shuffled across those sub-batches
+before the key encoder (as the official single-GPU MoCo demo does): the images whose
+statistics normalise key i are then not those that normalise query i.
+
+``SplitBatchNorm2d`` is a ``BatchNorm2d`` with the same parameters, buffers and state-dict
+keys, and normalises like plain BN in eval mode: a checkpoint's backbone loads into a plain
+BatchNorm network unchanged (probe, detection, exports).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+MAX_SPLITS = 8            # the official single-GPU demo's bn_splits
+MIN_IMAGES_PER_SPLIT = 16  # below this, prefer fewer, larger sub-batches
+
+
+class SplitBatchNorm2d(nn.BatchNorm2d):
+    """In training, sub-batch j holds the images i with i % splits == j and is normalised
+    with its own statistics; the running statistics move towards the mean over sub-batches."""
+
+    def __init__(self, num_features: int, splits: int, **kwargs):
+        super().__init__(num_features, **kwargs)
+        self.splits = splits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.splits == 1:
+            return super().forward(x)
+        n, c, h, w = x.shape
+        s = self.splits
+        if n % s:
+            raise ValueError(f"split BatchNorm: a batch of {n} cannot be split into {s} equal sub-batches")
+        # (n, c, h, w) -> (n/s, s*c, h, w): image i's channels land in group i % s, so one
+        # batch_norm call normalises every sub-batch with its own statistics.
+        tracked = self.track_running_stats
+        mean = self.running_mean.repeat(s) if tracked else None
+        var = self.running_var.repeat(s) if tracked else None
+        weight = self.weight.repeat(s) if self.affine else None
+        bias = self.bias.repeat(s) if self.affine else None
+        y = F.batch_norm(x.reshape(n // s, s * c, h, w), mean, var, weight, bias, True,
+                         self._momentum(), self.eps)
+        if tracked:
+            with torch.no_grad():
+                self.running_mean.copy_(mean.view(s, c).mean(0))
+                self.running_var.copy_(var.view(s, c).mean(0))
+        return y.reshape(n, c, h, w)
+
+    def _momentum(self) -> float:
+        if not self.track_running_stats:
+            return 0.0
+        self.num_batches_tracked.add_(1)
+        if self.momentum is None:  # cumulative moving average, as BatchNorm
+            return 1.0 / float(self.num_batches_tracked)
+        return self.momentum
+
+
+def has_batch_norm(module: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
+
+
+def split_batch_norm(module: nn.Module, splits: int) -> nn.Module:
+    """Replace every BatchNorm2d of ``module`` (in place) by a SplitBatchNorm2d that holds the
+    same parameters and buffers. splits=1 leaves the module untouched."""
+    if splits == 1:
+        return module
+    for name, child in module.named_children():
+        if type(child) is nn.BatchNorm2d:
+            split = SplitBatchNorm2d(child.num_features, splits, eps=child.eps, momentum=child.momentum,
+                                     affine=child.affine, track_running_stats=child.track_running_stats)
+            split.load_state_dict(child.state_dict())
+            setattr(module, name, split)
+        else:
+            split_batch_norm(child, splits)
+    return module
+
+
+def default_splits(batch_per_rank: int, world_size: int) -> int:
+    """Across ranks ShuffleBN does the job: BN over each rank's batch (1). In one process: the
+    most sub-batches (up to 8) of at least 16 images that divide the batch; 2 for smaller
+    batches; 1 only when the batch cannot be split at all."""
+    if world_size > 1:
+        return 1
+    for s in range(MAX_SPLITS, 1, -1):
+        if batch_per_rank % s == 0 and batch_per_rank // s >= MIN_IMAGES_PER_SPLIT:
+            return s
+    return 2 if batch_per_rank % 2 == 0 and batch_per_rank >= 4 else 1

@@ -1,0 +1,153 @@
+"""The BN-leak guard (MoCo paper 3.3) in one process: split BatchNorm + the key shuffle."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from pipeline.config import ConfigError
+from pipeline.methods import bn_guard_text, build_model
+from pipeline.models import Encoder, build_backbone
+from pipeline.moco import MoCo
+from pipeline.moco.mechanisms import EndToEnd
+from pipeline.moco.split_bn import SplitBatchNorm2d, default_splits, split_batch_norm
+
+P = {"method": "moco", "variant": "v2", "mechanism": "moco", "backbone": "resnet18", "width": 4,
+     "cifar_stem": True, "dim": 8, "K": 32, "m": 0.99, "T": 0.2, "epochs": 1, "batch_size": 16, "lr": 0.1}
+
+
+def test_split_bn_normalises_each_sub_batch_with_its_own_statistics():
+    torch.manual_seed(0)
+    plain = nn.BatchNorm2d(3, momentum=0.3)
+    nn.init.normal_(plain.weight)
+    nn.init.normal_(plain.bias)
+    split = split_batch_norm(nn.Sequential(copy.deepcopy(plain)), 4)[0]
+    assert isinstance(split, SplitBatchNorm2d)
+    x = torch.randn(12, 3, 5, 5) * 3 + 1
+    y = split(x)
+    expected_mean, expected_var = torch.zeros(3), torch.zeros(3)
+    for j in range(4):  # sub-batch j: images j, j+4, j+8
+        ref = copy.deepcopy(plain)
+        torch.testing.assert_close(y[j::4], ref(x[j::4]), rtol=1e-5, atol=1e-5)
+        expected_mean += ref.running_mean / 4
+        expected_var += ref.running_var / 4
+    torch.testing.assert_close(split.running_mean, expected_mean)
+    torch.testing.assert_close(split.running_var, expected_var)
+    assert int(split.num_batches_tracked) == 1
+    split.eval()
+    plain.running_mean.copy_(split.running_mean)
+    plain.running_var.copy_(split.running_var)
+    assert torch.equal(split(x), plain.eval()(x))  # eval: plain BN
+
+
+def test_one_split_is_plain_batch_norm_bit_for_bit():
+    torch.manual_seed(0)
+    net = build_backbone({"backbone": "resnet18", "width": 4, "cifar_stem": True})
+    same = split_batch_norm(copy.deepcopy(net), 1)
+    x = torch.randn(8, 3, 16, 16)
+    assert torch.equal(net(x), same(x))
+    for (name, a), b in zip(net.state_dict().items(), same.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def key_and_query_bn_groups(model: nn.Module, n: int):
+    """For each sample i, the set of samples whose content changes the normalised output of
+    query i (resp. key i): the images it shares BN statistics with. Found by perturbing each
+    image in turn, with the key shuffle's permutation fixed by reseeding."""
+    def outputs(x1, x2):
+        torch.manual_seed(123)  # the same shuffle every call
+        with torch.no_grad():
+            q = model.encoder_q(x1)
+            k = model.encode_keys(x2)
+        return q, k
+
+    torch.manual_seed(0)
+    x1, x2 = torch.randn(n, 3, 8, 8), torch.randn(n, 3, 8, 8)
+    q0, k0 = outputs(x1, x2)
+    q_groups, k_groups = [set() for _ in range(n)], [set() for _ in range(n)]
+    for j in range(n):
+        bumped1, bumped2 = x1.clone(), x2.clone()
+        bumped1[j] += 5.0
+        bumped2[j] += 5.0
+        q, _ = outputs(bumped1, x2)
+        _, k = outputs(x1, bumped2)
+        for i in range(n):
+            if i != j and not torch.allclose(q[i], q0[i], atol=1e-6):
+                q_groups[i].add(j)
+            if i != j and not torch.allclose(k[i], k0[i], atol=1e-6):
+                k_groups[i].add(j)
+    return q_groups, k_groups
+
+
+class BNOnly(nn.Module):
+    """A 'network' whose output depends on the other images only through BN statistics."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        return self.bn(x).flatten(1)
+
+
+@pytest.mark.parametrize("mechanism", ["moco", "end_to_end"])
+def test_guard_normalises_key_and_query_over_different_images(mechanism):
+    n, splits = 16, 4
+    encoder = split_batch_norm(BNOnly(), splits)
+    model = MoCo(encoder, dim=192, K=32) if mechanism == "moco" else EndToEnd(encoder)
+    model.train()
+    q_groups, k_groups = key_and_query_bn_groups(model, n)
+    for i in range(n):
+        assert len(q_groups[i]) == n // splits - 1  # normalised with its own sub-batch only
+        assert len(k_groups[i]) == n // splits - 1
+        assert q_groups[i] | {i} != k_groups[i] | {i}, f"key {i} shares its query's BN statistics"
+
+
+def test_without_the_guard_key_and_query_share_statistics():
+    """What the guard prevents: the same test fails with shuffle_bn off (and with one split)."""
+    n = 16
+    for encoder, shuffle in ((split_batch_norm(BNOnly(), 4), False), (BNOnly(), True)):
+        model = MoCo(encoder, dim=192, K=32, shuffle_bn=shuffle).train()
+        q_groups, k_groups = key_and_query_bn_groups(model, n)
+        assert all(q_groups[i] == k_groups[i] for i in range(n))
+
+
+def test_guard_is_on_by_default_and_off_without_batch_norm():
+    model = build_model(P, 32, 10, 100)
+    assert model.shuffle_bn and any(isinstance(m, SplitBatchNorm2d) for m in model.encoder_q.modules())
+    assert "2 BN sub-batches" in bn_guard_text(model, 1)  # batch 16: 2 of 8
+    gn = build_model({**P, "norm": "gn"}, 32, 10, 100)
+    assert not gn.shuffle_bn and bn_guard_text(gn, 1) == "not needed (no BatchNorm)"
+    off = build_model({**P, "shuffle_bn": False}, 32, 10, 100)
+    assert not off.shuffle_bn and bn_guard_text(off, 1) == "off (shuffle_bn: false)"
+    e2e = build_model({**P, "mechanism": "end_to_end"}, 32, 10, 100)
+    assert e2e.shuffle_bn and any(isinstance(m, SplitBatchNorm2d) for m in e2e.encoder_q.modules())
+
+
+def test_guard_geometry():
+    assert default_splits(64, 1) == 4       # the demo: 4 sub-batches of 16
+    assert default_splits(512, 1) == 8      # the official single-GPU demo: 8 of 64
+    assert default_splits(16, 1) == 2
+    assert default_splits(256, 8) == 1      # across ranks ShuffleBN alone
+    assert default_splits(3, 1) == 1
+    with pytest.raises(ConfigError, match="bn_splits >= 2"):
+        build_model({**P, "bn_splits": 1}, 32, 10, 100)
+    with pytest.raises(ConfigError, match="does not divide"):
+        build_model({**P, "bn_splits": 3}, 32, 10, 100)
+    assert build_model({**P, "bn_splits": 1}, 32, 10, 100, world_size=2).shuffle_bn  # ranks shuffle
+
+
+def test_checkpointed_backbone_is_plain_batch_norm():
+    """The trained model's backbone state loads strictly into a plain-BN backbone and computes
+    the same features: probe, detection and exports need nothing of the split."""
+    torch.manual_seed(0)
+    model = build_model(P, 32, 10, 100)
+    model.train()
+    model(torch.randn(16, 3, 32, 32), torch.randn(16, 3, 32, 32), torch.arange(16))
+    state = model.encoder_q.backbone.state_dict()
+    plain = build_backbone({"backbone": "resnet18", "width": 4, "cifar_stem": True, "norm": "bn"})
+    plain.load_state_dict(state, strict=True)
+    assert not any(isinstance(m, SplitBatchNorm2d) for m in plain.modules())
+    x = torch.randn(4, 3, 32, 32)
+    assert torch.equal(plain.eval()(x), model.encoder_q.backbone.eval()(x))
+    assert isinstance(model.encoder_q, Encoder)
