@@ -35,10 +35,10 @@ def two_view_loader(path, batch_size: int, crop_size: int, scale_min: float = 0.
     """Yields (view1, view2, label, index); each view is its own random resized crop + flip.
 
     path: the split's ``.beton`` (its report ``.json`` next to it is what the torchvision
-    loader reads). crop="loader": crops drawn in the loader (fastest; FFCV's are not
-    seedable). crop="device": the loader yields whole centre views and the crops are drawn
-    from torch's RNG on the device: with a fixed seed every run, and every resumed run, sees
-    exactly the same views. scale_min=1, ratio=(1, 1), flip=False: no geometric augmentation
+    loader reads). crop="loader": crops drawn while decoding (fastest); with FFCV they are
+    drawn from (seed, view, batch, sample) (pipeline.seeded_crop), so every run of a config,
+    and every resumed run, sees the same views. crop="device": the loader yields whole centre
+    views and the crops are drawn from torch's RNG on the device. scale_min=1, ratio=(1, 1), flip=False: no geometric augmentation
     (both views equal the evaluation view).
     """
     _check_choice(loader, crop)
@@ -145,18 +145,17 @@ def _int_pipeline():
 
 def _ffcv_two_view(path, batch_size, crop_size, scale, ratio, flip, workers, seed, distributed, threads, drop_last):
     path = _beton(path)
-    from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
     from ffcv.pipeline import PipelineSpec
-    from ffcv.transforms import RandomHorizontalFlip, ToTensor, ToTorchImage
+    from ffcv.transforms import ToTensor, ToTorchImage
 
-    def view():
-        decoder = RandomResizedCropRGBImageDecoder((crop_size, crop_size), scale=tuple(scale), ratio=tuple(ratio))
-        return decoder, ([RandomHorizontalFlip()] if flip else []) + [ToTensor(), ToTorchImage()]
+    from pipeline.seeded_crop import SeededRandomResizedCrop
 
-    (dec1, ops1), (dec2, ops2) = view(), view()
-    pipelines = {"image": [dec1, *ops1], "label": _int_pipeline(), "index": _int_pipeline(),
-                 "image2": PipelineSpec("image", decoder=dec2, transforms=ops2)}
+    def view(number):  # crop + flip fused with decoding, drawn from (seed, view, batch, sample)
+        return SeededRandomResizedCrop((crop_size, crop_size), scale, ratio, seed=seed, view=number, flip=flip)
+
+    pipelines = {"image": [view(1), ToTensor(), ToTorchImage()], "label": _int_pipeline(), "index": _int_pipeline(),
+                 "image2": PipelineSpec("image", decoder=view(2), transforms=[ToTensor(), ToTorchImage()])}
     # RANDOM, not QUASI_RANDOM: the latter raises NotImplementedError with distributed=True.
     loader = Loader(path, batch_size=batch_size, num_workers=workers, order=OrderOption.RANDOM, seed=seed,
                     distributed=distributed, drop_last=drop_last, pipelines=pipelines)

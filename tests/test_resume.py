@@ -1,5 +1,6 @@
 """Exact resume: a run killed with SIGKILL and restarted ends bit-identical to an
-uninterrupted run (weights, queue, optimizer, log)."""
+uninterrupted run (weights, queue, optimizer, log), with the default seeded FFCV crops and
+the BN-leak guard's split BN and key shuffle."""
 import json
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import torch
 
 from conftest import REPO
 
-CFG = {"data": {"crop_size": 32, "workers": 1, "crop": "device"},
+CFG = {"data": {"crop_size": 32, "workers": 2, "crop": "loader"},
        "pretrain": {"method": "moco", "variant": "v2", "backbone": "resnet18", "width": 8, "cifar_stem": True,
                     "dim": 16, "K": 32, "m": 0.99, "T": 0.2, "epochs": 3, "batch_size": 16, "lr": 0.05,
                     "threads": 1, "checkpoint_every": 1, "seed": 3}}

@@ -1,0 +1,82 @@
+"""Seeded FFCV crops: the same config sees the same views on every run, on any number of
+decoding threads, and after a resume; new views every epoch; torchvision's crop statistics."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.data import two_view_loader
+from pipeline.seeded_crop import crop_and_flip, splitmix64
+
+
+def epochs_of_views(beton, seed: int, workers: int, epochs=(0, 1), skip: int = 0):
+    loader = two_view_loader(beton, batch_size=16, crop_size=24, scale_min=0.2, workers=workers, seed=seed)
+    out = {}
+    for epoch in epochs:
+        loader.set_epoch(epoch)
+        out[epoch] = [(v1.clone(), v2.clone(), i.clone()) for v1, v2, _, i in loader.batches(skip)]
+    return out
+
+
+def by_sample(batches):
+    """Views of an epoch in sample order (index -> view 1)."""
+    views, index = torch.cat([b[0] for b in batches]), torch.cat([b[2] for b in batches])
+    return views[index.argsort()]
+
+
+def test_same_seed_same_views_on_any_thread_count(ffcv_small):
+    a = epochs_of_views(ffcv_small / "train.beton", seed=3, workers=2)
+    b = epochs_of_views(ffcv_small / "train.beton", seed=3, workers=1)
+    for epoch in a:
+        for (a1, a2, ai), (b1, b2, bi) in zip(a[epoch], b[epoch]):
+            assert torch.equal(ai, bi) and torch.equal(a1, b1) and torch.equal(a2, b2)
+        assert all(not torch.equal(v1, v2) for v1, v2, _ in a[epoch])  # the two views differ
+
+
+def test_new_views_every_epoch_and_seed(ffcv_small):
+    a = epochs_of_views(ffcv_small / "train.beton", seed=3, workers=2)
+    other_seed = epochs_of_views(ffcv_small / "train.beton", seed=4, workers=2, epochs=(0,))
+    e0, e1 = by_sample(a[0]), by_sample(a[1])
+    assert (e0 != e1).flatten(1).any(1).float().mean() > 0.9  # a sample's crop changes with the epoch
+    assert (e0 != by_sample(other_seed[0])).flatten(1).any(1).float().mean() > 0.9
+
+
+def test_resumed_epoch_sees_the_same_views(ffcv_small):
+    """Resuming replays the epoch's order and skips the batches done: the rest are the same crops."""
+    full = epochs_of_views(ffcv_small / "train.beton", seed=3, workers=2, epochs=(1,))
+    resumed = epochs_of_views(ffcv_small / "train.beton", seed=3, workers=2, epochs=(1,), skip=2)
+    assert len(resumed[1]) == len(full[1]) - 2
+    for (a1, a2, ai), (b1, b2, bi) in zip(full[1][2:], resumed[1]):
+        assert torch.equal(ai, bi) and torch.equal(a1, b1) and torch.equal(a2, b2)
+
+
+def test_crops_follow_random_resized_crop():
+    """Over many samples: area fraction in scale, aspect ratio in ratio (log-uniform, so its log
+    is centred on a square image), inside the image, flips at rate 1/2."""
+    scale, ratio = np.array([0.2, 1.0]), np.array([3 / 4, 4 / 3])
+    height, width, n = 64, 64, 4000
+    areas, logs, flips = [], [], 0
+    for s in range(n):
+        i, j, h, w, flip = crop_and_flip(np.uint32(height), np.uint32(width), scale, ratio,
+                                         np.uint64(splitmix64(np.uint64(s))))
+        assert 0 <= i and i + h <= height and 0 <= j and j + w <= width and h > 0 and w > 0
+        areas.append(h * w / (height * width))
+        logs.append(math.log(w / h))
+        flips += bool(flip)
+    areas, logs = np.array(areas), np.array(logs)
+    assert areas.min() >= 0.19 and areas.max() <= 1.0
+    assert abs(logs.mean()) < 0.03 and logs.min() >= math.log(3 / 4) - 0.05 and logs.max() <= math.log(4 / 3) + 0.05
+    assert flips / n == pytest.approx(0.5, abs=0.03)
+    # the same distribution as torchvision's RandomResizedCrop (rejected draws included)
+    from torchvision.transforms import RandomResizedCrop
+
+    torch.manual_seed(0)
+    image = torch.zeros(3, height, width)
+    ref = [RandomResizedCrop.get_params(image, [0.2, 1.0], [3 / 4, 4 / 3]) for _ in range(n)]
+    ref_areas = np.array([h * w / (height * width) for _, _, h, w in ref])
+    assert areas.mean() == pytest.approx(ref_areas.mean(), abs=0.02)
+    assert np.quantile(areas, 0.1) == pytest.approx(np.quantile(ref_areas, 0.1), abs=0.03)
+    for s in range(200):  # a wide image: every crop inside it
+        i, j, h, w, _ = crop_and_flip(np.uint32(20), np.uint32(90), scale, ratio, np.uint64(splitmix64(np.uint64(s))))
+        assert 0 <= i and i + h <= 20 and 0 <= j and j + w <= 90 and h > 0 and w > 0
