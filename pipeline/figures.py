@@ -4,6 +4,7 @@
   per mechanism (end-to-end, memory bank, MoCo), log x (the paper's Figure 3)
 - accuracy_vs_m: top-1 over the key-encoder momentum; diverged runs marked "fail"
 - staleness: queue age (mean solid, max dashed, in steps) over the epochs, one line per cell
+- bn_leak: instance accuracy and the kNN monitor over the epochs, the BN-leak guard on and off
 - curves/<cell>: pretraining loss, instance accuracy (and the kNN monitor if logged),
   linear-probe curve and final kNN top-1
 
@@ -22,7 +23,7 @@ from pipeline.io import atomic_path
 from pipeline.studies import MECHANISMS, groups, mechanism_groups, value
 
 FORMATS = ("png", "pdf")
-FIGURES = ["accuracy_vs_K", "accuracy_vs_m", "staleness"]  # + curves/<cell>
+FIGURES = ["accuracy_vs_K", "accuracy_vs_m", "staleness", "bn_leak"]  # + curves/<cell>
 
 
 def pyplot():
@@ -139,6 +140,36 @@ def staleness(results: Path, cells: list[str]):
     return fig
 
 
+def bn_leak(results: Path, gs):
+    """The leak's signature over training: instance accuracy up, kNN down without the guard."""
+    fig, ax = pyplot().subplots(figsize=(5, 3.5))
+    sel = {bool(g.params.get("shuffle_bn", True)): g for g in gs.values()
+           if g.get("method") == "moco" and set(g.diff) <= {"shuffle_bn"}}
+    drawn = 0
+    for on, color in ((True, "C0"), (False, "C3")):
+        if on not in sel:
+            continue
+        log = read_log(results, sel[on].cells["cell"].iloc[0])  # the first seed of the group
+        if log.empty:
+            continue
+        label = "guard on" if on else "guard off"
+        ax.plot(log["epoch"], log["inst_acc"], color=color, label=f"{label}: instance (pretext)")
+        if "knn" in log and log["knn"].notna().any():
+            knn = log[["epoch", "knn"]].dropna()
+            ax.plot(knn["epoch"], knn["knn"], color=color, ls="--", marker="o", label=f"{label}: kNN (val)")
+        drawn += 1
+    if drawn:
+        ax.legend(fontsize=7)
+    else:
+        _no_data(ax, "no shuffle_bn on/off cells yet")
+    ax.set(xlabel="epoch", ylabel="accuracy (%)", title="The BN leak: guard on vs off")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    return fig
+
+
 def curves(results: Path, cell: str, status: str):
     from matplotlib.ticker import MaxNLocator
 
@@ -192,7 +223,7 @@ def write_figures(df: pd.DataFrame, results: Path) -> list[Path]:
     gs = groups(df) if not df.empty else {}
     cells = list(df["cell"]) if not df.empty else []
     figs = {"accuracy_vs_K": lambda: accuracy_vs_k(gs), "accuracy_vs_m": lambda: accuracy_vs_m(gs),
-            "staleness": lambda: staleness(results, cells)}
+            "staleness": lambda: staleness(results, cells), "bn_leak": lambda: bn_leak(results, gs)}
     assert list(figs) == FIGURES
     written = []
     for name, make in figs.items():

@@ -70,6 +70,11 @@ def _sweep_overrides(grid: dict) -> list[dict]:
     return overrides
 
 
+def _replicates(overrides: list[dict], seeds: int, base_seed: int) -> list[dict]:
+    """``grid.seeds``: every cell N times, seeds seed, seed+1, ... (its own seed or the base's)."""
+    return [{**o, "seed": o.get("seed", base_seed) + i} if i else o for o in overrides for i in range(seeds)]
+
+
 def training_set_size(cfg: dict) -> int | None:
     """Known at DAG build for the embedded dataset; for other sources the stage checks it."""
     ds = cfg.get("dataset") or {}
@@ -96,7 +101,8 @@ def expand(cfg: dict) -> dict[str, dict]:
     schema = load_schema()
     num_samples = training_set_size(cfg)
     cells: dict[str, dict] = {}
-    for override in _sweep_overrides(cfg.get("grid") or {}):
+    grid = cfg.get("grid") or {}
+    for override in _replicates(_sweep_overrides(grid), grid.get("seeds", 1), base.get("seed", 0)):
         params = merge(base, override)
         cid = cell_id(base, params)
         check_cell(cid, params, schema, num_samples)

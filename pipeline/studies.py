@@ -17,7 +17,7 @@ import pandas as pd
 from pipeline.config import ConfigError, merge
 from pipeline.grid import AXES, BASE_ID, format_value, group_id, parse_cell_id
 
-METRICS = {"top1": "linear top-1", "top5": "linear top-5", "knn_top1": "kNN top-1",
+METRICS = {"inst_acc": "instance accuracy", "top1": "linear top-1", "top5": "linear top-5", "knn_top1": "kNN top-1",
            "AP50": "AP50", "AP": "AP", "AP75": "AP75", "APs": "APs", "APm": "APm", "APl": "APl"}
 ABLATION_METRICS = ["top1", "knn_top1", "AP50", "AP", "AP75"]
 DETECTION_METRICS = ["AP50", "AP", "AP75"]
@@ -28,7 +28,10 @@ MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": 
 METHOD_LABELS = {"moco": "MoCo", "supervised": "supervised", "random": "random init"}
 BACKBONES = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "vit_tiny": "ViT-Ti", "vit_small": "ViT-S",
              "vit_base": "ViT-B"}
-SEPARATE = {"method", "variant", "backbone", "mechanism", "K", "m", "epochs", "seed"}  # own study or none
+SEPARATE = {"method", "variant", "backbone", "mechanism", "K", "m", "epochs", "seed", "shuffle_bn"}  # own study or none
+# the BN leak's signature (paper 3.3): without the guard the pretext task gets easier (instance
+# accuracy up) while the representation gets worse (probe accuracy down)
+BN_LEAK_METRICS = ["inst_acc", "top1", "knn_top1"]
 
 
 # --- per-cell metrics -----------------------------------------------------------------------
@@ -66,7 +69,7 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
     row = {"cell": cell, "group": group_id(cell), "status": "fail" if diverged else ("ok" if done else "missing"),
            **{a: params.get(a) for a in AXES}, "params": params,
            "epochs_run": summary.get("epochs_run"), "loss": final.get("loss"), "inst_acc": final.get("inst_acc"),
-           "probe_mode": probe.get("mode")}
+           "bn_guard": summary.get("bn_guard"), "probe_mode": probe.get("mode")}
     row.update({k: probe.get(k) for k in ("top1", "top5", "knn_top1")})
     row.update({k: det.get(k) for k in DETECTION_KEYS})
     # each detection trial is one sample of the cell's group (the paper's mean over 5 VOC trials)
@@ -157,7 +160,7 @@ class Table:
     groups: list[tuple[str, list[str]]] = field(default_factory=list)  # LaTeX: spanning header, short headers
 
 
-METRIC_GROUPS = {"top1": ("top-1 accuracy", "linear"), "top5": ("top-5 accuracy", "linear"),
+METRIC_GROUPS = {"inst_acc": ("pretext", "instance"), "top1": ("top-1 accuracy", "linear"), "top5": ("top-5 accuracy", "linear"),
                  "knn_top1": ("top-1 accuracy", "kNN"), **{k: ("detection", k) for k in
                                                         ("AP50", "AP", "AP75", "APs", "APm", "APl")}}
 
@@ -196,6 +199,21 @@ def one_axis(gs: dict[str, Group], axis: str, prov, name=None, title=None, fixed
     rows = [_row([format_value(v)], sel.get(v), metrics) for v in values]
     return _metric_table(name or f"ablation_{axis}", title or f"Ablation over {axis}", [axis], rows, metrics,
                          prov([g for g in sel.values()], vary={axis}))
+
+
+def bn_leak(gs: dict[str, Group], prov) -> Table:
+    """ShuffleBN on/off: the base cell and the cell differing from it in shuffle_bn only, with
+    the pretext instance accuracy beside the probe (the leak's signature) and the guard used."""
+    sel = {bool(g.params.get("shuffle_bn", True)): g for g in gs.values()
+           if _is_moco(g) and set(g.diff) <= {"shuffle_bn"}}
+    rows = []
+    for on in (True, False):
+        g = sel.get(on)
+        guard = "" if g is None else next((str(x) for x in g.cells["bn_guard"] if isinstance(x, str)), "")
+        rows.append(_row([format_value(on), guard], g, BN_LEAK_METRICS))
+    return _metric_table("shuffle_bn", "The BN leak: the ShuffleBN guard on and off (paper, 3.3)",
+                         ["shuffle_bn", "BN-leak guard"], rows, BN_LEAK_METRICS,
+                         prov(list(sel.values()), vary={"shuffle_bn"}))
 
 
 def _sort_key(v):
@@ -378,11 +396,12 @@ def studies(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
            one_axis(gs, "K", prov, title="Ablation over the queue size K"),
            one_axis(gs, "m", prov, title="Ablation over the momentum m", fixed=PAPER_M),
            one_axis(gs, "epochs", prov, title="Ablation over the pretraining epochs"),
-           mechanisms(gs, prov), detection(gs, prov), every_cell(gs, prov)]
+           mechanisms(gs, prov), bn_leak(gs, prov), detection(gs, prov), every_cell(gs, prov)]
     extra_axes = sorted({a for g in gs.values() if len(g.diff) == 1 for a in g.diff} - SEPARATE, key=AXES.index)
     return out + [one_axis(gs, a, prov) for a in extra_axes]
 
 
 # Tables always written (declared as outputs of the `tables` rule); ablation_<axis> for other
 # single-axis sweeps are written when such cells exist.
-STUDY_NAMES = ["methods", "ablation_K", "ablation_m", "ablation_epochs", "mechanisms", "detection", "grid"]
+STUDY_NAMES = ["methods", "ablation_K", "ablation_m", "ablation_epochs", "mechanisms", "shuffle_bn", "detection",
+               "grid"]

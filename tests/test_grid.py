@@ -28,6 +28,15 @@ def test_baselines_are_cells():
     assert set(cells) == {"base", "method=random", "method=supervised"}
 
 
+def test_seeds_replicate_every_cell():
+    cells = expand(grid(one_at_a_time={"K": [1024]}, baselines=["random"], seeds=3))
+    assert set(cells) == {"base", "seed=1", "seed=2", "K=1024", "K=1024,seed=1", "K=1024,seed=2",
+                          "method=random", "method=random,seed=1", "method=random,seed=2"}
+    assert cells["K=1024,seed=2"] == {**BASE, "K": 1024, "seed": 2}
+    assert {group_id(c) for c in cells} == {"base", "K=1024", "method=random"}  # one table row each
+    assert set(expand(grid(seeds=1))) == {"base"}
+
+
 def test_id_round_trip():
     params = {**BASE, "K": 1024, "m": 1e-05}
     cid = cell_id(BASE, params)
@@ -105,7 +114,8 @@ def test_dag_of_a_100_cell_product_grid(tmp_path):
     from test_workflow import jobs_planned
 
     overlay = tmp_path / "grid100.yaml"
-    overlay.write_text("grid:\n  one_at_a_time: {}\n  baselines: []\n  product:\n"
+    # shuffle_bn: [true] is the base value: it cancels the config's one-at-a-time shuffle_bn cell
+    overlay.write_text("grid:\n  one_at_a_time: {shuffle_bn: [true]}\n  baselines: []\n  product:\n"
                        "    K: [64, 128, 256, 512, 1024]\n    m: [0, 0.9, 0.99, 0.999, 0.9999]\n"
                        "    T: [0.07, 0.1, 0.2, 0.5]\n")
     start = time.perf_counter()

@@ -117,7 +117,8 @@ def base_cells_only(folder: Path, overlay: dict) -> Path:
     value equal to the base's is the base cell): cells base and method=random, every stage."""
     p = yaml_merge_tiny(overlay)["pretrain"]
     path = folder / "base_cells_only.yaml"
-    path.write_text(json.dumps({"grid": {"one_at_a_time": {"K": [p["K"]], "m": [p["m"]]}}}))
+    path.write_text(json.dumps({"grid": {"one_at_a_time": {"K": [p["K"]], "m": [p["m"]],
+                                                           "shuffle_bn": [p["shuffle_bn"]]}}}))
     return path
 
 

@@ -120,8 +120,43 @@ def test_seeds_mean_and_std(results):
     base = rows["4096"]
     assert float(base["top1"]) == 61.0 and float(base["top1_std"]) == pytest.approx(2 ** 0.5, abs=1e-3)
     assert base["top1_n"] == "2" and base["cells"] == "base;seed=1"
-    assert md_rows(results, "ablation_K")["4096"][:2] == ["61.0 ± 1.4", "51.0 ± 1.4"]
-    assert "mean ± std" in (results / "tables" / "ablation_K.md").read_text()
+    # runs per number differ within the table (2 seeds of the base, 1 elsewhere): the unusual
+    # count is marked on its number, the usual one stated under the table
+    assert md_rows(results, "ablation_K")["4096"][:2] == ["61.0 ± 1.4 (n=2)", "51.0 ± 1.4 (n=2)"]
+    assert md_rows(results, "ablation_K")["1024"][0] == "55.0"
+    text = (results / "tables" / "ablation_K.md").read_text()
+    assert "mean ± std" in text and "n = 1 runs (pretraining seeds; for AP, seeds × detection trials) " \
+        "behind every number not marked (n=k)" in text
+
+
+def test_every_table_says_how_many_runs_stand_behind_its_numbers(results):
+    """A uniform count is stated once under the table; a single seed is called that."""
+    for name in STUDY_NAMES:
+        text = (results / "tables" / f"{name}.md").read_text()
+        assert re.search(r"\nn = \d+(: every number comes from| runs .* not marked \(n=k\))", text), name
+    assert "n = 2: every number comes from 2 runs" in (results / "tables" / "shuffle_bn.md").read_text()
+    assert "\\pm" in (results / "tables" / "ablation_K.tex").read_text() and \
+        "(n=2)" in (results / "tables" / "ablation_K.tex").read_text()
+
+
+def test_bn_leak_study(tmp_path):
+    """shuffle_bn on/off side by side, with the pretext instance accuracy (the leak's
+    signature) and the guard each run used."""
+    r = tmp_path / "r"
+    fake_cell(r, "base", 60.0)
+    fake_cell(r, "shuffle_bn=false", 40.0)
+    for cell, guard in (("base", "keys shuffled across 4 BN sub-batches per rank"),
+                        ("shuffle_bn=false", "off (shuffle_bn: false)")):
+        summary = r / "cells" / cell / "pretrain" / "summary.json"
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "bn_guard": guard}))
+    write_tables(r, {})
+    rows = {row["shuffle_bn"]: row for row in read_csv(r, "shuffle_bn")}
+    assert list(rows) == ["true", "false"]
+    assert float(rows["true"]["top1"]) == 60.0 and float(rows["false"]["top1"]) == 40.0
+    assert float(rows["true"]["inst_acc"]) == 20.0  # the last epoch's instance accuracy
+    assert rows["false"]["BN-leak guard"] == "off (shuffle_bn: false)"
+    assert "instance accuracy" in (r / "tables" / "shuffle_bn.md").read_text()
+    assert (r / "figures" / "bn_leak.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_momentum_paper_rows_fail_and_partial(results):
@@ -129,6 +164,7 @@ def test_momentum_paper_rows_fail_and_partial(results):
     assert list(md) == ["0", "0.9", "0.99", "0.999", "0.9999"]  # the paper's rows, in order
     assert md["0"] == ["fail"] * 5
     assert md["0.9"][0] == "50.0"
+    assert md["0.99"][0] == "61.0 ± 1.4 (n=2)"
     assert md["0.999"][0] == "58.0‡"  # one seed diverged: excluded from the mean, marked
     assert md["0.9999"] == ["—"] * 5  # not in the grid
     text = (results / "tables" / "ablation_m.md").read_text()
@@ -140,13 +176,15 @@ def test_momentum_paper_rows_fail_and_partial(results):
 def test_method_comparison_and_detection(results):
     md = md_rows(results, "methods")
     assert list(md) == ["MoCo (base cell)", "MoCo", "supervised", "random init"]
-    assert md["MoCo (base cell)"][:3] == ["v2", "ResNet-18 (width 16)", "61.0 ± 1.4"]
+    assert md["MoCo (base cell)"][:3] == ["v2", "ResNet-18 (width 16)", "61.0 ± 1.4 (n=2)"]
     assert md["MoCo"][:3] == ["v3", "ViT-S", "63.0"]
     assert md["supervised"][2] == "70.0" and md["random init"][2] == "20.0"
     det = md_rows(results, "detection")
     assert det["MoCo"][2:] == ["—", "—", "—"]        # ViT cell: no detection transfer
-    assert det["supervised"][2:] == ["36.0 ± 2.0", "18.0 ± 1.0", "14.4 ± 0.8"]  # AP50, AP, AP75 over 3 trials
-    assert det["MoCo (base cell)"][2:] == ["32.0 ± 2.8", "16.0 ± 1.4", "12.8 ± 1.1"]  # 2 seeds x 1 trial
+    # AP50, AP, AP75 over 3 trials; 2 seeds x 1 trial; the random init's single run is the usual n
+    assert det["supervised"][2:] == ["36.0 ± 2.0 (n=3)", "18.0 ± 1.0 (n=3)", "14.4 ± 0.8 (n=3)"]
+    assert det["MoCo (base cell)"][2:] == ["32.0 ± 2.8 (n=2)", "16.0 ± 1.4 (n=2)", "12.8 ± 1.1 (n=2)"]
+    assert det["random init"][2] == "6.0"
     rows = {r["method"]: r for r in read_csv(results, "detection")}
     assert rows["supervised"]["AP_n"] == "3" and float(rows["supervised"]["AP_std"]) == pytest.approx(1.0)
 
@@ -230,7 +268,7 @@ def test_latex_compiles(results, tmp_path):
 # --- figures and the CLI ------------------------------------------------------------------------
 def test_figures_png_and_pdf(results):
     fig = results / "figures"
-    for stem in ("accuracy_vs_K", "accuracy_vs_m", "staleness", "curves/base", "curves/m=0",
+    for stem in ("accuracy_vs_K", "accuracy_vs_m", "staleness", "bn_leak", "curves/base", "curves/m=0",
                  "curves/method=random", "curves/K=16384"):
         assert (fig / f"{stem}.png").read_bytes()[:4] == b"\x89PNG", stem
         assert (fig / f"{stem}.pdf").read_bytes()[:4] == b"%PDF", stem

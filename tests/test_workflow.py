@@ -28,8 +28,8 @@ def jobs_planned(dry_run_stdout: str) -> dict:
 
 def test_dry_run_shows_full_dag(tmp_path):
     out = snakemake(tmp_path / "results", "-n").stdout
-    assert jobs_planned(out) == {"synthetic": 1, "convert": 2, "pretrain": 4, "probe": 4,
-                                 "detect": 4, "detect_trials": 4, "tables": 1, "all": 1}
+    assert jobs_planned(out) == {"synthetic": 1, "convert": 2, "pretrain": 5, "probe": 5,
+                                 "detect": 5, "detect_trials": 5, "tables": 1, "all": 1}
 
 
 def test_lint_is_clean():
@@ -46,12 +46,19 @@ def test_bad_config_fails_at_dag_build(tmp_path):
     assert "K=100 is not a multiple of the global batch size 64" in proc.stdout + proc.stderr
 
 
-@pytest.mark.slow
-def test_tiny_workflow_end_to_end(tmp_path):
-    results = tmp_path / "results"
+@pytest.fixture(scope="module")
+def tiny_results(tmp_path_factory):
+    """The whole tiny workflow, run once for the tests below."""
+    results = tmp_path_factory.mktemp("tiny") / "results"
     snakemake(results)
+    return results
+
+
+@pytest.mark.slow
+def test_tiny_workflow_end_to_end(tiny_results):
+    results = tiny_results
     cells = sorted(p.name for p in (results / "cells").iterdir())
-    assert cells == ["K=128", "base", "m=0.9", "method=random"]
+    assert cells == ["K=128", "base", "m=0.9", "method=random", "shuffle_bn=false"]
     for cell in cells:
         probe = json.loads((results / "cells" / cell / "probe.json").read_text())
         assert probe["mode"] == "cached" and 0 <= probe["top1"] <= probe["top5"] <= 100
@@ -67,9 +74,35 @@ def test_tiny_workflow_end_to_end(tmp_path):
     main = (results / "tables" / "main.md").read_text()
     assert "random init" in main and "MoCo (base cell)" in main
     assert (results / "tables" / "ablation_K.md").is_file() and (results / "tables" / "ablation_m.md").is_file()
+    shuffle = {r["shuffle_bn"]: r for r in csv.DictReader((results / "tables" / "shuffle_bn.csv").open())}
+    assert shuffle["true"]["BN-leak guard"] == "keys shuffled across 4 BN sub-batches per rank"
+    assert shuffle["false"]["BN-leak guard"] == "off (shuffle_bn: false)" and shuffle["false"]["top1"]
     # a second run has nothing to do: nothing already computed is redone
     again = snakemake(results, "-n").stdout
     assert "Nothing to be done" in again
+
+
+@pytest.mark.slow
+def test_same_config_gives_the_same_checkpoints_and_tables(tiny_results, tmp_path):
+    """The whole workflow again from an empty results folder: every checkpoint bit-identical
+    (weights, BN statistics, queue, pretraining log but its timings) and every table the same."""
+    import torch
+
+    again = tmp_path / "results"
+    snakemake(again)
+    for cell in sorted(p.name for p in (tiny_results / "cells").iterdir()):
+        a, b = (torch.load(r / "cells" / cell / "pretrain" / "checkpoint.pt", weights_only=True)
+                for r in (tiny_results, again))
+        for part in ("backbone", "model"):
+            assert a[part].keys() == b[part].keys()
+            for key in a[part]:
+                assert torch.equal(a[part][key], b[part][key]), f"{cell}: {part}.{key} differs between runs"
+        untimed = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+        assert untimed(a["log"]) == untimed(b["log"]), cell
+    tables = sorted(p.name for p in (tiny_results / "tables").glob("*.csv"))
+    assert "shuffle_bn.csv" in tables and "methods.csv" in tables
+    for name in tables:
+        assert (tiny_results / "tables" / name).read_text() == (again / "tables" / name).read_text(), name
 
 
 @pytest.mark.slow

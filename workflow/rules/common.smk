@@ -6,7 +6,7 @@ import sys
 
 from pipeline.figures import FIGURES, figure_files
 from pipeline.models import is_resnet
-from pipeline.grid import cell_params, cell_resources as grid_cell_resources
+from pipeline.grid import cell_params, cell_resources as grid_cell_resources, group_id
 from pipeline.tables import TABLE_FORMATS, table_files
 
 R = config["results"]
@@ -25,11 +25,12 @@ def params_of(cell):
 
 
 def detects(cell):
-    """Detection transfer for this cell? ResNet backbones only, and only the chosen cells."""
+    """Detection transfer for this cell? ResNet backbones only, and only the chosen cells
+    (with every seed of them: a cell's replicates are chosen with it)."""
     det = config["detect"]
     chosen = det.get("cells", ["all"])
     return (det["enabled"] and is_resnet(params_of(cell))
-            and ("all" in chosen or cell in chosen))
+            and ("all" in chosen or cell in chosen or group_id(cell) in chosen))
 
 
 def cell_outputs(cell):
