@@ -154,9 +154,9 @@ def test_detection_trials_are_separate_jobs(tmp_path):
     out = run([snakemake_bin(), *TINY, str(overlay), "--config", f"results={tmp_path / 'results'}", "-n", "-p"],
               timeout=120).stdout
     counts = jobs_planned(out)
-    assert (counts["detect"], counts["detect_trials"]) == (12, 4)
+    assert (counts["detect"], counts["detect_trials"]) == (15, 5)  # 5 cells x 3 trials
     assert all(f"--seed {seed} --out" in out for seed in (0, 1, 2))
-    assert out.count("-m torch.distributed.run --standalone --nproc-per-node 2 -m pipeline.detect") == 12
+    assert out.count("-m torch.distributed.run --standalone --nproc-per-node 2 -m pipeline.detect") == 15
 
 
 # --- paper-scale presets (GPU clusters): valid, and the DAG they describe builds ----------------

@@ -45,14 +45,15 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         weight = self.weight.repeat(s) if self.affine else None
         bias = self.bias.repeat(s) if self.affine else None
         y = F.batch_norm(x.reshape(n // s, s * c, h, w), mean, var, weight, bias, True,
-                         self._momentum(), self.eps)
+                         self._track_batch(), self.eps)
         if tracked:
             with torch.no_grad():
                 self.running_mean.copy_(mean.view(s, c).mean(0))
                 self.running_var.copy_(var.view(s, c).mean(0))
         return y.reshape(n, c, h, w)
 
-    def _momentum(self) -> float:
+    def _track_batch(self) -> float:
+        """Count this batch, as BatchNorm does; returns the running statistics' update factor."""
         if not self.track_running_stats:
             return 0.0
         self.num_batches_tracked.add_(1)
