@@ -20,7 +20,7 @@ import pandas as pd
 
 from pipeline.grid import format_value
 from pipeline.io import atomic_path
-from pipeline.studies import MECHANISMS, groups, mechanism_groups, value
+from pipeline.studies import MECHANISMS, groups, mechanism_groups, shuffle_bn_groups, value
 
 FORMATS = ("png", "pdf")
 FIGURES = ["accuracy_vs_K", "accuracy_vs_m", "staleness", "bn_leak"]  # + curves/<cell>
@@ -132,19 +132,22 @@ def staleness(results: Path, cells: list[str]):
                   loc="center left", bbox_to_anchor=(1.01, 0.5))
     else:
         _no_data(ax, "no cell with a queue yet")
-    ax.set(xlabel="epoch", ylabel="age of queued keys (steps)", title="Queue staleness")
+    _epoch_axes(ax, "age of queued keys (steps)", "Queue staleness")
+    return fig
+
+
+def _epoch_axes(ax, ylabel: str, title: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
+    ax.set(xlabel="epoch", ylabel=ylabel, title=title)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    return fig
 
 
 def bn_leak(results: Path, gs):
     """The leak's signature over training: instance accuracy up, kNN down without the guard."""
     fig, ax = pyplot().subplots(figsize=(5, 3.5))
-    sel = {bool(g.params.get("shuffle_bn", True)): g for g in gs.values()
-           if g.get("method") == "moco" and set(g.diff) <= {"shuffle_bn"}}
+    sel = shuffle_bn_groups(gs)
     drawn = 0
     for on, color in ((True, "C0"), (False, "C3")):
         if on not in sel:
@@ -162,11 +165,7 @@ def bn_leak(results: Path, gs):
         ax.legend(fontsize=7)
     else:
         _no_data(ax, "no shuffle_bn on/off cells yet")
-    ax.set(xlabel="epoch", ylabel="accuracy (%)", title="The BN leak: guard on vs off")
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
+    _epoch_axes(ax, "accuracy (%)", "The BN leak: guard on vs off")
     return fig
 
 

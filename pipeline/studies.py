@@ -201,11 +201,16 @@ def one_axis(gs: dict[str, Group], axis: str, prov, name=None, title=None, fixed
                          prov([g for g in sel.values()], vary={axis}))
 
 
+def shuffle_bn_groups(gs: dict[str, Group]) -> dict[bool, Group]:
+    """shuffle_bn -> the base group and the MoCo group differing from it in shuffle_bn only."""
+    return {bool(g.params.get("shuffle_bn", True)): g for g in gs.values()
+            if _is_moco(g) and set(g.diff) <= {"shuffle_bn"}}
+
+
 def bn_leak(gs: dict[str, Group], prov) -> Table:
     """ShuffleBN on/off: the base cell and the cell differing from it in shuffle_bn only, with
     the pretext instance accuracy beside the probe (the leak's signature) and the guard used."""
-    sel = {bool(g.params.get("shuffle_bn", True)): g for g in gs.values()
-           if _is_moco(g) and set(g.diff) <= {"shuffle_bn"}}
+    sel = shuffle_bn_groups(gs)
     rows = []
     for on in (True, False):
         g = sel.get(on)
