@@ -33,4 +33,4 @@ tables: setup
 	python -m pipeline.tables results
 
 clean:
-	rm -rf results/data results/cells results/state results/logs results/benchmarks results/tables .snakemake
+	rm -rf results/data results/cells results/state results/logs results/benchmarks results/tables results/figures .snakemake

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from pipeline.bench.loader import first_epoch, make_beton, make_images, measure
-from pipeline.bench.timing import write
+from pipeline.bench.timing import cpu, write
 
 
 def unseeded_ffcv_loader(beton: Path, batch: int, crop: int, scale_min: float, workers: int, seed: int):
@@ -86,7 +86,8 @@ def main(argv=None) -> dict:
         ratio = "" if name == "ffcv_unseeded" else f"   x{ratios[name]:.2f} the unseeded epoch time"
         print(f"  {name:<14} {epoch_s[name]:>7.3f} s/epoch  {r['samples_per_s']:>9.0f} samples/s   "
               f"(first epoch {warmup[name]['epoch_s']:.1f} s){ratio}")
-    print(f"({path})")
+    chip = cpu()
+    print(f"CPU: {chip['model']} ({', '.join(chip['vector_flags']) or 'no AVX'})   ({path})")
     return result
 
 

@@ -35,10 +35,26 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def cpu() -> dict:
+    """The CPU's model name and vector extensions (/proc/cpuinfo, as lscpu shows them): machines
+    of one kind differ (with and without AVX-512), and times mean little without them."""
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = sorted(f for f in value.split() if f.startswith(("avx", "amx")))
+                break
+    except OSError:
+        pass
+    return {"model": model, "vector_flags": flags, "avx512": any(f.startswith("avx512") for f in flags)}
+
+
 def machine() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpu": platform.processor() or platform.machine(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+            "cpu": cpu(), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def write(name: str, result: dict, out_dir: Path = OUT_DIR) -> Path:
