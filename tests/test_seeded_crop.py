@@ -1,5 +1,6 @@
 """Seeded FFCV crops: the same config sees the same views on every run, on any number of
 decoding threads, and after a resume; new views every epoch; torchvision's crop statistics."""
+import json
 import math
 
 import numpy as np
@@ -80,3 +81,16 @@ def test_crops_follow_random_resized_crop():
     for s in range(200):  # a wide image: every crop inside it
         i, j, h, w, _ = crop_and_flip(np.uint32(20), np.uint32(90), scale, ratio, np.uint64(splitmix64(np.uint64(s))))
         assert 0 <= i and i + h <= 20 and 0 <= j and j + w <= 90 and h > 0 and w > 0
+
+
+def test_crop_benchmark_smoke(tmp_path, monkeypatch):
+    """bench crops times FFCV's own crops, the seeded decoder and device crops side by side."""
+    from pipeline import bench
+
+    monkeypatch.chdir(tmp_path)  # bench/out/ of this run lands here
+    result = bench.load("crops").main(["--images", "40", "--size", "32", "--batch", "8", "--rounds", "1",
+                                       "--seconds", "0", "--cache", str(tmp_path / "cache")])
+    assert set(result["epoch_s"]) == {"ffcv_unseeded", "ffcv_seeded", "device_crop"}
+    assert result["ratio"] == result["epoch_time_vs_unseeded"]["ffcv_seeded"] > 0
+    saved = json.loads((tmp_path / "bench" / "out" / "crops.json").read_text())
+    assert saved["ratio"] == result["ratio"] and "avx512" in saved["machine"]["cpu"]
