@@ -192,6 +192,9 @@ def write_beton(dataset, out: Path, fields: dict, workers: int = 1, page_size: i
                 chunksize: int = 64) -> None:
     """Write ``dataset`` (items: one value per field) to ``out`` atomically: on any failure
     the temporary file is removed and ``out`` is left as it was."""
+    from pipeline import ffcv_runtime
+
+    ffcv_runtime.load()
     from ffcv.writer import DatasetWriter
 
     errors = mp.Queue()
@@ -236,6 +239,9 @@ def _release_shared_memory(writer) -> None:
 
 
 def image_fields(opts: dict) -> dict:
+    from pipeline import ffcv_runtime
+
+    ffcv_runtime.load()
     from ffcv.fields import IntField, RGBImageField
 
     return {

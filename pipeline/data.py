@@ -124,7 +124,9 @@ def _beton(path) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"FFCV dataset not found: {path} (run the convert stage first)")
     try:
-        import ffcv  # noqa: F401
+        from pipeline import ffcv_runtime
+
+        ffcv_runtime.load()
     except ImportError as err:
         raise RuntimeError(f"FFCV is not importable ({err}): install it, or set data.loader: torchvision") from None
     return str(path)

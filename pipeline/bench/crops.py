@@ -22,6 +22,9 @@ from pipeline.bench.timing import cpu, write
 def unseeded_ffcv_loader(beton: Path, batch: int, crop: int, scale_min: float, workers: int, seed: int):
     """FFCV 1.0.2's stock two-view pipeline: its random resized crop decoder + its flip, whose
     draws come from numba's unseeded per-thread RNG (what data.crop: loader was before)."""
+    from pipeline import ffcv_runtime
+
+    ffcv_runtime.load()
     from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
     from ffcv.pipeline import PipelineSpec

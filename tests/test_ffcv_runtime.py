@@ -1,0 +1,48 @@
+"""FFCV through pipeline.ffcv_runtime: the same loader output, without the per-process costs
+(numba's typed Dict at import; pipeline compilation repeated in every job)."""
+import json
+import sys
+
+from conftest import run
+
+# A job as the workflow runs it: FFCV loaded through ffcv_runtime, one pipeline function of
+# ours compiled by FFCV's Compiler (its closure value is the "pipeline parameter"), one
+# evaluation epoch; the numba cache lives in NUMBA_CACHE_DIR.
+JOB = '''
+import json, sys
+import numpy as np
+from pipeline import ffcv_runtime
+ffcv_runtime.load()
+from ffcv.fields.rgb_image import IMAGE_MODES
+from ffcv.pipeline.compiler import Compiler
+from pipeline.data import eval_loader
+
+def pipeline_op(offset):
+    def shift(x):
+        return x + offset
+    return shift
+
+value = float(Compiler.compile(pipeline_op(float(sys.argv[2])))(np.zeros(3))[0])
+checksum = sum(int(images.long().sum()) for images, _, _ in eval_loader(sys.argv[1], 16, 16, workers=1))
+print(json.dumps({**ffcv_runtime.cache_stats(), "value": value, "checksum": checksum,
+                  "image_modes": [type(IMAGE_MODES).__name__, IMAGE_MODES["jpg"], IMAGE_MODES["raw"]]}))
+'''
+
+
+def test_later_jobs_reuse_compiled_pipelines_and_a_changed_one_recompiles(ffcv_small, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba-cache"), "PYTHONWARNINGS": "error::UserWarning"}
+
+    def job(offset: float) -> dict:
+        out = run([sys.executable, str(script), str(ffcv_small / "val.beton"), str(offset)], env=env)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first, second, changed = job(1.0), job(1.0), job(2.0)
+    assert first["image_modes"] == ["dict", 0, 1]  # FFCV's image modes, without the typed Dict
+    assert first["cache_misses"] > 0
+    assert second["cache_hits"] > first["cache_hits"] and second["cache_misses"] < first["cache_misses"]
+    assert first["checksum"] == second["checksum"] == changed["checksum"]  # same images either way
+    assert (first["value"], second["value"]) == (1.0, 1.0)
+    assert changed["value"] == 2.0  # a changed pipeline is compiled anew, not served from the cache
+    assert changed["cache_misses"] == second["cache_misses"] + 1
