@@ -7,14 +7,21 @@ from pipeline.augment import normalize
 from pipeline.data import eval_loader
 
 
-@torch.no_grad()
 def extract(backbone: torch.nn.Module, beton, crop_size: int, workers: int = 2, batch_size: int = 512,
             threads: int | None = None, device=None, loader: str = "ffcv") -> tuple[torch.Tensor, torch.Tensor]:
     """(features N x D, labels N) in file order, on ``device`` (default: the backbone's)."""
+    batches = eval_loader(beton, batch_size, crop_size, workers=workers, threads=threads, loader=loader)
+    return features_of(backbone, batches, device)
+
+
+@torch.no_grad()
+def features_of(backbone: torch.nn.Module, batches, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features, labels) of an evaluation loader's batches; reuse one loader for repeated
+    extractions (e.g. the kNN monitor): each new FFCV loader compiles its pipeline again."""
     backbone.eval()
     device = device or next(backbone.parameters()).device
     feats, labels = [], []
-    for images, y, _ in eval_loader(beton, batch_size, crop_size, workers=workers, threads=threads, loader=loader):
+    for images, y, _ in batches:
         feats.append(backbone(normalize(images.to(device))))
         labels.append(y.to(device, torch.long).clone())
     return torch.cat(feats), torch.cat(labels)
