@@ -54,10 +54,11 @@ from tqdm import tqdm
 from pipeline import checkpoint
 from pipeline.augment import MEAN, STD
 from pipeline.config import DEFAULT_CONFIG, ConfigError, load_stage_config, load_yaml
-from pipeline import distributed
+from pipeline import cpus, distributed
 from pipeline.detection_data import DetectionDataError, DetectionSplit, load_splits
 from pipeline.io import atomic_write_json
 from pipeline.models import build_backbone, group_norm
+from pipeline.stopwatch import Stopwatch
 
 SECTIONS = ["detect"]
 AP_KEYS = ["AP", "AP50", "AP75", "APs", "APm", "APl"]  # the order of COCOeval.stats
@@ -312,9 +313,8 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
     ``seed`` (default detect.seed) draws the new layers, the batch order and the flips."""
     dc = {**load_yaml(DEFAULT_CONFIG)["detect"], **cfg["detect"]}  # unset keys: the workflow defaults
     cfg = {**cfg, "detect": dc}
-    seed = dc["seed"] if seed is None else seed
+    seed, watch = dc["seed"] if seed is None else seed, Stopwatch()
     torch.manual_seed(seed)
-    torch.set_num_threads(dc["threads"])
     ckpt = checkpoint.load(ckpt_path)
     train_split, val_split = load_splits(data_dir, dc.get("dataset", "auto"), dc.get("voc"))
     train_set, val_set = CocoBoxes(train_split, flip=True), CocoBoxes(val_split)
@@ -323,6 +323,7 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
     verify_backbone(detector, ckpt["backbone"], str(ckpt_path))
     env = distributed.init()  # one process, or one per GPU under torchrun (detect.ranks)
     device = distributed.rank_device(env.local_rank)
+    cpus.use(dc["threads"], device.type, dc.get("workers") or None)  # torch threads; decoding: detect.workers
     synced = env.world_size > 1 and dc["norm"] == "bn" and device.type == "cuda"
     if synced:  # BN statistics over the images of every rank: the paper's SyncBN
         detector = nn.SyncBatchNorm.convert_sync_batchnorm(detector)
@@ -342,18 +343,22 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
         f"{num_classes - 1} classes, {ckpt['arch']}, head {head}, norm {dc['norm']}{' (SyncBN)' if synced else ''}, "
         f"seed {seed}, {env.world_size} rank(s) on {device}")
     start = time.time()
+    watch.mark("setup")
     model = nn.parallel.DistributedDataParallel(detector, device_ids=[device.index] if device.type == "cuda" else None) \
         if env.world_size > 1 else detector
-    curve = train(model, loader, dc)
+    with watch.phase("fine_tune"):
+        curve = train(model, loader, dc)
     check_ranks_agree(detector)
     metrics = None
     if env.is_main:  # one evaluation, on the full val split
-        metrics = coco_evaluate(val_split.coco, predict(detector, val_set, per_rank))
+        with watch.phase("evaluate"):
+            metrics = coco_evaluate(val_split.coco, predict(detector, val_set, per_rank))
         metrics.update({"epochs": dc["epochs"], "train_loss": curve, "seconds": round(time.time() - start, 1),
                         "arch": ckpt["arch"], "method": ckpt.get("method"), "head": head, "norm": dc["norm"],
                         "sync_bn": synced, "ranks": env.world_size, "seed": seed, "checkpoint": str(ckpt_path),
                         "train_set": train_split.name, "val_set": val_split.name,
-                        "num_train_images": len(train_set), "num_val_images": len(val_set), "config": cfg})
+                        "num_train_images": len(train_set), "num_val_images": len(val_set), "config": cfg,
+                        "timing": watch.report()})
         atomic_write_json(metrics, out)
     if env.world_size > 1:
         distributed.barrier()

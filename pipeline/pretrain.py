@@ -26,11 +26,12 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from pipeline import checkpoint, distributed, preempt
+from pipeline import checkpoint, cpus, distributed, preempt
+from pipeline.stopwatch import Stopwatch
 from pipeline.augment import view_recipes
 from pipeline.config import ConfigError, load_stage_config
-from pipeline.data import is_converted, two_view_loader
-from pipeline.features import extract
+from pipeline.data import eval_loader, is_converted, two_view_loader
+from pipeline.features import features_of
 from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.knn import knn_accuracy
 from pipeline.methods import arch_of, bn_guard_text, build_model
@@ -91,8 +92,10 @@ class EpochStats:
 
 
 class Trainer:
-    def __init__(self, cfg: dict, data_dir: Path, state_dir: Path, env, progress: bool = True):
+    def __init__(self, cfg: dict, data_dir: Path, state_dir: Path, env, progress: bool = True,
+                 watch: Stopwatch | None = None):
         self.cfg, self.p, self.d, self.env = cfg, cfg["pretrain"], cfg["data"], env
+        self.watch = watch or Stopwatch()
         self.state_path = state_dir / "last.pt"
         self.progress = progress and env.is_main
         p, d = self.p, self.d
@@ -110,6 +113,7 @@ class Trainer:
         self.bn_guard = bn_guard_text(self.model, env.world_size)
         log(f"BN-leak guard: {self.bn_guard}")
         self.device = distributed.rank_device(env.local_rank)
+        self.threads = cpus.use(p.get("threads", 1), self.device.type, d.get("workers"))
         cuda = self.device.type == "cuda"
         # channels_last and bf16 autocast pay off on tensor cores; on CPU they only cost
         self.channels_last = cuda and is_resnet(p)
@@ -127,8 +131,8 @@ class Trainer:
             self.net = torch.compile(self.net)
         self.loader = two_view_loader(
             data_dir / "train.beton", p["batch_size"] // env.world_size, d.get("crop_size", 32),
-            scale_min=p.get("crop_scale_min", 0.2), workers=d.get("workers", 2), seed=p.get("seed", 0),
-            distributed=env.world_size > 1, threads=p.get("threads", 2), crop=d.get("crop", "loader"),
+            scale_min=p.get("crop_scale_min", 0.2), workers=self.threads.loader, seed=p.get("seed", 0),
+            distributed=env.world_size > 1, threads=self.threads.torch, crop=d.get("crop", "loader"),
             loader=d.get("loader", "ffcv"))
         if len(self.loader) == 0:
             raise ConfigError(f"pretrain.batch_size={p['batch_size']} exceeds the training set "
@@ -136,9 +140,14 @@ class Trainer:
         self.aug1, self.aug2 = (a.to(self.device) for a in view_recipes(p.get("aug", "v2"), d.get("crop_size", 32)))
         self.data_dir = data_dir
         self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], EpochStats(self.device)
+        self.eval_loaders: dict = {}
 
     # --- resume state -------------------------------------------------------------------
     def save_state(self) -> None:
+        with self.watch.phase("checkpoints"):
+            self._save_state()
+
+    def _save_state(self) -> None:
         # Each rank has its own RNG stream and partial epoch sums: keep them all, per rank.
         rngs = distributed.gather_objects(checkpoint.rng_state())
         stats = distributed.gather_objects({k: v.cpu() if torch.is_tensor(v) else v
@@ -178,7 +187,6 @@ class Trainer:
         p = self.p
         self._resume_rng = None
         self.load_state()
-        every = p.get("checkpoint_every", 0)
         while self.epoch < p["epochs"]:
             skip = self.step_in_epoch
             if skip == 0:
@@ -187,26 +195,12 @@ class Trainer:
                 self.stats = EpochStats(self.device)
             elif self._resume_rng is not None:
                 checkpoint.set_rng_state(self._resume_rng)
-            self.loader.set_epoch(self.epoch)
-            self.model.train()
-            t0 = time.time()
-            bar = tqdm(self.loader.batches(skip), total=len(self.loader), initial=skip, mininterval=5, leave=False,
-                       desc=f"epoch {self.epoch + 1}/{p['epochs']}", disable=not self.progress, file=sys.stderr)
-            for v1, v2, labels, index in bar:
-                self.train_step(v1, v2, labels, index)
-                self.step_in_epoch += 1
-                stop = self.stop_requested()
-                if stop or (every and self.step_in_epoch % every == 0 and self.step_in_epoch < len(self.loader)):
-                    self.stats.seconds += time.time() - t0
-                    t0 = time.time()
-                    self.save_state()
-                if stop:
-                    preempt.requeue_and_exit(log)
-            self.stats.seconds += time.time() - t0
+            self.run_epoch(skip)
             distributed.average_bn_statistics(self.model)
             row = self.epoch_row()
             if self.knn_due():
-                row["knn"] = self.knn_monitor()
+                with self.watch.phase("knn_monitor"):
+                    row["knn"] = self.knn_monitor()
             self.log_rows.append(row)
             log(" ".join(f"{k}={v}" for k, v in row.items()))
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
@@ -215,6 +209,36 @@ class Trainer:
                 log(f"loss diverged at epoch {row['epoch']}: stopping; the cell is reported as failed")
                 return False
         return True
+
+    def run_epoch(self, skip: int = 0) -> None:
+        """The steps of epoch ``self.epoch`` from step ``skip`` on; saves the resume state every
+        ``checkpoint_every`` steps and exits for a requeue when a preemption signal came."""
+        p, every = self.p, self.p.get("checkpoint_every", 0)
+        self.loader.set_epoch(self.epoch)
+        self.model.train()
+        t0 = time.time()
+        bar = tqdm(total=len(self.loader), initial=skip, mininterval=5, leave=False,
+                   desc=f"epoch {self.epoch + 1}/{p['epochs']}", disable=not self.progress, file=sys.stderr)
+        batches = iter(self.loader.batches(skip))
+        while True:
+            # the first batch a process loads waits for FFCV's pipeline compilation
+            with self.watch.phase("data_wait" if "loader_first_batch" in self.watch.phases else "loader_first_batch"):
+                batch = next(batches, None)
+            if batch is None:
+                break
+            with self.watch.phase("steps"):
+                self.train_step(*batch)
+            self.step_in_epoch += 1
+            bar.update()
+            stop = self.stop_requested()
+            if stop or (every and self.step_in_epoch % every == 0 and self.step_in_epoch < len(self.loader)):
+                self.stats.seconds += time.time() - t0
+                t0 = time.time()
+                self.save_state()
+            if stop:
+                preempt.requeue_and_exit(log)
+        bar.close()
+        self.stats.seconds += time.time() - t0
 
     def knn_due(self) -> bool:
         every = self.p.get("knn_every", 0)
@@ -226,16 +250,23 @@ class Trainer:
         """Weighted kNN top-1 of the query backbone (val against train features): a cheap
         view of representation quality during training. Every rank computes it (no I/O
         races, identical numbers); BN statistics are untouched (eval mode)."""
-        backbone, crop = self.model.encoder_q.backbone, self.d.get("crop_size", 32)
-        opts = dict(threads=self.p.get("threads"), device=self.device, loader=self.d.get("loader", "ffcv"))
-        train_x, train_y = extract(backbone, self.data_dir / "train.beton", crop, self.d.get("workers", 2), **opts)
-        val_x, val_y = extract(backbone, self.data_dir / "val.beton", crop, self.d.get("workers", 2), **opts)
+        backbone = self.model.encoder_q.backbone
+        train_x, train_y = features_of(backbone, self.eval_batches("train"), self.device)
+        val_x, val_y = features_of(backbone, self.eval_batches("val"), self.device)
         labelled = train_y >= 0  # unlabeled pretraining images (label -1) cannot vote
         train_x, train_y = train_x[labelled], train_y[labelled]
         if len(train_y) == 0:
             return float("nan")
         self.model.train()
         return round(knn_accuracy(train_x, train_y, val_x, val_y, int(train_y.max()) + 1), 3)
+
+    def eval_batches(self, split: str):
+        """The split's evaluation loader, built once per job (the kNN monitor reuses it)."""
+        if split not in self.eval_loaders:
+            self.eval_loaders[split] = eval_loader(
+                self.data_dir / f"{split}.beton", 512, self.d.get("crop_size", 32), workers=self.threads.loader,
+                threads=self.threads.torch, loader=self.d.get("loader", "ffcv"))
+        return self.eval_loaders[split]
 
     def stop_requested(self) -> bool:
         """A preemption signal reached any rank: all ranks stop at the same step.
@@ -260,9 +291,17 @@ class Trainer:
             group["lr"] = self.stats.lr
         if hasattr(self.model, "set_momentum"):  # MoCo v3: m rises to 1 with a cosine
             self.model.set_momentum(progress)
+        self.optimize(*self.augment(v1, v2), labels, index)
+
+    def augment(self, v1, v2) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two views' photometric recipes, on the training device."""
         x1, x2 = self.aug1(self.to_device(v1)), self.aug2(self.to_device(v2))
         if self.channels_last:
             x1, x2 = (x.contiguous(memory_format=torch.channels_last) for x in (x1, x2))
+        return x1, x2
+
+    def optimize(self, x1, x2, labels, index) -> None:
+        """One optimisation step on augmented views."""
         index, labels = (t.to(self.device, torch.long, non_blocking=True).clone() for t in (index, labels))
         with self.autocast:
             loss, logits, target = self.net(x1, x2, index, labels)
@@ -294,26 +333,29 @@ class Trainer:
 
 
 def train(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: bool = True) -> dict:
-    p = cfg["pretrain"]
+    p, watch = cfg["pretrain"], Stopwatch()
     preempt.install()
     env = distributed.init()
-    torch.set_num_threads(p.get("threads", 2))
+    cpus.use(p.get("threads", 1))  # the Trainer sets it again once it knows its device
     seed_everything(p.get("seed", 0))  # identical initial weights on every rank
     log(f"rank {env.rank}/{env.world_size} on {env.host}: method={p['method']} variant={p.get('variant')} "
         f"mechanism={p.get('mechanism', 'moco')} backbone={p['backbone']} K={p.get('K')} m={p.get('m')} T={p.get('T')}")
     if p["method"] == "random":  # the random-init baseline: same backbone, no training
         backbone = build_backbone(arch_of(p, cfg["data"].get("crop_size")))
         return finish(cfg, out_dir, backbone.state_dict(), [], env, diverged=False, model_state={},
-                      bn_guard="not applicable (no training)")
-    trainer = Trainer(cfg, data_dir, state_dir, env, progress)
+                      bn_guard="not applicable (no training)", watch=watch)
+    trainer = Trainer(cfg, data_dir, state_dir, env, progress, watch)
+    watch.mark("setup")  # imports, model, loader
     ok = trainer.train()
     log(f"rank {env.rank}/{env.world_size} on {env.host}: queue checksum {queue_checksum(trainer.model)}")
     return finish(cfg, out_dir, trainer.model.encoder_q.backbone.state_dict(), trainer.log_rows, env,
-                  diverged=not ok, model_state=trainer.model.state_dict(), bn_guard=trainer.bn_guard)
+                  diverged=not ok, model_state=trainer.model.state_dict(), bn_guard=trainer.bn_guard, watch=watch)
 
 
-def finish(cfg, out_dir: Path, backbone_state, log_rows, env, diverged: bool, model_state, bn_guard: str) -> dict:
-    """Write the stage's outputs (rank 0): checkpoint, per-epoch CSV log, summary."""
+def finish(cfg, out_dir: Path, backbone_state, log_rows, env, diverged: bool, model_state, bn_guard: str,
+           watch: Stopwatch) -> dict:
+    """Write the stage's outputs (rank 0): checkpoint, per-epoch CSV log, summary (with where
+    this process's time went: ``timing``, seconds)."""
     p, arch = cfg["pretrain"], arch_of(cfg["pretrain"], cfg["data"].get("crop_size"))
     summary = {"method": p["method"], "arch": arch, "world_size": env.world_size, "epochs_run": len(log_rows),
                "diverged": diverged, "bn_guard": bn_guard, "final": log_rows[-1] if log_rows else {}}
@@ -322,6 +364,7 @@ def finish(cfg, out_dir: Path, backbone_state, log_rows, env, diverged: bool, mo
         checkpoint.save(out_dir / "checkpoint.pt", arch=arch, method=p["method"], backbone=backbone_state,
                         model=model_state, log=log_rows, config=cfg)
         atomic_write_text(rows_to_csv(log_rows), out_dir / "log.csv")
+        summary["timing"] = watch.report()
         atomic_write_json(summary, out_dir / "summary.json")
         atomic_write_json(cfg, out_dir / "config.json")
     distributed.barrier()

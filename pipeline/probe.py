@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from pipeline import checkpoint
+from pipeline import checkpoint, cpus
 from pipeline.augment import DeviceCrop, normalize
 from pipeline.config import ConfigError, load_stage_config
 from pipeline.data import eval_loader
@@ -33,6 +33,7 @@ from pipeline.features import extract
 from pipeline.io import atomic_write_json
 from pipeline.knn import knn_accuracy
 from pipeline.models import build_backbone, is_resnet
+from pipeline.stopwatch import Stopwatch
 
 SECTIONS = ["data", "probe"]
 PROTOCOLS = {
@@ -141,10 +142,11 @@ def train_cached(probe: LinearProbe, train_x, train_y, val_x, val_y, seed: int) 
     return curve
 
 
-def train_augmented(probe: LinearProbe, backbone, data_dir: Path, d: dict, pc: dict, val_x, val_y) -> list:
+def train_augmented(probe: LinearProbe, backbone, data_dir: Path, d: dict, pc: dict, val_x, val_y,
+                    threads: cpus.Threads) -> list:
     crop = d.get("crop_size", 32)
-    loader = eval_loader(data_dir / "train.beton", probe.s["batch_size"], crop, d.get("workers", 2),
-                         threads=pc.get("threads"), order="random", seed=pc.get("seed", 0), drop_last=False,
+    loader = eval_loader(data_dir / "train.beton", probe.s["batch_size"], crop, threads.loader,
+                         threads=threads.torch, order="random", seed=pc.get("seed", 0), drop_last=False,
                          loader=d.get("loader", "ffcv"))
     random_crop = DeviceCrop(crop, scale_min=0.08)  # RandomResizedCrop + flip, as the papers
     curve = []
@@ -168,18 +170,20 @@ def curve_point(probe, epoch, train_loss, val_x, val_y) -> dict:
 
 
 def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
-    pc, d = cfg["probe"], cfg["data"]
+    pc, d, watch = cfg["probe"], cfg["data"], Stopwatch()
     torch.manual_seed(pc.get("seed", 0))
-    torch.set_num_threads(pc.get("threads", 2))
     backbone, ckpt = load_frozen_backbone(ckpt_path)
     device = rank_device()
+    threads = cpus.use(pc.get("threads", 1), device.type, d.get("workers"))
     backbone.to(device)
     before = snapshot(backbone)
     classes = json.loads((data_dir / "train.json").read_text())["classes"]
-    crop, workers, mode = d.get("crop_size", 32), d.get("workers", 2), pc.get("mode", "cached")
-    opts = dict(threads=pc.get("threads"), loader=d.get("loader", "ffcv"))
-    train_x, train_y = extract(backbone, data_dir / "train.beton", crop, workers, **opts)
-    val_x, val_y = extract(backbone, data_dir / "val.beton", crop, workers, **opts)
+    crop, workers, mode = d.get("crop_size", 32), threads.loader, pc.get("mode", "cached")
+    opts = dict(threads=threads.torch, loader=d.get("loader", "ffcv"))
+    watch.mark("setup")
+    with watch.phase("features"):
+        train_x, train_y = extract(backbone, data_dir / "train.beton", crop, workers, **opts)
+        val_x, val_y = extract(backbone, data_dir / "val.beton", crop, workers, **opts)
     labelled = train_y >= 0  # e.g. STL-10 train+unlabeled: the probe learns from labelled images only
     train_x, train_y = train_x[labelled], train_y[labelled]
     if len(train_y) == 0:
@@ -189,21 +193,24 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     s = settings(pc, ckpt["arch"])
     probe = LinearProbe(train_x.shape[1], len(classes), s, pc.get("standardize", False),
                         math.ceil(len(train_x) / s["batch_size"]), device)
-    if mode == "cached":
-        curve = train_cached(probe, train_x, train_y, val_x, val_y, pc.get("seed", 0))
-    else:
-        curve = train_augmented(probe, backbone, data_dir, d, pc, val_x, val_y)
+    with watch.phase("fit"):
+        if mode == "cached":
+            curve = train_cached(probe, train_x, train_y, val_x, val_y, pc.get("seed", 0))
+        else:
+            curve = train_augmented(probe, backbone, data_dir, d, pc, val_x, val_y, threads)
     logits = probe.predict(val_x)
     acc, pred = topk_accuracy(logits, val_y), logits.argmax(1)
     per_class = {name: round(100.0 * float((pred[val_y == c] == c).float().mean()), 2)
                  for c, name in enumerate(classes) if bool((val_y == c).any())}
-    knn = knn_accuracy(train_x, train_y, val_x, val_y, len(classes), k=pc.get("knn_k", 200),
-                       T=pc.get("knn_t", 0.07))
+    with watch.phase("knn"):
+        knn = knn_accuracy(train_x, train_y, val_x, val_y, len(classes), k=pc.get("knn_k", 200),
+                           T=pc.get("knn_t", 0.07))
     assert_unchanged(backbone, before)  # fail loudly if anything touched the frozen encoder
     metrics = {"mode": mode, "protocol": pc.get("protocol", "moco"), "top1": round(acc["top1"], 3),
                "top5": round(acc["top5"], 3), "knn_top1": round(knn, 3), "per_class_top1": per_class,
                "curve": curve, "settings": s, "checkpoint": str(ckpt_path), "method": ckpt.get("method"),
-               "arch": ckpt["arch"], "feature_dim": int(train_x.shape[1]), "config": cfg}
+               "arch": ckpt["arch"], "feature_dim": int(train_x.shape[1]), "config": cfg,
+               "timing": watch.report()}
     atomic_write_json(metrics, out)
     return metrics
 
