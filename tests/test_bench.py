@@ -1,0 +1,30 @@
+"""The speed benchmarks run end to end on real data (tiny sizes; they measure, they do not assert speed)."""
+import json
+
+TINY = "workflow/config/presets/tiny.yaml"
+
+
+def test_bench_epoch_takes_an_epoch_apart(ffcv_small, tmp_path, monkeypatch, repo):
+    from pipeline.bench import epoch
+
+    monkeypatch.chdir(tmp_path)  # bench/out/ of this run lands here
+    result = epoch.main(["--configfile", str(repo / TINY), "--data", str(ffcv_small), "--rounds", "1"])
+    assert set(result["results"]) == {"model", "loader", "recipe", "real"}
+    assert all(r["median_s"] > 0 for r in result["results"].values())
+    assert result["ratio_vs_model"]["model"] == 1.0 and result["ratio_vs_model"]["real"] > 0
+    assert result["width"] == 8 and result["threads"] == 1  # the preset, layered over the default config
+    saved = json.loads((tmp_path / "bench" / "out" / "epoch.json").read_text())
+    assert saved["machine"]["cpu"]["model"]
+
+
+def test_bench_cores_compares_thread_layouts(ffcv_small, tmp_path, monkeypatch, repo):
+    from pipeline.bench import cores
+
+    monkeypatch.chdir(repo)  # workers run `python -m pipeline.bench` from the repository
+    monkeypatch.setattr(cores, "write", lambda name, result: tmp_path / f"{name}.json")
+    result = cores.main(["--configfile", str(repo / TINY), "--data", str(ffcv_small), "--cores", "2",
+                         "--epochs", "1", "--rounds", "1"])
+    layouts = result["layouts"]
+    assert {(r["jobs"], r["threads"]) for r in layouts.values()} == {(1, 2), (2, 1)}
+    assert all(r["steps_per_s"] > 0 for r in layouts.values())
+    assert layouts["1 job(s) x 2 thread(s)"]["ratio_vs_one_job"] == 1.0
