@@ -50,7 +50,9 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
             with torch.no_grad():
                 self.running_mean.copy_(mean.view(s, c).mean(0))
                 self.running_var.copy_(var.view(s, c).mean(0))
-        return y.reshape(n, c, h, w)
+        # Not a view of y: the ReLU(inplace=True) that follows would otherwise make autograd
+        # rebuild the view in backward (AsStrided + CopySlices: a copy of every activation).
+        return torch.ops.aten._unsafe_view(y, (n, c, h, w)) if y.is_contiguous() else y.reshape(n, c, h, w)
 
     def _track_batch(self) -> float:
         """Count this batch, as BatchNorm does; returns the running statistics' update factor."""
