@@ -40,6 +40,26 @@ def test_split_bn_normalises_each_sub_batch_with_its_own_statistics():
     assert torch.equal(split(x), plain.eval()(x))  # eval: plain BN
 
 
+def test_split_bn_gradients_through_an_in_place_relu_match_plain_bn_per_sub_batch():
+    """As in a ResNet (BN then ReLU(inplace=True)): the output is no view, so autograd need not
+    rebuild it in backward, and the gradients are those of plain BN on each sub-batch."""
+    torch.manual_seed(0)
+    plain = nn.BatchNorm2d(3)
+    nn.init.normal_(plain.weight)
+    split = split_batch_norm(nn.Sequential(copy.deepcopy(plain)), 2)[0]
+    x = torch.randn(8, 3, 4, 4, requires_grad=True)
+    y = split(x)
+    assert y._base is None  # not a view of batch_norm's (n/s, s*c, h, w) output
+    grad_out = torch.randn(8, 3, 4, 4)
+    torch.relu_(y).backward(grad_out)
+    xr = x.detach().clone().requires_grad_(True)
+    refs = [copy.deepcopy(plain) for _ in range(2)]
+    for j, ref in enumerate(refs):  # sub-batch j: images j, j+2, ...
+        torch.relu(ref(xr[j::2])).backward(grad_out[j::2])
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(split.weight.grad, refs[0].weight.grad + refs[1].weight.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_one_split_is_plain_batch_norm_bit_for_bit():
     torch.manual_seed(0)
     net = build_backbone({"backbone": "resnet18", "width": 4, "cifar_stem": True})
