@@ -77,6 +77,16 @@ def test_tiny_workflow_end_to_end(tiny_results):
     shuffle = {r["shuffle_bn"]: r for r in csv.DictReader((results / "tables" / "shuffle_bn.csv").open())}
     assert shuffle["true"]["BN-leak guard"] == "keys shuffled across 4 BN sub-batches per rank"
     assert shuffle["false"]["BN-leak guard"] == "off (shuffle_bn: false)" and shuffle["false"]["top1"]
+    # every job says where its time went, and the pipeline benchmark sets it beside Snakemake's
+    timing = json.loads((results / "cells" / "base" / "pretrain" / "summary.json").read_text())["timing"]
+    assert {"setup", "loader_first_batch", "steps", "data_wait", "knn_monitor", "checkpoints"} <= set(timing)
+    assert sum(v for k, v in timing.items() if k != "wall") == pytest.approx(timing["wall"], abs=0.05)
+    from pipeline.bench import pipeline as bench_pipeline
+
+    jobs = bench_pipeline.collect(results)
+    phases = bench_pipeline.attribution(results, jobs)
+    assert {"pretrain", "probe", "detect"} <= set(phases["stage"])
+    assert (phases["outside"] >= -0.5).all() and (phases["wall"] <= phases["job_s"] + 0.5).all()
     # a second run has nothing to do: nothing already computed is redone
     again = snakemake(results, "-n").stdout
     assert "Nothing to be done" in again
@@ -179,7 +189,18 @@ def preset_config(name: str) -> dict:
 
 def test_every_preset_is_covered():
     on_disk = {p.stem for p in (REPO / "workflow" / "config" / "presets").glob("*.yaml")}
-    assert on_disk == set(PRESETS) | {"tiny"}
+    assert on_disk == set(PRESETS) | {"tiny", "demo-long"}
+
+
+def test_demo_long_is_the_demo_at_the_longer_schedule(tmp_path):
+    from pipeline.config import DEFAULT_CONFIG, load_yaml
+
+    long = load_yaml(REPO / "workflow" / "config" / "presets" / "demo-long.yaml")
+    assert long == {"pretrain": {"epochs": 25}, "detect": {"epochs": 8}}
+    assert load_yaml(DEFAULT_CONFIG)["pretrain"]["epochs"] < 25
+    out = run([snakemake_bin(), "--configfile", str(REPO / "workflow" / "config" / "presets" / "demo-long.yaml"),
+               "--config", f"results={tmp_path / 'r'}", "-n"], timeout=120).stdout
+    assert jobs_planned(out)["pretrain"] == 6
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

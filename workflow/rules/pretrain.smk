@@ -36,7 +36,10 @@ rule pretrain:
         state=lambda w: f"{R}/state/{w.cell}",
         out=lambda w, output: os.path.dirname(output.checkpoint),
         data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder
-    threads: lambda w: params_of(w.cell).get("threads", 2)
+    threads: lambda w: params_of(w.cell).get("threads", 1)
+    # cells with detection transfer first: their fine-tuning then overlaps the other cells'
+    # pretraining instead of running alone at the end
+    priority: lambda w: 1 if detects(w.cell) else 0
     resources:
         runtime=cell_runtime,  # minutes, scaled with the cell (config grid.resources)
         nodes=cell_nodes,
