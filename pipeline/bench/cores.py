@@ -25,15 +25,12 @@ from pipeline.bench.timing import cpu, write
 
 
 def worker(configfiles: list[str], data: Path, threads: int, epochs: int) -> dict:
-    import torch
-
     from pipeline import distributed
     from pipeline.bench.epoch import base_cell_config
     from pipeline.pretrain import Trainer
 
     cfg = base_cell_config(configfiles)
-    cfg["pretrain"]["threads"], cfg["data"]["workers"] = threads, 1
-    torch.set_num_threads(threads)
+    cfg["pretrain"]["threads"] = threads  # the Trainer splits it (pipeline.cpus)
     with tempfile.TemporaryDirectory() as state:
         trainer = Trainer(cfg, data, Path(state), distributed.init(), progress=False)
         trainer.run_epoch(0)  # warm-up: compilation, allocator

@@ -54,8 +54,7 @@ def main(argv=None) -> dict:
 
     cfg = base_cell_config(args.configfile)
     if args.threads:
-        cfg["pretrain"]["threads"] = args.threads
-    torch.set_num_threads(cfg["pretrain"].get("threads", 2))
+        cfg["pretrain"]["threads"] = args.threads  # the Trainer applies it (pipeline.cpus)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as state:
         trainer = Trainer(cfg, data, Path(state), distributed.init(), progress=False)

@@ -24,7 +24,7 @@ import tempfile
 import torch
 from torch import nn
 
-from pipeline.bench.step import step_fn
+from pipeline.bench.step import optimizer_step, step_fn
 from pipeline.bench.timing import cpu, interleaved, write
 from pipeline.methods import arch_of, build_model
 from pipeline.models import build_backbone
@@ -53,16 +53,8 @@ def official_step(builder, p: dict, size: int, x1, x2):
         return encoder
 
     model = builder.MoCo(base_encoder, dim=p["dim"], K=p["K"], m=p["m"], T=p["T"], mlp=True).train()
-    opt = build_optimizer(p, model.parameters())
     criterion = nn.CrossEntropyLoss()
-
-    def step():
-        output, target = model(im_q=x1, im_k=x2)
-        loss = criterion(output, target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return step
+    return optimizer_step(lambda: criterion(*model(im_q=x1, im_k=x2)), build_optimizer(p, model.parameters()))
 
 
 def main(argv=None) -> dict:

@@ -15,9 +15,8 @@ import pandas as pd
 
 from pipeline.bench.timing import cpu, write
 
-# where each stage's job writes its timing, relative to the results folder
-TIMING_FILES = {"pretrain": "cells/{job}/pretrain/summary.json", "probe": "cells/{job}/probe.json",
-                "detect": "cells/{job}.json"}  # detect jobs are <cell>/detect/<trial>: see _timing_path
+# where each stage's job writes its timing, relative to the results folder (detection: see _timing_path)
+TIMING_FILES = {"pretrain": "cells/{job}/pretrain/summary.json", "probe": "cells/{job}/probe.json"}
 
 
 def collect(results: Path) -> pd.DataFrame:

@@ -22,13 +22,19 @@ from pipeline.optim import build_optimizer
 FLOORS = {"moco_v2": 4 / 3, "moco_v3": 8 / 3}
 
 
-def step_fn(model: nn.Module, opt, x1, x2, labels, index):
+def optimizer_step(loss_of, opt):
+    """One training step: ``loss_of()`` (the forward pass and loss), backward, update."""
     def step():
-        loss, _, _ = model(x1, x2, index, labels)
+        loss = loss_of()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
     return step
+
+
+def step_fn(model: nn.Module, opt, x1, x2, labels, index):
+    """A step of one of our methods (they return the loss first)."""
+    return optimizer_step(lambda: model(x1, x2, index, labels)[0], opt)
 
 
 def main(argv=None) -> dict:
