@@ -28,3 +28,15 @@ def test_bench_cores_compares_thread_layouts(ffcv_small, tmp_path, monkeypatch, 
     assert {(r["jobs"], r["threads"]) for r in layouts.values()} == {(1, 2), (2, 1)}
     assert all(r["steps_per_s"] > 0 for r in layouts.values())
     assert layouts["1 job(s) x 2 thread(s)"]["ratio_vs_one_job"] == 1.0
+
+
+def test_bench_step_measures_the_floor_beside_the_steps(tmp_path, monkeypatch):
+    from pipeline.bench import step
+
+    monkeypatch.chdir(tmp_path)
+    result = step.main(["--batch", "16", "--size", "16", "--width", "4", "--rounds", "1"])
+    res = result["results"]
+    assert set(res) == {"supervised", "moco_v2", "key_forward", "moco_v3", "moco_v2_unguarded"}
+    sup, key = res["supervised"]["median_s"], res["key_forward"]["median_s"]
+    assert result["moco_v2_measured_floor"] == round((sup + key) / sup, 3)
+    assert result["ratio_vs_supervised"]["moco_v2_unguarded"] == round(res["moco_v2_unguarded"]["median_s"] / sup, 3)
