@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 
 import jsonschema
@@ -55,11 +56,33 @@ def _schema_error(err: jsonschema.ValidationError, prefix: str = "") -> ConfigEr
     return ConfigError(f"config key '{key}': {err.message}{hint}")
 
 
+# "integer" means an int: JSON Schema would take 10.0 or 1e12 written as a float
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool)))
+
+
 def validate_schema(instance: dict, schema: dict, prefix: str = "") -> None:
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
+    errors = sorted(_Validator(schema).iter_errors(instance), key=lambda e: list(e.absolute_path))
     if errors:
         raise _schema_error(errors[0], prefix)
+    for path, value in _non_finite(instance):
+        key = ".".join([prefix] * bool(prefix) + [str(k) for k in path])
+        raise ConfigError(f"config key '{key}': {value} is not a finite number "
+                          "(a range check cannot catch .inf or .nan)")
+
+
+def _non_finite(value, path=()):
+    """(path, value) of every float that is inf or nan (YAML's .inf / .nan)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _non_finite(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _non_finite(v, (*path, i))
 
 
 def check_pretrain(p: dict, where: str = "pretrain", num_samples: int | None = None) -> None:

@@ -35,6 +35,60 @@ def test_bad_values_name_the_key(cfg, section, key, value, expect):
         validate(cfg)
 
 
+@pytest.mark.parametrize("section,key,value,expect", [
+    ("detect", "lr", float("inf"), r"'detect.lr': inf is not a finite number"),
+    ("probe", "knn_t", float("nan"), r"'probe.knn_t': nan is not a finite number"),
+    ("pretrain", "m", float("nan"), r"'pretrain.m': nan is not a finite number"),
+    ("pretrain", "epochs", 10**12, r"'pretrain.epochs'.*maximum"),
+    ("pretrain", "epochs", 10.0, r"'pretrain.epochs'.*integer"),
+    ("detect", "anchor_sizes", [32, 64, 128, 256, 1e12], r"'detect.anchor_sizes.4'"),
+])
+def test_numbers_must_be_finite_and_integers_bounded(cfg, section, key, value, expect):
+    cfg[section][key] = value
+    with pytest.raises(ConfigError, match=expect):
+        validate(cfg)
+
+
+def test_yaml_inf_and_nan_are_refused(cfg, tmp_path):
+    import yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text("detect: {lr: .inf}\nprobe: {knn_t: .nan}\n")
+    cfg["detect"].update(load_yaml(path)["detect"])
+    with pytest.raises(ConfigError, match="not a finite number"):
+        validate(cfg)
+    assert yaml.safe_load(".inf") == float("inf")  # what YAML hands over
+
+
+def test_every_integer_key_has_a_bound():
+    """A 1e12-sized integer is a typo wherever it goes: each integer key of the schema has a maximum."""
+    from pipeline.config import load_schema
+
+    unbounded = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            kind = node.get("type")
+            if (kind == "integer" or isinstance(kind, list) and "integer" in kind) and "maximum" not in node:
+                unbounded.append(path)
+            for k, v in node.items():
+                walk(v, f"{path}.{k}")
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, path)
+
+    walk(load_schema(), "")
+    assert unbounded == []
+
+
+def test_dataset_roots_may_hold_spaces_and_non_ascii_letters(cfg, tmp_path):
+    root = tmp_path / "my data" / "Bilder-ü"
+    root.mkdir(parents=True)
+    cfg["dataset"].update(source="imagefolder", root=str(root))
+    cfg["detect"]["root"] = str(root)
+    validate(cfg)
+
+
 def test_queue_must_be_multiple_of_batch(cfg):
     cfg["pretrain"].update(K=1000, batch_size=256)
     with pytest.raises(ConfigError, match="K=1000 is not a multiple of the global batch size 256"):
