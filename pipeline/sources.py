@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import io
 import math
 import os
 import pickle
@@ -58,8 +59,9 @@ class Source:
     def load(self, i: int, max_side: int | None = None) -> np.ndarray:
         raise NotImplementedError
 
-    def probe(self, i: int, max_side: int | None = None) -> tuple[int, int]:
-        """Decode item i as the writer will (raising if it cannot); its original (h, w)."""
+    def probe(self, i: int, max_side: int | None = None) -> tuple[tuple[int, int], str | None]:
+        """Decode item i as the writer will (raising if it cannot): its (h, w) as displayed
+        (EXIF orientation applied) and a digest of its content (None where not computed)."""
         raise NotImplementedError
 
     def select(self, keep: list[int]) -> "Source":
@@ -82,13 +84,19 @@ class Source:
 
 
 class FileSource(Source):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.duplicates: list[dict] = []  # files reached twice by the scan, taken once
+
     def load(self, i: int, max_side: int | None = None) -> np.ndarray:
         return decode_file(self.items[i], max_side)
 
-    def probe(self, i: int, max_side: int | None = None) -> tuple[int, int]:
+    def probe(self, i: int, max_side: int | None = None) -> tuple[tuple[int, int], str]:
+        """Also the SHA-1 of the file's bytes (read once, decoded from memory)."""
+        data = Path(self.items[i]).read_bytes()
         size = []
-        decode_file(self.items[i], max_side, size)
-        return size[0]
+        decode_file(io.BytesIO(data), max_side, size)
+        return size[0], hashlib.sha1(data).hexdigest()
 
 
 class ArraySource(Source):
@@ -106,38 +114,105 @@ class ArraySource(Source):
     def load(self, i: int, max_side: int | None = None) -> np.ndarray:
         return np.ascontiguousarray(self.data[self.items[i]])
 
-    def probe(self, i: int, max_side: int | None = None) -> tuple[int, int]:
-        return tuple(self.data.shape[1:3])
+    def probe(self, i: int, max_side: int | None = None) -> tuple[tuple[int, int], None]:
+        return tuple(self.data.shape[1:3]), None
+
+
+EXIF_ORIENTATION = 0x0112
+TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 
 
 def decode_file(path, max_side: int | None = None, size_out: list | None = None) -> np.ndarray:
-    """Decode an image file fully (a truncated file fails here) to HxWx3 uint8 RGB.
+    """Decode an image file fully (a truncated file fails here) to HxWx3 uint8 RGB, as it is
+    meant to be seen: EXIF orientation applied (as ``ImageOps.exif_transpose``), the first
+    frame of an animation, 16-bit greyscale scaled to 8 bits, alpha dropped (as torchvision's
+    loader does). ``path`` may be a file object.
 
     With ``max_side``, JPEGs are decoded at the smallest libjpeg scale (1/2, 1/4, 1/8) that
     keeps the longest side >= max_side: the result is resized to max_side anyway, and a large
-    JPEG then decodes several times faster. ``size_out`` receives the file's own (h, w).
+    JPEG then decodes several times faster. ``size_out`` receives the displayed (h, w) at
+    full resolution.
     """
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     with Image.open(path) as im:
+        orientation = im.getexif().get(EXIF_ORIENTATION, 1)
+        w, h = im.size
         if size_out is not None:
-            size_out.append((im.size[1], im.size[0]))
+            size_out.append((w, h) if orientation in TRANSPOSED else (h, w))
         if max_side and im.format == "JPEG":
-            w, h = im.size
             s = max_side / max(w, h)
             if s < 0.5:
                 im.draft("RGB", (math.ceil(w * s), math.ceil(h * s)))
         im.load()
-        return np.array(im.convert("RGB"))  # a writable copy (torch wants one)
+        if orientation != 1:
+            im = ImageOps.exif_transpose(im)
+        return to_rgb(im)
 
 
-def _walk_files(folder: Path) -> list[Path]:
-    """Every visible file under folder, in a stable order (symlinked folders followed)."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        out += [Path(dirpath) / f for f in sorted(filenames) if not f.startswith(".")]
-    return out
+def to_rgb(im) -> np.ndarray:
+    """A writable HxWx3 uint8 copy (torch wants one) of a PIL image of any mode."""
+    if im.mode.startswith("I"):  # 16/32-bit greyscale: PIL's convert would clip at 255
+        a = np.asarray(im).astype(np.int64)
+        if a.min(initial=0) >= 0 and a.max(initial=0) <= 0xFFFF:
+            a = a >> 8
+        else:  # wider than 16 bits: stretch its range
+            a = (a - a.min()) * 255 // max(1, int(np.ptp(a)))
+        return np.repeat(a.astype(np.uint8)[:, :, None], 3, axis=2)
+    if im.mode == "P" and "transparency" in im.info:
+        im = im.convert("RGBA")  # the direct route warns about byte transparency
+    return np.array(im.convert("RGB"))
+
+
+class _Walk:
+    """Every visible file under the folders it is given, in a stable order.
+
+    Symlinked folders are followed (datasets are often linked from fast storage) but every
+    real folder is entered once (by device and inode), so a link back to an ancestor
+    (``loop -> .``) or a second link to a folder adds nothing; a file reached a second time
+    (through such a link, or a second link to one file) is listed in ``duplicates`` instead
+    of being taken again. Hidden files and folders are listed in ``ignored``.
+    """
+
+    def __init__(self):
+        self.folders: dict[tuple[int, int], str] = {}
+        self.files: dict[tuple[int, int], str] = {}
+        self.ignored: list[dict] = []
+        self.duplicates: list[dict] = []
+
+    def first_visit(self, path: str, seen: dict, kind: str) -> bool:
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            self.ignored.append({"path": path, "reason": f"cannot read ({err.strerror}; a broken link?)"})
+            return False
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            self.duplicates.append({"path": path, "same_as": seen[key], "kind": kind})
+            return False
+        seen[key] = path
+        return True
+
+    def __call__(self, folder: Path) -> list[Path]:
+        out = []
+        if not self.first_visit(str(folder), self.folders, "folder"):
+            return out
+        for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+            kept = []
+            for d in sorted(dirnames):
+                path = os.path.join(dirpath, d)
+                if d.startswith("."):
+                    self.ignored.append({"path": path, "reason": "hidden folder (not scanned)"})
+                elif self.first_visit(path, self.folders, "folder"):
+                    kept.append(d)
+            dirnames[:] = kept
+            for f in sorted(filenames):
+                path = os.path.join(dirpath, f)
+                if f.startswith("."):
+                    self.ignored.append({"path": path, "reason": "hidden file"})
+                elif self.first_visit(path, self.files, "file"):
+                    out.append(Path(path))
+        return out
 
 
 def _split_images(files: list[Path], ignored: list[dict]) -> list[Path]:
@@ -157,31 +232,39 @@ def _require_dir(root: Path, what: str) -> None:
 
 def scan_imagefolder(root: Path, split: str) -> FileSource:
     _require_dir(root, "dataset split folder")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    walk = _Walk()
+    walk.first_visit(str(root), walk.folders, "folder")  # a link back to the split is a loop too
+    entries = sorted(root.iterdir())
+    classes = [p.name for p in entries if p.is_dir() and not p.name.startswith(".")]
     if not classes:
         raise SourceError(f"{root}: no class folders (expected {root}/<class>/<image>)")
-    ignored = [{"path": str(p), "reason": "file outside the class folders"}
-               for p in sorted(root.iterdir()) if p.is_file() and not p.name.startswith(".")]
+    walk.ignored += [{"path": str(p), "reason": "file outside the class folders"}
+                     for p in entries if p.is_file() and not p.name.startswith(".")]
     items, labels = [], []
     for label, name in enumerate(classes):
-        files = _split_images(_walk_files(root / name), ignored)
+        files = _split_images(walk(root / name), walk.ignored)
+        if not files and walk.duplicates and walk.duplicates[-1]["path"] == str(root / name):
+            raise SourceError(f"{root / name}: class '{name}' is the folder {walk.duplicates[-1]['same_as']} "
+                              "again (a symlink); its images would carry two labels")
         if not files:
             raise SourceError(f"{root / name}: class '{name}' has no images (remove the folder or add images)")
         items += files
         labels += [label] * len(files)
-    src = FileSource("imagefolder", root, split, classes, items, labels)
-    src.ignored = ignored
-    return src
+    return _file_source("imagefolder", root, split, classes, items, labels, walk)
 
 
 def scan_unlabeled(root: Path, split: str) -> FileSource:
     _require_dir(root, "dataset split folder")
-    ignored: list[dict] = []
-    files = _split_images(_walk_files(root), ignored)
+    walk = _Walk()
+    files = _split_images(walk(root), walk.ignored)
     if not files:
         raise SourceError(f"{root}: no images in the {split} split")
-    src = FileSource("unlabeled", root, split, [], files, [UNLABELED] * len(files))
-    src.ignored = ignored
+    return _file_source("unlabeled", root, split, [], files, [UNLABELED] * len(files), walk)
+
+
+def _file_source(kind, root, split, classes, items, labels, walk: _Walk) -> FileSource:
+    src = FileSource(kind, root, split, classes, items, labels)
+    src.ignored, src.duplicates = walk.ignored, walk.duplicates
     return src
 
 
