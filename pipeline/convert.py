@@ -15,13 +15,17 @@ class, skipped files and why, resolution statistics and sizes.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import multiprocessing as mp
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,6 +39,7 @@ RAW_BUDGET = 4 << 30
 DEFAULTS = dict(max_resolution=256, jpeg_quality=90, write_mode="auto", compress_probability=0.5,
                 smart_threshold=3 * 128 * 128, workers=min(8, os.cpu_count() or 1), strict=False)
 MIN_PAGE = 1 << 21  # FFCV's minimum; its 8 MiB default pads small datasets heavily
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class ConversionError(RuntimeError):
@@ -47,7 +52,7 @@ def log(msg: str) -> None:
 
 # --- pass 1: decode every image once ------------------------------------------------------
 def _probe(i: int) -> tuple[int, tuple | str]:
-    """(i, (h, w)) for a readable item, (i, reason) for a bad one (runs in pool workers)."""
+    """(i, ((h, w), digest)) for a readable item, (i, reason) for a bad one (runs in pool workers)."""
     source, max_side = _PROBE
     try:
         return i, source.probe(i, max_side)
@@ -58,17 +63,24 @@ def _probe(i: int) -> tuple[int, tuple | str]:
 _PROBE: tuple = (None, None)  # (source, max_side), set before the pool forks: nothing is pickled
 
 
+class Checked(NamedTuple):
+    good: list[int]                    # positions of the readable items
+    shapes: list[tuple[int, int]]      # their (h, w) as displayed
+    digests: list[str | None]          # their content's SHA-1 (None: not computed)
+    skipped: list[dict]                # the unreadable ones, with reasons
+
+
 def check_images(source: Source, strict: bool, workers: int = 1, progress: bool = True,
-                 max_side: int | None = None):
-    """Positions of the readable items with their original (h, w), and the skipped ones with
-    reasons. Each image is decoded as the writer will decode it (see decode_file)."""
+                 max_side: int | None = None) -> Checked:
+    """Each image decoded as the writer will decode it (see decode_file)."""
     from tqdm import tqdm
 
     if source.verified:
-        return list(range(len(source))), [source.probe(i) for i in range(len(source))], []
+        probed = [source.probe(i) for i in range(len(source))]
+        return Checked(list(range(len(source))), [p[0] for p in probed], [p[1] for p in probed], [])
     global _PROBE
     _PROBE = (source, max_side)
-    good, shapes, skipped = [], [], []
+    good, shapes, digests, skipped = [], [], [], []
     bar = tqdm(total=len(source), desc="convert: checking", disable=not progress, mininterval=2)
     pool = mp.get_context("fork").Pool(workers) if workers > 1 else None
     try:
@@ -76,7 +88,7 @@ def check_images(source: Source, strict: bool, workers: int = 1, progress: bool 
         for i, res in results:
             bar.update()
             if isinstance(res, tuple):
-                good.append(i), shapes.append(res)
+                good.append(i), shapes.append(res[0]), digests.append(res[1])
             elif strict:
                 raise ConversionError(f"unreadable image {source.key(i)}: {res}")
             else:
@@ -87,7 +99,23 @@ def check_images(source: Source, strict: bool, workers: int = 1, progress: bool 
             pool.terminate()
             pool.join()
         _PROBE = (None, None)
-    return good, shapes, skipped
+    return Checked(good, shapes, digests, skipped)
+
+
+def duplicate_content(source: Source, checked: Checked) -> list[dict]:
+    """Groups of items with identical bytes; those under two labels are usually a labelling error."""
+    groups: dict[str, list[int]] = {}
+    for i, digest in zip(checked.good, checked.digests):
+        if digest is not None:
+            groups.setdefault(digest, []).append(i)
+    out = []
+    for digest, items in groups.items():
+        if len(items) > 1:
+            labels = sorted({source.labels[i] for i in items})
+            out.append({"sha1": digest, "paths": [source.key(i) for i in items],
+                        "classes": [source.classes[k] if k != UNLABELED else None for k in labels],
+                        "across_classes": len(labels) > 1})
+    return out
 
 
 # --- pass 2: the FFCV writer ---------------------------------------------------------------
@@ -101,7 +129,21 @@ class SplitDataset:
         return len(self.source)
 
     def __getitem__(self, i):
-        return self.source.load(i, self.max_side), int(self.source.labels[i]), int(i)
+        return fit(self.source.load(i, self.max_side), self.max_side), int(self.source.labels[i]), int(i)
+
+
+def fit(image: np.ndarray, max_resolution: int | None) -> np.ndarray:
+    """The image at the size FFCV stores (see stored_shape), scaled as FFCV's writer would
+    scale it (OpenCV, INTER_AREA). Done here because FFCV's writer would ask OpenCV for a
+    0-pixel side on a very elongated image (4000x8 at 64 px) and kill its process; the writer
+    then has nothing left to scale."""
+    import cv2
+
+    h, w = image.shape[:2]
+    th, tw = stored_shape((h, w), max_resolution)
+    if (th, tw) == (h, w):
+        return image
+    return cv2.resize(image, (tw, th), interpolation=cv2.INTER_AREA)
 
 
 class _Guarded:
@@ -136,6 +178,7 @@ class _Watchdog:
 
         self.expected, self.started = expected, []
         self.failed: str | None = None
+        self.crashes = mp.get_context("fork").SimpleQueue()  # why a writer process died
         self.lock, self.done = threading.Lock(), threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -150,6 +193,13 @@ class _Watchdog:
                 watchdog.started.append(self)
                 if len(watchdog.started) == watchdog.expected:
                     watchdog.thread.start()
+
+            def run(self):  # in the writer process: its error goes into the message, not a traceback
+                try:
+                    super().run()
+                except BaseException as err:
+                    watchdog.crashes.put(err if isinstance(err, OSError) else f"{type(err).__name__}: {err}")
+                    os._exit(1)
 
         ffcv.writer.Process = Recorded
         return self
@@ -172,6 +222,12 @@ class _Watchdog:
                         self.failed = f"writer process {dead[0].pid} exited with code {dead[0].exitcode}"
                         _thread.interrupt_main()
                 return
+
+    def reason(self) -> str:
+        """What went wrong, in words: the writer's own error where it reported one."""
+        if self.crashes.empty():
+            return self.failed or "a writer process failed"
+        return describe_error(self.crashes.get())
 
     def kill_workers(self) -> None:
         for p in self.started:
@@ -208,12 +264,52 @@ def write_beton(dataset, out: Path, fields: dict, workers: int = 1, page_size: i
             watchdog.kill_workers()
             _release_shared_memory(writer)
             if isinstance(err, KeyboardInterrupt) and watchdog.failed:
-                raise ConversionError(f"writing {out} failed: {watchdog.failed}") from None
+                raise ConversionError(f"writing {out} failed: {watchdog.reason()}; nothing was written") from None
+            if isinstance(err, OSError):
+                raise ConversionError(f"writing {out} failed: {describe_error(err)}; nothing was written") from None
             raise
         failures = _drain(errors)
         if failures:
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise ConversionError(f"writing {out} failed at {failures[0]}{more}")
+
+
+def describe_error(err) -> str:
+    """An error of the write in words; a full disk says where and how much is free."""
+    if not isinstance(err, OSError):
+        return str(err)
+    text = f"{err.strerror or err}"
+    if err.errno in DISK_FULL and err.filename:
+        text += f" ({err.filename})"
+    if err.errno in DISK_FULL:
+        text += " - the disk or quota is full: free space or choose another results folder"
+    return text
+
+
+def require_writable(folder: Path) -> None:
+    """Fail before the check pass (hours on a large split) if the output folder takes no file."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ConversionError(f"cannot write to {folder}: {err.strerror or err}") from None
+
+
+def require_space(folder: Path, needed: int) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise ConversionError(f"{folder}: the .beton needs at least {needed / 2**20:.1f} MiB, only "
+                              f"{free / 2**20:.1f} MiB are free: free space or choose another results folder")
+
+
+def least_bytes(opts: dict, stored: np.ndarray, writers: int, page: int) -> int:
+    """A lower bound of the .beton's size: the pixels stored raw (JPEG sizes are unknown
+    before encoding) and a page per writer."""
+    raw = stored[:, 0] * stored[:, 1] * 3
+    raw_share = {"raw": raw.sum(), "proportion": (1 - opts["compress_probability"]) * raw.sum(),
+                 "smart": raw[raw <= opts["smart_threshold"]].sum()}.get(opts["write_mode"], 0)
+    return int(raw_share) + min(writers, len(stored)) * page
 
 
 def _drain(queue) -> list[str]:
@@ -255,11 +351,12 @@ def image_fields(opts: dict) -> dict:
 
 # --- the stage -----------------------------------------------------------------------------
 def stored_shape(hw, max_resolution: int | None) -> tuple[int, int]:
-    """The (h, w) FFCV stores: longest side scaled down to max_resolution (never up)."""
+    """The (h, w) stored: longest side scaled down to max_resolution (never up), rounded down
+    as FFCV's writer does, but never below 1 pixel."""
     h, w = hw
     if max_resolution and max(h, w) > max_resolution:
         r = max_resolution / max(h, w)
-        return int(h * r), int(w * r)
+        return max(1, int(h * r)), max(1, int(w * r))
     return h, w
 
 
@@ -293,13 +390,24 @@ def convert(root, out, opts: dict | None = None, source: str = "imagefolder", sp
     out = Path(out)
     split = split or out.stem
     t0 = time.perf_counter()
+    require_writable(out.parent)
     try:
         src = open_source(source, root, split)
     except SourceError as err:
         raise ConversionError(str(err)) from None
     for note in src.notes:
         log(f"note: {note}")
-    good, shapes, skipped = check_images(src, opts["strict"], opts["workers"], progress, opts["max_resolution"])
+    duplicates = getattr(src, "duplicates", [])
+    if duplicates:
+        log(f"note: {len(duplicates)} file(s) or folder(s) reached twice through links were taken once "
+            f"(e.g. {duplicates[0]['path']} = {duplicates[0]['same_as']}; report: duplicates)")
+    checked = check_images(src, opts["strict"], opts["workers"], progress, opts["max_resolution"])
+    good, shapes, skipped = checked.good, checked.shapes, checked.skipped
+    same_content = duplicate_content(src, checked)
+    conflicts = [g for g in same_content if g["across_classes"]]
+    if conflicts:
+        log(f"warning: {len(conflicts)} image(s) stored under two or more classes with identical bytes "
+            f"(a labelling error?), e.g. {' = '.join(conflicts[0]['paths'][:2])}; report: duplicate_content")
     if not good:
         raise ConversionError(f"{src.root}: no readable images in split '{split}' ({len(skipped)} skipped)")
     kept = src.select(good)
@@ -324,6 +432,7 @@ def convert(root, out, opts: dict | None = None, source: str = "imagefolder", sp
         # padding (a page or two each), so use one per 16 pages of pixels.
         writers = max(1, min(opts["workers"], raw_bytes // (16 * page)))
         chunk = max(16, min(256, len(good) // (8 * writers)))
+        require_space(out.parent, least_bytes(opts, stored, writers, page))
         write_beton(SplitDataset(kept, opts["max_resolution"]), out, image_fields(opts), writers, page, chunk)
     t_write = time.perf_counter() - t0 - t_check
 
@@ -337,6 +446,8 @@ def convert(root, out, opts: dict | None = None, source: str = "imagefolder", sp
         "counts_per_class": {name: counts.get(k, 0) for k, name in enumerate(src.classes)},
         "skipped": skipped,
         "ignored": src.ignored,
+        "duplicates": duplicates,
+        "duplicate_content": same_content,
         "notes": src.notes,
         "sample_keys_sha1": kept.digest(),
         "resolution": {"source": _hw_stats(hw), "stored": _hw_stats(stored)},
