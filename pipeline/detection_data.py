@@ -33,6 +33,8 @@ class DetectionSplit:
     coco: dict          # COCO-format: images, annotations, categories
     image_root: Path    # file_name is relative to this folder
     name: str           # what it is, for logs and metrics
+    kind: str = "coco"  # coco | voc: the evaluation protocol of its own benchmark
+    year: str | None = None  # VOC: the year of its image sets (2007's test set: the 11-point metric)
 
     @property
     def num_classes(self) -> int:
@@ -106,8 +108,68 @@ def voc_split(devkit: Path, sets: list[str]) -> DetectionSplit:
                 annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": label,
                                     "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0),
                                     "iscrowd": int(difficult), "difficult": int(difficult)})
+    years = {item.partition("/")[0] for item in sets}
     return DetectionSplit({"images": images, "annotations": annotations, "categories": categories},
-                          devkit, "VOC " + "+".join(sets))
+                          devkit, "VOC " + "+".join(sets), kind="voc", year=years.pop() if len(years) == 1 else None)
+
+
+def write_voc(split: DetectionSplit, devkit: Path, year: str, image_set: str, difficult=frozenset()) -> None:
+    """Write a COCO-format split as the VOC image set ``VOC<year>/<image_set>`` of ``devkit``:
+    JPEGs, XML annotations (1-based inclusive pixels, as VOC's) and the listing. ``difficult``:
+    annotation ids to mark difficult. Class ids map to VOC_CLASSES in order (at most 20)."""
+    from PIL import Image
+
+    if max(c["id"] for c in split.coco["categories"]) > len(VOC_CLASSES):
+        raise DetectionDataError(f"{split.name}: more than {len(VOC_CLASSES)} classes do not fit VOC's")
+    folder = Path(devkit) / f"VOC{year}"
+    for sub in ("Annotations", "JPEGImages", "ImageSets/Main"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    by_image: dict[int, list] = {}
+    for a in split.coco["annotations"]:
+        by_image.setdefault(a["image_id"], []).append(a)
+    stems = []
+    for img in split.coco["images"]:
+        stem = f"{image_set}_{img['id']:06d}"
+        Image.open(split.image_root / img["file_name"]).convert("RGB").save(
+            folder / "JPEGImages" / f"{stem}.jpg", quality=95)
+        objects = "".join(
+            f"<object><name>{VOC_CLASSES[a['category_id'] - 1]}</name>"
+            f"<difficult>{int(a['id'] in difficult)}</difficult><bndbox>"
+            f"<xmin>{a['bbox'][0] + 1:g}</xmin><ymin>{a['bbox'][1] + 1:g}</ymin>"
+            f"<xmax>{a['bbox'][0] + a['bbox'][2]:g}</xmax><ymax>{a['bbox'][1] + a['bbox'][3]:g}</ymax>"
+            "</bndbox></object>" for a in by_image.get(img["id"], []))
+        (folder / "Annotations" / f"{stem}.xml").write_text(
+            f"<annotation><size><width>{img['width']}</width><height>{img['height']}</height><depth>3</depth>"
+            f"</size>{objects}</annotation>")
+        stems.append(stem)
+    (folder / "ImageSets" / "Main" / f"{image_set}.txt").write_text("\n".join(stems) + "\n")
+
+
+def to_voc(coco_root: Path, devkit: Path) -> None:
+    """A COCO-layout folder (the embedded scenes) as a VOCdevkit: train -> VOC2007 trainval,
+    val -> VOC2007 test, so detection runs and is scored by VOC's protocol on it."""
+    train, val = coco_split(Path(coco_root), "train"), coco_split(Path(coco_root), "val")
+    write_voc(train, devkit, "2007", "trainval")
+    write_voc(val, devkit, "2007", "test")
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Write a COCO-layout detection folder (e.g. the embedded scenes) "
+                                 "as a VOCdevkit: train -> VOC2007 trainval, val -> VOC2007 test")
+    ap.add_argument("--coco", required=True, help="folder with instances_{train,val}.json and the images")
+    ap.add_argument("--out", required=True, help="the VOCdevkit folder to write")
+    args = ap.parse_args(argv)
+    try:
+        to_voc(Path(args.coco), Path(args.out))
+    except DetectionDataError as err:
+        raise SystemExit(f"[detection_data] error: {err}")
+    print(f"[detection_data] {args.coco} -> {args.out} (VOC2007 trainval / test)")
+
+
+if __name__ == "__main__":
+    main()
 
 
 def _voc_annotation(path: Path, class_id: dict) -> tuple[int, int, list]:
