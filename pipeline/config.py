@@ -138,6 +138,17 @@ def check_detector(det: dict) -> None:
     ranks = det.get("ranks", 1)
     if det.get("batch_size") and det["batch_size"] % ranks:
         raise ConfigError(f"detect.batch_size={det['batch_size']} is not a multiple of detect.ranks={ranks}")
+    if det.get("schedule") == "step" and not det.get("lr_steps"):
+        raise ConfigError("detect.lr_steps: the step schedule needs the iterations at which the lr drops")
+    steps = det.get("lr_steps") or []
+    if steps != sorted(steps):
+        raise ConfigError(f"detect.lr_steps={steps} must be in increasing order")
+    if det.get("iterations") and steps and steps[-1] >= det["iterations"]:
+        raise ConfigError(f"detect.lr_steps={steps} reach beyond detect.iterations={det['iterations']}")
+    cap = det.get("max_image_size") or det.get("image_size")
+    if cap and any(s > cap for s in det.get("train_sizes") or []):
+        raise ConfigError(f"detect.train_sizes={det['train_sizes']} exceed the longer side's cap {cap} "
+                          "(detect.max_image_size)")
     sizes = det.get("anchor_sizes")
     if sizes and det.get("head", "fpn") == "fpn" and len(sizes) != 5:
         raise ConfigError(f"detect.anchor_sizes: the FPN head needs one size per pyramid level (5), "

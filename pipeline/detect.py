@@ -54,7 +54,7 @@ from tqdm import tqdm
 from pipeline import checkpoint
 from pipeline.augment import MEAN, STD
 from pipeline.config import DEFAULT_CONFIG, ConfigError, load_stage_config, load_yaml
-from pipeline import cpus, distributed
+from pipeline import cpus, distributed, voc_eval
 from pipeline.detection_data import DetectionDataError, DetectionSplit, load_splits
 from pipeline.io import atomic_write_json
 from pipeline.models import build_backbone, group_norm
@@ -162,8 +162,14 @@ def check_norm(arch: dict, dc: dict, source: str) -> None:
                           f"{source} holds a BatchNorm backbone: use frozen_bn or bn")
 
 
+def with_defaults(dc: dict) -> dict:
+    """The detect section with its unset keys taken from the workflow's defaults (config.yaml)."""
+    return {**load_yaml(DEFAULT_CONFIG)["detect"], **dc}
+
+
 def build_detector(ckpt: dict, dc: dict, num_classes: int, source: str = "checkpoint") -> FasterRCNN:
     """Faster R-CNN over the checkpoint's backbone (all weights loaded), FPN or C4 head."""
+    dc = with_defaults(dc)
     check_norm(ckpt["arch"], dc, source)
     backbone = build_backbone(ckpt["arch"])
     checkpoint.load_backbone_state(backbone, ckpt["backbone"], source)
@@ -187,11 +193,19 @@ def build_detector(ckpt: dict, dc: dict, num_classes: int, source: str = "checkp
             FastRCNNConvFCHead((channels, 7, 7), [channels] * 4, [BOX_HEAD_DIM], norm_layer=norm)
         parts = dict(rpn_anchor_generator=AnchorGenerator(tuple((s,) for s in sizes), ((0.5, 1.0, 2.0),) * len(sizes)),
                      box_head=head, box_predictor=FastRCNNPredictor(BOX_HEAD_DIM, num_classes))
-    # Scenes hold 2-4 objects: a few hundred proposals and 128 sampled RoIs are plenty.
-    return FasterRCNN(body, min_size=size, max_size=dc.get("max_image_size") or size, image_mean=MEAN, image_std=STD,
-                      rpn_pre_nms_top_n_train=1000, rpn_post_nms_top_n_train=300,
-                      rpn_pre_nms_top_n_test=500, rpn_post_nms_top_n_test=150, box_batch_size_per_image=128,
-                      **parts)
+    rpn = dc["rpn"]
+    # training draws each image's shorter side from train_sizes (multi-scale); test: image_size
+    train_sizes = tuple(dc.get("train_sizes") or (size,))
+    return FasterRCNN(body, min_size=train_sizes, max_size=dc.get("max_image_size") or size,
+                      image_mean=MEAN, image_std=STD,
+                      rpn_pre_nms_top_n_train=rpn["pre_nms_train"], rpn_post_nms_top_n_train=rpn["post_nms_train"],
+                      rpn_pre_nms_top_n_test=rpn["pre_nms_test"], rpn_post_nms_top_n_test=rpn["post_nms_test"],
+                      box_batch_size_per_image=dc["roi_per_image"], **parts)
+
+
+def test_scale(detector: FasterRCNN, dc: dict) -> None:
+    """Evaluate at image_size (torchvision would take the last training size)."""
+    detector.transform.min_size = (dc["image_size"],)
 
 
 def pretrained_part(detector: FasterRCNN) -> dict:
@@ -215,11 +229,19 @@ def verify_backbone(detector: FasterRCNN, state: dict, source: str = "checkpoint
             f"missing {missing[:5]}, different {differ[:5]}")
 
 
-def lr_factor(step: int, total: int, warmup: int) -> float:
-    """Linear warmup, then cosine decay to zero."""
+def lr_factor(step: int, total: int, warmup: int, schedule: str = "cosine", lr_steps=()) -> float:
+    """Linear warmup, then cosine decay to zero, or (step) x0.1 at each of lr_steps (iterations,
+    as Detectron2's SOLVER.STEPS)."""
     if step < warmup:
         return (step + 1) / warmup
+    if schedule == "step":
+        return 0.1 ** sum(step >= s for s in lr_steps)
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def iterations(dc: dict, steps_per_epoch: int) -> int:
+    """Training length: detect.iterations when set (Detectron2's MAX_ITER), else epochs x steps."""
+    return dc.get("iterations") or dc["epochs"] * steps_per_epoch
 
 
 def to_device(images, targets, device) -> tuple[list, list]:
@@ -233,17 +255,22 @@ def train(detector: nn.Module, loader, dc: dict) -> list[float]:
     device = next(detector.parameters()).device
     params = [p for p in detector.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=dc["lr"], momentum=0.9, weight_decay=dc["weight_decay"])
-    epochs, total = dc["epochs"], dc["epochs"] * len(loader)
+    total = iterations(dc, len(loader))
+    epochs = math.ceil(total / len(loader))  # the last one cut short at `total` iterations
     warmup = max(1, min(100, total // 4))  # random heads give huge first gradients (NaN at 2x lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup))
+    schedule, lr_steps = dc.get("schedule", "cosine"), dc.get("lr_steps") or ()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, schedule, lr_steps))
     curve, bar = [], tqdm(total=total, desc="[detect] train", file=sys.stderr, mininterval=5, leave=False,
                           disable=not is_main())
     detector.train()
+    done = 0
     for epoch in range(epochs):
         start, losses = time.time(), []
         if isinstance(loader.sampler, torch.utils.data.DistributedSampler):
             loader.sampler.set_epoch(epoch)  # a new shard order every epoch
         for step, (images, targets) in enumerate(loader):
+            if done == total:
+                break
             images, targets = to_device(images, targets, device)
             loss = sum(detector(images, targets).values())
             if not torch.isfinite(loss):
@@ -255,6 +282,7 @@ def train(detector: nn.Module, loader, dc: dict) -> list[float]:
             sched.step()
             losses.append(float(loss.detach()))
             bar.update()
+            done += 1
         curve.append(round(sum(losses) / len(losses), 5))
         log(f"epoch {epoch + 1}/{epochs} loss {curve[-1]:.4f} lr {opt.param_groups[0]['lr']:.5f} "
             f"({time.time() - start:.1f} s)")
@@ -308,10 +336,44 @@ def coco_evaluate(gt: str | Path | dict, detections: list[dict]) -> dict:
     return metrics
 
 
+def voc_metric(split: DetectionSplit, dc: dict) -> str:
+    """auto: VOC2007's 11-point metric on a 2007 test set, the area under the curve otherwise
+    (as Detectron2 picks it by the test set's year)."""
+    choice = dc.get("voc_metric", "auto")
+    return choice if choice != "auto" else ("11point" if split.year == "2007" else "area")
+
+
+def evaluate(split: DetectionSplit, detections: list[dict], dc: dict) -> dict:
+    """The split's own protocol: COCO box AP; on VOC, VOC's metric (AP50, AP75 and AP over IoU
+    0.50:0.95, as the MoCo paper's VOC table) with the COCO-style numbers beside it."""
+    coco = coco_evaluate(split.coco, detections)
+    if split.kind != "voc":
+        return {**coco, "protocol": "COCO box AP (pycocotools)"}
+    metric = voc_metric(split, dc)
+    voc = voc_eval.evaluate(split.coco, detections, metric)
+    log(f"VOC ({metric}) AP50={voc['AP50']} AP={voc['AP']} AP75={voc['AP75']}")
+    return {"AP": voc["AP"], "AP50": voc["AP50"], "AP75": voc["AP75"], "APs": None, "APm": None, "APl": None,
+            "protocol": f"VOC {metric} AP (AP over IoU 0.50:0.95, as Detectron2's VOC evaluator)",
+            "per_class_AP50": voc["per_class_AP50"], "coco_style": coco}
+
+
+def normalisation(dc: dict, synced: bool, world_size: int) -> str:
+    """Which statistics normalise the fine-tuned detector's features, over how many images."""
+    per_rank = dc["batch_size"] // world_size
+    if dc["norm"] == "frozen_bn":
+        return f"frozen BN (pretrained statistics), batch {dc['batch_size']}"
+    if dc["norm"] == "gn":
+        return f"GroupNorm (batch-independent), batch {dc['batch_size']}"
+    if synced:
+        return f"SyncBN over {dc['batch_size']} images ({world_size} ranks x {per_rank})"
+    ranks = f" on each of {world_size} ranks" if world_size > 1 else ""
+    return f"BN over {per_rank} images{ranks}, batch {dc['batch_size']}"
+
+
 def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None = None) -> dict:
     """Fine-tune on the train split, score the val split, write the metrics JSON to ``out``.
     ``seed`` (default detect.seed) draws the new layers, the batch order and the flips."""
-    dc = {**load_yaml(DEFAULT_CONFIG)["detect"], **cfg["detect"]}  # unset keys: the workflow defaults
+    dc = with_defaults(cfg["detect"])
     cfg = {**cfg, "detect": dc}
     seed, watch = dc["seed"] if seed is None else seed, Stopwatch()
     torch.manual_seed(seed)
@@ -340,8 +402,8 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
         generator=torch.Generator().manual_seed(seed))
     head = dc.get("head", "fpn")
     log(f"{train_split.name}: {len(train_set)} train / {val_split.name}: {len(val_set)} val images, "
-        f"{num_classes - 1} classes, {ckpt['arch']}, head {head}, norm {dc['norm']}{' (SyncBN)' if synced else ''}, "
-        f"seed {seed}, {env.world_size} rank(s) on {device}")
+        f"{num_classes - 1} classes, {ckpt['arch']}, head {head}, {normalisation(dc, synced, env.world_size)}, "
+        f"{iterations(dc, len(loader))} iterations, seed {seed}, {env.world_size} rank(s) on {device}")
     start = time.time()
     watch.mark("setup")
     model = nn.parallel.DistributedDataParallel(detector, device_ids=[device.index] if device.type == "cuda" else None) \
@@ -352,10 +414,13 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
     metrics = None
     if env.is_main:  # one evaluation, on the full val split
         with watch.phase("evaluate"):
-            metrics = coco_evaluate(val_split.coco, predict(detector, val_set, per_rank))
-        metrics.update({"epochs": dc["epochs"], "train_loss": curve, "seconds": round(time.time() - start, 1),
-                        "arch": ckpt["arch"], "method": ckpt.get("method"), "head": head, "norm": dc["norm"],
-                        "sync_bn": synced, "ranks": env.world_size, "seed": seed, "checkpoint": str(ckpt_path),
+            test_scale(detector, dc)
+            metrics = evaluate(val_split, predict(detector, val_set, per_rank), dc)
+        metrics.update({"epochs": len(curve), "iterations": iterations(dc, len(loader)), "train_loss": curve,
+                        "seconds": round(time.time() - start, 1), "arch": ckpt["arch"], "method": ckpt.get("method"),
+                        "head": head, "norm": dc["norm"], "sync_bn": synced, "ranks": env.world_size,
+                        "batch_size": dc["batch_size"], "normalisation": normalisation(dc, synced, env.world_size),
+                        "seed": seed, "checkpoint": str(ckpt_path),
                         "train_set": train_split.name, "val_set": val_split.name,
                         "num_train_images": len(train_set), "num_val_images": len(val_set), "config": cfg,
                         "timing": watch.report()})
@@ -389,7 +454,8 @@ def summarize_trials(paths: list, out: Path) -> dict:
         mean[key] = round(statistics.fmean(vals), 3) if vals else None
         std[key] = round(statistics.stdev(vals), 3) if len(vals) > 1 else None  # sample std
     first = trials[0]
-    shared = {k: first[k] for k in ("epochs", "arch", "method", "head", "norm", "checkpoint", "train_set", "val_set",
+    shared = {k: first[k] for k in ("epochs", "iterations", "arch", "method", "head", "norm", "batch_size",
+                                    "normalisation", "protocol", "checkpoint", "train_set", "val_set",
                                     "num_train_images", "num_val_images", "config") if k in first}
     summary = {**mean, "std": std, "n": len(trials), **shared,
                "seconds": round(sum(t.get("seconds", 0) for t in trials), 1),

@@ -46,9 +46,12 @@ def init() -> DistEnv:
     if world <= 1:
         return DistEnv(host=node)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl" and local >= torch.cuda.device_count():
+        raise RuntimeError(f"local rank {local} has no GPU: this node's job sees {torch.cuda.device_count()} "
+                           "GPU(s), one per rank is needed (the profile's gres for this rule, e.g. gpu:<ranks>)")
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
-    local = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":
         torch.cuda.set_device(local)
     return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local, host=node)

@@ -89,6 +89,19 @@ def test_dataset_roots_may_hold_spaces_and_non_ascii_letters(cfg, tmp_path):
     validate(cfg)
 
 
+@pytest.mark.parametrize("detect,expect", [
+    ({"schedule": "step"}, "detect.lr_steps: the step schedule needs"),
+    ({"schedule": "step", "lr_steps": [22000, 18000]}, "increasing order"),
+    ({"iterations": 20000, "lr_steps": [18000, 22000]}, "reach beyond detect.iterations=20000"),
+    ({"train_sizes": [480, 800], "image_size": 96, "max_image_size": None}, "exceed the longer side's cap 96"),
+    ({"rpn": {"pre_nms_train": 10}}, "detect.rpn"),
+])
+def test_detection_schedule_and_scales_are_checked(cfg, detect, expect):
+    cfg["detect"].update(detect)
+    with pytest.raises(ConfigError, match=expect):
+        validate(cfg)
+
+
 def test_queue_must_be_multiple_of_batch(cfg):
     cfg["pretrain"].update(K=1000, batch_size=256)
     with pytest.raises(ConfigError, match="K=1000 is not a multiple of the global batch size 256"):

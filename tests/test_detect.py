@@ -11,11 +11,10 @@ import torch
 from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, TwoMLPHead
 from torchvision.ops import FrozenBatchNorm2d
 
-from PIL import Image
 
 from conftest import REPO
 from pipeline import checkpoint, detect
-from pipeline.detection_data import VOC_CLASSES, DetectionSplit, load_splits
+from pipeline.detection_data import VOC_CLASSES, DetectionSplit, load_splits, write_voc
 from pipeline.models import build_backbone
 from pipeline.synthetic import generate
 
@@ -123,28 +122,6 @@ def test_coco_2017_layout(det_dir, tmp_path):
 
 # --- Pascal VOC --------------------------------------------------------------------------------
 
-def write_voc(devkit, year, image_set, split, difficult=frozenset()):
-    """A COCO-format split written as a VOC image set (JPEGs, XMLs, the listing); ``difficult``:
-    annotation ids marked difficult. Boxes go out 1-based and inclusive, as VOC's."""
-    folder = devkit / f"VOC{year}"
-    for sub in ("Annotations", "JPEGImages", "ImageSets/Main"):
-        (folder / sub).mkdir(parents=True, exist_ok=True)
-    stems = []
-    for img in split.coco["images"]:
-        stem = f"{image_set}_{img['id']:06d}"
-        Image.open(split.image_root / img["file_name"]).convert("RGB").save(folder / "JPEGImages" / f"{stem}.jpg")
-        objects = "".join(
-            f"<object><name>{VOC_CLASSES[a['category_id'] - 1]}</name><difficult>{int(a['id'] in difficult)}</difficult>"
-            f"<bndbox><xmin>{a['bbox'][0] + 1:g}</xmin><ymin>{a['bbox'][1] + 1:g}</ymin>"
-            f"<xmax>{a['bbox'][0] + a['bbox'][2]:g}</xmax><ymax>{a['bbox'][1] + a['bbox'][3]:g}</ymax></bndbox></object>"
-            for a in split.coco["annotations"] if a["image_id"] == img["id"])
-        (folder / "Annotations" / f"{stem}.xml").write_text(
-            f"<annotation><size><width>{img['width']}</width><height>{img['height']}</height><depth>3</depth>"
-            f"</size>{objects}</annotation>")
-        stems.append(stem)
-    (folder / "ImageSets" / "Main" / f"{image_set}.txt").write_text("\n".join(stems) + "\n")
-
-
 @pytest.fixture(scope="module")
 def voc_root(det_dir, tmp_path_factory):
     """VOC2007 trainval/test and VOC2012 trainval made of the embedded scenes; in the 07 test
@@ -153,10 +130,10 @@ def voc_root(det_dir, tmp_path_factory):
     train, val = load_splits(det_dir)
     half = {**train.coco, "images": train.coco["images"][:10]}
     rest = {**train.coco, "images": train.coco["images"][10:]}
-    write_voc(devkit, "2007", "trainval", DetectionSplit(half, train.image_root, "07"))
-    write_voc(devkit, "2012", "trainval", DetectionSplit(rest, train.image_root, "12"))
+    write_voc(DetectionSplit(half, train.image_root, "07"), devkit, "2007", "trainval")
+    write_voc(DetectionSplit(rest, train.image_root, "12"), devkit, "2012", "trainval")
     first = {min(a["id"] for a in val.coco["annotations"] if a["image_id"] == img["id"]) for img in val.coco["images"]}
-    write_voc(devkit, "2007", "test", val, difficult=first)
+    write_voc(val, devkit, "2007", "test", difficult=first)
     return devkit, first
 
 
@@ -312,7 +289,7 @@ def test_tiny_run_writes_metrics(det_dir, ckpt_path, tmp_path):
 def test_voc_c4_trials_and_their_summary(voc_root, ckpt_path, tmp_path):
     """Two trials (seeds) of a C4 detector on VOC07+12 -> VOC07 test, then their mean ± std."""
     devkit, _ = voc_root
-    cfg = json.dumps({"detect": {**TINY, "head": "c4"}})
+    cfg = json.dumps({"detect": {**TINY, "head": "c4", "iterations": 6}})  # 4 per epoch: 1.5 epochs
     trials = []
     for seed in (3, 4):
         trials.append(tmp_path / f"trial{seed}.json")
@@ -323,6 +300,12 @@ def test_voc_c4_trials_and_their_summary(voc_root, ckpt_path, tmp_path):
     assert runs[0]["train_set"] == "VOC 2007/trainval+2012/trainval" and runs[0]["val_set"] == "VOC 2007/test"
     assert (runs[0]["num_train_images"], runs[0]["num_val_images"]) == (16, 8)
     assert runs[0]["train_loss"] != runs[1]["train_loss"]  # the seed changes the run
+    assert runs[0]["iterations"] == 6 and len(runs[0]["train_loss"]) == 2
+    # scored by VOC's protocol (2007 test: the 11-point metric), the COCO-style numbers beside
+    assert runs[0]["protocol"].startswith("VOC 11point AP") and runs[0]["APs"] is None
+    assert set(runs[0]["coco_style"]) >= set(detect.AP_KEYS)
+    assert set(runs[0]["per_class_AP50"]) <= set(VOC_CLASSES)
+    assert runs[0]["normalisation"] == "frozen BN (pretrained statistics), batch 4"
     detect.main(["summarize", "--out", str(tmp_path / "detect.json"), *map(str, trials)])
     summary = json.loads((tmp_path / "detect.json").read_text())
     assert summary["n"] == 2 and [t["seed"] for t in summary["trials"]] == [3, 4]
@@ -389,3 +372,52 @@ def test_image_sizes_shorter_side_and_cap(ckpt_path):
     assert square.transform(wide)[0].image_sizes == [(32, 64)]  # bounded by 64 x 64
     capped = detect.build_detector(ckpt, {**TINY, "max_image_size": 200}, num_classes=11).eval()
     assert capped.transform(wide)[0].image_sizes == [(64, 128)]  # shorter side 64, as Detectron2's 800/1333
+
+
+# --- the reference's settings: proposals, RoIs, scales, schedule ------------------------------
+
+def test_proposal_and_roi_counts_come_from_the_config(ckpt_path):
+    ckpt = checkpoint.load(ckpt_path)
+    scenes = detect.build_detector(ckpt, TINY, num_classes=11)  # the defaults, sized for the scenes
+    assert scenes.rpn._pre_nms_top_n == {"training": 1000, "testing": 500}
+    assert scenes.rpn._post_nms_top_n == {"training": 300, "testing": 150}
+    assert scenes.roi_heads.fg_bg_sampler.batch_size_per_image == 128
+    reference = {"pre_nms_train": 12000, "post_nms_train": 2000, "pre_nms_test": 6000, "post_nms_test": 1000}
+    paper = detect.build_detector(ckpt, {**TINY, "head": "c4", "rpn": reference, "roi_per_image": 512}, num_classes=21)
+    assert paper.rpn._pre_nms_top_n == {"training": 12000, "testing": 6000}
+    assert paper.rpn._post_nms_top_n == {"training": 2000, "testing": 1000}
+    assert paper.roi_heads.fg_bg_sampler.batch_size_per_image == 512
+
+
+def test_multi_scale_training_and_single_scale_test(ckpt_path):
+    ckpt = checkpoint.load(ckpt_path)
+    detector = detect.build_detector(ckpt, {**TINY, "train_sizes": [48, 56, 64], "max_image_size": 200},
+                                     num_classes=11).train()
+    torch.manual_seed(0)
+    sides = {min(detector.transform([torch.rand(3, 40, 80)])[0].image_sizes[0]) for _ in range(40)}
+    assert sides == {48, 56, 64}  # each image draws its shorter side
+    detect.test_scale(detector, {**TINY, "image_size": 64})
+    detector.eval()
+    assert detector.transform([torch.rand(3, 40, 80)])[0].image_sizes == [(64, 128)]
+
+
+def test_step_schedule_drops_at_the_reference_iterations():
+    f = lambda step: detect.lr_factor(step, 24000, 100, "step", [18000, 22000])  # noqa: E731
+    assert f(0) == pytest.approx(0.01) and f(99) == 1.0  # linear warmup over 100 iterations
+    assert f(17999) == 1.0 and f(18000) == pytest.approx(0.1) and f(21999) == pytest.approx(0.1)
+    assert f(22000) == pytest.approx(0.01) and f(23999) == pytest.approx(0.01)
+    assert detect.lr_factor(12000, 24000, 100) == pytest.approx(0.5, abs=0.01)  # cosine: half way
+
+
+def test_embedded_scenes_as_a_voc_devkit(det_dir, tmp_path):
+    from pipeline.detection_data import main as to_voc_cli
+
+    to_voc_cli(["--coco", str(det_dir), "--out", str(tmp_path / "VOCdevkit")])
+    train, val = load_splits(tmp_path / "VOCdevkit", "voc", {"train": ["2007/trainval"], "val": "2007/test"})
+    assert (val.kind, val.year, len(train.coco["images"]), len(val.coco["images"])) == ("voc", "2007", 16, 8)
+    truth = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
+             for a in val.coco["annotations"]]
+    m = detect.evaluate(val, truth, {"voc_metric": "auto"})
+    assert m["AP50"] == m["AP"] == pytest.approx(100.0) and m["coco_style"]["AP"] == pytest.approx(100.0)
+    assert m["protocol"].startswith("VOC 11point")
+    assert detect.evaluate(val, truth, {"voc_metric": "area"})["protocol"].startswith("VOC area")
