@@ -174,6 +174,7 @@ PRESETS = {  # preset -> the config files it is used with, as its header documen
     "imagenet-mocov2": ["imagenet-mocov2"],
     "imagenet-mocov1": ["imagenet-mocov2", "imagenet-mocov1"],
     "imagenet-mocov3-vit": ["imagenet-mocov2", "imagenet-mocov3-vit"],
+    "imagenet-mocov2-coco": ["imagenet-mocov2", "imagenet-mocov2-coco"],
     "cifar10": ["cifar10"],
 }
 
@@ -231,6 +232,15 @@ def test_paper_presets_hold_the_reference_settings():
     d = v2["detect"]
     assert (d["dataset"], d["head"], d["voc"], d["trials"]) == \
         ("voc", "c4", {"train": ["2007/trainval", "2012/trainval"], "val": "2007/test"}, 5)
+    # Detectron2's pascal_voc_R_50_C4_24k on Base-RCNN-C4-BN (moco/detection/configs at 7397dfe)
+    assert (d["norm"], d["ranks"], d["batch_size"], d["lr"]) == ("bn", 8, 16, 0.02)  # SyncBN over 16 images
+    assert (d["schedule"], d["iterations"], d["lr_steps"]) == ("step", 24000, [18000, 22000])
+    assert d["train_sizes"] == list(range(480, 801, 32)) and (d["image_size"], d["max_image_size"]) == (800, 1333)
+    assert d["rpn"] == {"pre_nms_train": 12000, "post_nms_train": 2000, "pre_nms_test": 6000, "post_nms_test": 1000}
+    assert d["roi_per_image"] == 512 and d["voc_metric"] in ("auto", "11point")
+    coco = preset_config("imagenet-mocov2-coco")["detect"]  # coco_R_50_C4_2x
+    assert (coco["dataset"], coco["iterations"], coco["lr_steps"]) == ("coco", 180000, [120000, 160000])
+    assert coco["train_sizes"] == list(range(640, 801, 32)) and coco["rpn"] == d["rpn"] and coco["ranks"] == 8
     v1 = preset_config("imagenet-mocov1")["pretrain"]
     assert (v1["variant"], v1["T"], v1["schedule"], v1["aug"], v1["K"], v1["m"], v1["lr"]) == \
         ("v1", 0.07, "step", "v1", 65536, 0.999, 0.03)
