@@ -72,10 +72,18 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
            "bn_guard": summary.get("bn_guard"), "probe_mode": probe.get("mode")}
     row.update({k: probe.get(k) for k in ("top1", "top5", "knn_top1")})
     row.update({k: det.get(k) for k in DETECTION_KEYS})
+    row.update(det_setup=detection_setup(det), det_protocol=det.get("protocol"))
     # each detection trial is one sample of the cell's group (the paper's mean over 5 VOC trials)
     trials = det.get("trials") or ([det] if det else [])
     row.update({f"{k}{SAMPLES}": [t[k] for t in trials if t.get(k) is not None] for k in DETECTION_KEYS})
     return row
+
+
+def detection_setup(det: dict) -> str | None:
+    """Normalisation and batch of a cell's detection fine-tuning (older records: the norm only)."""
+    if not det:
+        return None
+    return det.get("normalisation") or (det.get("norm") and f"{det['norm']}{' (SyncBN)' if det.get('sync_bn') else ''}")
 
 
 def collect(results: Path, expected: dict[str, dict] | None = None) -> pd.DataFrame:
@@ -158,6 +166,7 @@ class Table:
     rows: list[Row]
     provenance: str = ""
     groups: list[tuple[str, list[str]]] = field(default_factory=list)  # LaTeX: spanning header, short headers
+    notes: list[str] = field(default_factory=list)  # footnotes of this table's own
 
 
 METRIC_GROUPS = {"inst_acc": ("pretext", "instance"), "top1": ("top-1 accuracy", "linear"), "top5": ("top-5 accuracy", "linear"),
@@ -310,7 +319,26 @@ def methods(gs, prov) -> Table:
 
 
 def detection(gs, prov) -> Table:
-    return _methods_like(gs, prov, "detection", "Transfer to detection (Faster R-CNN)", DETECTION_METRICS)
+    table = _methods_like(gs, prov, "detection", "Transfer to detection (Faster R-CNN)", DETECTION_METRICS)
+    for column, what in (("det_setup", "Fine-tuning normalisation and batch"), ("det_protocol", "Scored as")):
+        note = per_row_note(table, gs, column)
+        if note:
+            table.notes.append(f"{what}: {note}.")
+    return table
+
+
+def per_row_note(table: Table, gs: dict[str, Group], column: str) -> str | None:
+    """One value of ``column`` for the whole table, or each row's (rows named by their keys)."""
+    cells = pd.concat([g.cells for g in gs.values()]) if gs else pd.DataFrame()
+    by_row = {}
+    for row in table.rows:
+        found = cells[cells["cell"].isin(row.cells)] if row.cells and column in cells else pd.DataFrame()
+        values = sorted({v for v in found.get(column, []) if isinstance(v, str)})
+        if values:
+            by_row[" ".join(k for k in row.keys if k)] = "; ".join(values)
+    if len(set(by_row.values())) == 1:
+        return next(iter(by_row.values()))
+    return "; ".join(f"{row}: {v}" for row, v in by_row.items()) or None
 
 
 def every_cell(gs, prov) -> Table:
@@ -359,11 +387,12 @@ def protocol_text(cfg: dict, df: pd.DataFrame, results: Path) -> str:
     if det is None or det.get("enabled", True):
         det = det or {}
         trials = det.get("trials", 1)
-        how = ", ".join(x for x in (det.get("epochs") and _epochs(det["epochs"]), det.get("norm"),
+        length = f"{det['iterations']} iterations" if det.get("iterations") else det.get("epochs") and _epochs(det["epochs"])
+        how = ", ".join(x for x in (length, det.get("norm"),
                                     trials > 1 and f"mean of {trials} trials") if x)
         head = {"fpn": "FPN", "c4": "C4"}[det.get("head", "fpn")]
         text += (f"; detection: Faster R-CNN + {head} fine-tuned{f' ({how})' if how else ''}, "
-                 f"COCO box AP on {det.get('root') or 'the embedded scenes'}")
+                 f"box AP on {det.get('root') or 'the embedded scenes'}")
     return text
 
 

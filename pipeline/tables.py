@@ -72,7 +72,7 @@ def runs_note(table: Table) -> str | None:
 def footnotes(table: Table) -> list[str]:
     texts = [fmt(v) for r in table.rows for v in r.values]
     notes = [note for mark, note in FOOTNOTES.items() if any(mark in t for t in texts)]
-    return notes + [n for n in [runs_note(table)] if n]
+    return notes + [n for n in [runs_note(table)] if n] + table.notes
 
 
 def markdown(table: Table) -> str:

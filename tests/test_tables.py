@@ -26,7 +26,10 @@ CONFIG = {"dataset": {"source": "synthetic", "synthetic": {"train_per_class": 50
 LOG_HEADER = "epoch,loss,inst_acc,knn,lr,m,queue_age_mean,queue_age_max,drift,seconds\n"
 
 
-def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE):
+FROZEN = "frozen BN (pretrained statistics), batch 4"
+
+
+def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE, det_norm=FROZEN):
     """A cell's outputs as the pipeline writes them (pretrain/, probe.json, detect.json)."""
     params = merge(base, parse_cell_id(cell))
     d = results / "cells" / cell
@@ -54,7 +57,8 @@ def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE)
             trials.append(d / "detect" / f"trial{t}.json")
             trials[-1].parent.mkdir(exist_ok=True)
             trials[-1].write_text(json.dumps({"AP": a, "AP50": a * 2, "AP75": a * 0.8, "APs": None, "APm": a,
-                                              "APl": a, "seed": t, "epochs": 8}))
+                                              "APl": a, "seed": t, "epochs": 8, "normalisation": det_norm,
+                                              "protocol": "COCO box AP (pycocotools)"}))
         summarize_trials(trials, d / "detect.json")
 
 
@@ -72,7 +76,8 @@ def results(tmp_path_factory):
     fake_cell(r, "epochs=60", 65.0, ap=16.0)
     fake_cell(r, "mechanism=end_to_end", 52.0, ap=13.0)            # dictionary = the batch (256)
     fake_cell(r, "mechanism=memory_bank", 54.0, ap=13.5)
-    fake_cell(r, "method=supervised", 70.0, ap=[17.0, 18.0, 19.0])  # three detection trials
+    fake_cell(r, "method=supervised", 70.0, ap=[17.0, 18.0, 19.0],  # three detection trials
+              det_norm="SyncBN over 16 images (8 ranks x 2)")
     fake_cell(r, "method=random", 20.0, ap=3.0)
     fake_cell(r, "variant=v3,backbone=vit_small", 63.0)            # no detect.json -> "—"
     write_tables(r, CONFIG)
@@ -187,6 +192,13 @@ def test_method_comparison_and_detection(results):
     assert det["random init"][2] == "6.0"
     rows = {r["method"]: r for r in read_csv(results, "detection")}
     assert rows["supervised"]["AP_n"] == "3" and float(rows["supervised"]["AP_std"]) == pytest.approx(1.0)
+    # which normalisation and batch each number came from, and how it was scored
+    text = (results / "tables" / "detection.md").read_text()
+    assert (f"Fine-tuning normalisation and batch: MoCo (base cell) v2 ResNet-18 (width 16): {FROZEN}; "
+            "supervised ResNet-18 (width 16): SyncBN over 16 images (8 ranks x 2); "
+            f"random init ResNet-18 (width 16): {FROZEN}.") in text
+    assert "Scored as: COCO box AP (pycocotools)." in text
+    assert "SyncBN over 16 images" in (results / "tables" / "detection.tex").read_text()
 
 
 def test_mechanisms_over_k(results):
