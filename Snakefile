@@ -4,20 +4,23 @@
 #   snakemake                                   # the whole DAG (profiles/default applies)
 #   snakemake cell --config cell=K=1024         # one ablation cell's jobs
 #   snakemake tables --forcerun tables          # regenerate tables from existing metrics
-#   snakemake --profile profiles/slurm          # on a SLURM cluster
-from pipeline.config import validate
-from pipeline.grid import expand
+#   snakemake exports                           # every cell's weights for torchvision/Detectron2/timm
+#   snakemake --profile slurm                   # on a SLURM cluster
+from pipeline.config import read_command_line_values, validate
+from pipeline.grid import grid_cells  # (not `expand`: that is Snakemake's)
 
 configfile: "workflow/config/config.yaml"
 
+read_command_line_values(config)  # --config pretrain='{epochs: 50}': 50, not '50'
 validate(config)  # schema + cross-field rules, with the key and the allowed range on error
-CELLS = expand(config)
+CELLS = grid_cells(config)
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"
+include: "workflow/rules/export.smk"
 
 
 rule all:

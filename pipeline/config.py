@@ -155,6 +155,45 @@ def check_detector(det: dict) -> None:
                           f"not {len(sizes)}")
 
 
+_NULLS = ("null", "Null", "NULL", "~", "")
+
+
+def read_command_line_values(cfg: dict, schema: dict | None = None) -> dict:
+    """Snakemake hands the leaves of a nested ``--config`` value over as strings
+    (``pretrain='{epochs: 50}'`` gives ``'50'``, ``null`` gives ``'null'``). Read every string
+    where the schema expects no string as a YAML scalar, as a config file would have it; the
+    schema then validates the result as usual. Changes ``cfg`` in place and returns it."""
+    schema = schema or load_schema()
+
+    def resolve(node):
+        if isinstance(node, dict) and "$ref" in node:
+            return schema["$defs"][node["$ref"].split("/")[-1]]
+        return node or {}
+
+    def read(value, node):
+        node = resolve(node)
+        if isinstance(value, dict):
+            props, extra = node.get("properties", {}), node.get("additionalProperties")
+            for k in value:
+                value[k] = read(value[k], props.get(k, extra if isinstance(extra, dict) else None))
+            return value
+        if isinstance(value, list):
+            return [read(v, node.get("items")) for v in value]
+        if not isinstance(value, str):
+            return value
+        kinds = node.get("type", [])
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if "string" in kinds or "enum" in node:
+            return None if "null" in kinds and value in _NULLS else value
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+        return parsed if parsed is None or isinstance(parsed, (bool, int, float)) else value
+
+    return read(cfg, schema)
+
+
 def validate(cfg: dict) -> dict:
     """Validate a whole workflow config; returns it unchanged."""
     schema = load_schema()

@@ -20,10 +20,9 @@ import pandas as pd
 
 from pipeline.grid import format_value
 from pipeline.io import atomic_path
+from pipeline.layout import FIGURE_FORMATS, FIGURES
 from pipeline.studies import MECHANISMS, groups, mechanism_groups, shuffle_bn_groups, value
 
-FORMATS = ("png", "pdf")
-FIGURES = ["accuracy_vs_K", "accuracy_vs_m", "staleness", "bn_leak"]  # + curves/<cell>
 
 
 def pyplot():
@@ -38,7 +37,7 @@ def pyplot():
 
 def save(fig, path: Path) -> None:
     """path without suffix -> path.png and path.pdf (atomic; PDFs without a creation date)."""
-    for ext in FORMATS:
+    for ext in FIGURE_FORMATS:
         with atomic_path(path.with_name(f"{path.name}.{ext}")) as tmp:
             fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight",
                         metadata={"CreationDate": None} if ext == "pdf" else {"Software": None})
@@ -207,12 +206,6 @@ def curves(results: Path, cell: str, status: str):
     fig.suptitle(f"{cell}" + (" (diverged)" if status == "fail" else ""))
     fig.tight_layout()
     return fig
-
-
-def figure_files(results, cells) -> list[str]:
-    """Every file write_figures writes for these cells (outputs of the `tables` rule)."""
-    stems = [*FIGURES, *(f"curves/{c}" for c in cells)]
-    return [f"{results}/figures/{s}.{ext}" for s in stems for ext in FORMATS]
 
 
 def write_figures(df: pd.DataFrame, results: Path) -> list[Path]:

@@ -95,7 +95,7 @@ def check_cell(cid: str, params: dict, schema: dict | None = None, num_samples: 
         raise ConfigError(f"ablation cell '{cid}' is impossible: {err}") from None
 
 
-def expand(cfg: dict) -> dict[str, dict]:
+def grid_cells(cfg: dict) -> dict[str, dict]:
     """All cells of the grid: id -> full pretrain parameters (validated)."""
     base = cfg["pretrain"]
     schema = load_schema()
@@ -107,7 +107,17 @@ def expand(cfg: dict) -> dict[str, dict]:
         cid = cell_id(base, params)
         check_cell(cid, params, schema, num_samples)
         cells.setdefault(cid, params)
-    return cells
+    return only(cells, grid.get("only"))
+
+
+def only(cells: dict[str, dict], chosen: list[str] | None) -> dict[str, dict]:
+    """The cells of ``chosen`` (grid.only; a cell's id or its seed-less group id), all if None."""
+    if not chosen:
+        return cells
+    unknown = [c for c in chosen if not any(c in (cid, group_id(cid)) for cid in cells)]
+    if unknown:
+        raise ConfigError(f"grid.only: {unknown} not in the grid (its cells: {', '.join(cells)})")
+    return {cid: p for cid, p in cells.items() if cid in chosen or group_id(cid) in chosen}
 
 
 def cell_params(cfg: dict, cid: str) -> dict:

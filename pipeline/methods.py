@@ -9,7 +9,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.config import ConfigError
-from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, is_resnet, projection_head
+from pipeline.layout import is_resnet
+from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, projection_head
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd, MemoryBank
 from pipeline.moco.split_bn import SplitBatchNorm2d, default_splits, has_batch_norm, split_batch_norm

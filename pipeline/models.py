@@ -140,10 +140,6 @@ def build_backbone(arch: dict, zero_init_residual: bool = False) -> nn.Module:
                           zero_init_residual=zero_init_residual)
 
 
-def is_resnet(arch: dict) -> bool:
-    return arch["backbone"] in ARCHS
-
-
 def projection_head(in_dim: int, out_dim: int, mlp: bool) -> nn.Module:
     """v1: a linear layer; v2: a 2-layer MLP (hidden = in_dim, ReLU)."""
     if not mlp:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from pipeline.config import ConfigError, merge
 from pipeline.grid import AXES, BASE_ID, format_value, group_id, parse_cell_id
+from pipeline.layout import BACKBONE_LABELS
 
 METRICS = {"inst_acc": "instance accuracy", "top1": "linear top-1", "top5": "linear top-5", "knn_top1": "kNN top-1",
            "AP50": "AP50", "AP": "AP", "AP75": "AP75", "APs": "APs", "APm": "APm", "APl": "APl"}
@@ -26,8 +27,6 @@ SAMPLES = "_samples"  # column suffix: a metric's values per trial within the ce
 PAPER_M = [0, 0.9, 0.99, 0.999, 0.9999]            # the MoCo paper's momentum ablation rows
 MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": "MoCo"}
 METHOD_LABELS = {"moco": "MoCo", "supervised": "supervised", "random": "random init"}
-BACKBONES = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "vit_tiny": "ViT-Ti", "vit_small": "ViT-S",
-             "vit_base": "ViT-B"}
 SEPARATE = {"method", "variant", "backbone", "mechanism", "K", "m", "epochs", "seed", "shuffle_bn"}  # own study or none
 # the BN leak's signature (paper 3.3): without the guard the pretext task gets easier (instance
 # accuracy up) while the representation gets worse (probe accuracy down)
@@ -296,7 +295,7 @@ def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
 def backbone_label(p: dict) -> str:
     if not p.get("backbone"):
         return ""
-    name = BACKBONES.get(p["backbone"], p["backbone"])
+    name = BACKBONE_LABELS.get(p["backbone"], p["backbone"])
     if p["backbone"].startswith("resnet") and p.get("width") and p["width"] != 64:
         name += f" (width {p['width']})"
     if p["backbone"].startswith("vit") and p.get("patch_size"):
@@ -433,9 +432,3 @@ def studies(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
            mechanisms(gs, prov), bn_leak(gs, prov), detection(gs, prov), every_cell(gs, prov)]
     extra_axes = sorted({a for g in gs.values() if len(g.diff) == 1 for a in g.diff} - SEPARATE, key=AXES.index)
     return out + [one_axis(gs, a, prov) for a in extra_axes]
-
-
-# Tables always written (declared as outputs of the `tables` rule); ablation_<axis> for other
-# single-axis sweeps are written when such cells exist.
-STUDY_NAMES = ["methods", "ablation_K", "ablation_m", "ablation_epochs", "mechanisms", "shuffle_bn", "detection",
-               "grid"]

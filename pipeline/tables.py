@@ -21,11 +21,11 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.config import ConfigError, load_yaml, merge
-from pipeline.grid import expand
+from pipeline.grid import grid_cells
 from pipeline.io import atomic_write_text
-from pipeline.studies import STUDY_NAMES, Table, Value, collect, studies
+from pipeline.layout import STUDY_NAMES, TABLE_FORMATS
+from pipeline.studies import Table, Value, collect, studies
 
-TABLE_FORMATS = {"md": "Markdown", "csv": "CSV", "tex": "LaTeX"}
 
 MISSING = "—"
 FAIL = "fail"
@@ -154,16 +154,11 @@ def latex(table: Table) -> str:
 
 
 # --- writing ---------------------------------------------------------------------------------
-def table_files(results) -> dict[tuple[str, str], str]:
-    """(study, format) -> path of every per-study table write_tables always writes."""
-    return {(name, ext): f"{results}/tables/{name}.{ext}" for name in STUDY_NAMES for ext in TABLE_FORMATS}
-
-
 def expected_cells(cfg: dict) -> dict[str, dict]:
     """The cells the grid declares (when the config has a grid), so missing ones get a row."""
     if not cfg.get("pretrain") or "grid" not in cfg:
         return {}
-    return expand(cfg)
+    return grid_cells(cfg)
 
 
 def write_tables(results: Path, cfg: dict | None = None, figures: bool = True) -> str:

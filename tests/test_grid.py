@@ -2,7 +2,7 @@
 import pytest
 
 from pipeline.config import ConfigError
-from pipeline.grid import cell_id, cell_resources, expand, group_id, parse_cell_id
+from pipeline.grid import cell_id, cell_resources, grid_cells, group_id, parse_cell_id
 
 BASE = {"method": "moco", "variant": "v2", "backbone": "resnet18", "K": 4096, "m": 0.99, "T": 0.2,
         "epochs": 10, "batch_size": 256, "lr": 0.06}
@@ -13,28 +13,28 @@ def grid(**g):
 
 
 def test_one_at_a_time():
-    cells = expand(grid(one_at_a_time={"K": [1024, 4096], "m": [0.9, 0.999]}))
+    cells = grid_cells(grid(one_at_a_time={"K": [1024, 4096], "m": [0.9, 0.999]}))
     assert set(cells) == {"base", "K=1024", "m=0.9", "m=0.999"}  # K=4096 is the base itself
     assert cells["K=1024"]["K"] == 1024 and cells["K=1024"]["m"] == 0.99
 
 
 def test_product_and_merge_with_one_at_a_time():
-    cells = expand(grid(one_at_a_time={"K": [1024]}, product={"K": [1024, 2048], "m": [0.9, 0.99]}))
+    cells = grid_cells(grid(one_at_a_time={"K": [1024]}, product={"K": [1024, 2048], "m": [0.9, 0.99]}))
     assert set(cells) == {"base", "K=1024", "K=1024,m=0.9", "K=2048", "K=2048,m=0.9"}
 
 
 def test_baselines_are_cells():
-    cells = expand(grid(baselines=["random", "supervised"]))
+    cells = grid_cells(grid(baselines=["random", "supervised"]))
     assert set(cells) == {"base", "method=random", "method=supervised"}
 
 
 def test_seeds_replicate_every_cell():
-    cells = expand(grid(one_at_a_time={"K": [1024]}, baselines=["random"], seeds=3))
+    cells = grid_cells(grid(one_at_a_time={"K": [1024]}, baselines=["random"], seeds=3))
     assert set(cells) == {"base", "seed=1", "seed=2", "K=1024", "K=1024,seed=1", "K=1024,seed=2",
                           "method=random", "method=random,seed=1", "method=random,seed=2"}
     assert cells["K=1024,seed=2"] == {**BASE, "K": 1024, "seed": 2}
     assert {group_id(c) for c in cells} == {"base", "K=1024", "method=random"}  # one table row each
-    assert set(expand(grid(seeds=1))) == {"base"}
+    assert set(grid_cells(grid(seeds=1))) == {"base"}
 
 
 def test_id_round_trip():
@@ -46,9 +46,9 @@ def test_id_round_trip():
 
 def test_impossible_cell_rejected_at_expansion():
     with pytest.raises(ConfigError, match="cell 'K=1000'.*multiple"):
-        expand(grid(one_at_a_time={"K": [1000]}))
+        grid_cells(grid(one_at_a_time={"K": [1000]}))
     with pytest.raises(ConfigError, match="cell 'm=1.5'.*pretrain.m"):
-        expand(grid(one_at_a_time={"m": [1.5]}))
+        grid_cells(grid(one_at_a_time={"m": [1.5]}))
 
 
 def test_unknown_axis():
@@ -57,7 +57,7 @@ def test_unknown_axis():
 
 
 def test_all_designs_together_and_duplicates_merge():
-    cells = expand(grid(one_at_a_time={"K": [1024, 4096], "m": [0.9]},
+    cells = grid_cells(grid(one_at_a_time={"K": [1024, 4096], "m": [0.9]},
                         product={"K": [1024, 4096], "m": [0.9, 0.99]},  # K=4096,m=0.99 is the base
                         baselines=["random"]))
     assert sorted(cells) == sorted(["base", "K=1024", "m=0.9", "K=1024,m=0.9", "method=random"])
@@ -65,7 +65,7 @@ def test_all_designs_together_and_duplicates_merge():
 
 
 def test_product_size():
-    cells = expand(grid(product={"K": [256, 512, 1024, 2048, 4096], "m": [0.9, 0.99, 0.999, 0.9999, 0.5],
+    cells = grid_cells(grid(product={"K": [256, 512, 1024, 2048, 4096], "m": [0.9, 0.99, 0.999, 0.9999, 0.5],
                                  "T": [0.07, 0.1, 0.2, 0.5]}))
     assert len(cells) == 5 * 5 * 4 and "base" in cells and "K=256,m=0.5,T=0.07" in cells
 
@@ -74,9 +74,9 @@ def test_memory_bank_needs_a_larger_dataset():
     cfg = {**grid(one_at_a_time={"mechanism": ["memory_bank"]}),
            "dataset": {"source": "synthetic", "synthetic": {"train_per_class": 100}}}  # 1000 images < K=4096
     with pytest.raises(ConfigError, match="cell 'mechanism=memory_bank' is impossible.*memory bank K=4096.*1000 images"):
-        expand(cfg)
+        grid_cells(cfg)
     cfg["dataset"]["synthetic"]["train_per_class"] = 500
-    assert "mechanism=memory_bank" in expand(cfg)
+    assert "mechanism=memory_bank" in grid_cells(cfg)
 
 
 def test_impossible_cell_named_at_dag_build(tmp_path):

@@ -14,7 +14,7 @@ from pipeline.config import merge
 from pipeline.detect import summarize_trials
 from pipeline.grid import parse_cell_id
 from pipeline.tables import latex, write_tables
-from pipeline.studies import STUDY_NAMES
+from pipeline.layout import STUDY_NAMES
 
 BASE = {"method": "moco", "variant": "v2", "backbone": "resnet18", "width": 16, "K": 4096, "m": 0.99, "T": 0.2,
         "epochs": 30, "batch_size": 256, "lr": 0.06, "seed": 0}

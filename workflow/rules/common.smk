@@ -4,20 +4,13 @@ import os
 import shlex
 import sys
 
-from pipeline.figures import FIGURES, figure_files
-from pipeline.models import is_resnet
+# only pipeline.layout, pipeline.grid and pipeline.config: building the DAG imports no torch
 from pipeline.grid import cell_params, cell_resources as grid_cell_resources, group_id
-from pipeline.tables import TABLE_FORMATS, table_files
+from pipeline.layout import FIGURES, TABLE_FORMATS, figure_files, is_resnet, stage_config, table_files
 
 R = config["results"]
 PY = shlex.quote(sys.executable)  # the interpreter running snakemake (.venv), also on SLURM nodes
 CONDA_ENV = "../envs/moco.yaml"
-
-
-def stage_config(**sections):
-    """The JSON a stage receives: only its own sections, so that unrelated edits of the
-    config do not invalidate its outputs (Snakemake reruns a job whose params changed)."""
-    return json.dumps(sections, sort_keys=True, separators=(",", ":"))
 
 
 def params_of(cell):

@@ -1,0 +1,44 @@
+"""What the workflow's rules need, in the standard library only: building the DAG
+(`snakemake -n`) imports neither torch nor pandas nor matplotlib.
+
+One registry per list (backbones, studies, table formats, figures) and where each output lives
+under the results folder; pipeline.models, pipeline.studies, pipeline.tables and
+pipeline.figures take theirs from here, and a test holds the config schema to them.
+"""
+from __future__ import annotations
+
+import json
+
+RESNETS = ("resnet18", "resnet50")
+VITS = ("vit_tiny", "vit_small", "vit_base")
+BACKBONE_LABELS = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "vit_tiny": "ViT-Ti",
+                   "vit_small": "ViT-S", "vit_base": "ViT-B"}
+
+# tables always written (outputs of the `tables` rule); ablation_<axis> tables of other
+# single-axis sweeps are written when such cells exist
+STUDY_NAMES = ["methods", "ablation_K", "ablation_m", "ablation_epochs", "mechanisms", "shuffle_bn", "detection",
+               "grid"]
+TABLE_FORMATS = {"md": "Markdown", "csv": "CSV", "tex": "LaTeX"}
+FIGURES = ["accuracy_vs_K", "accuracy_vs_m", "staleness", "bn_leak"]  # + curves/<cell>
+FIGURE_FORMATS = ("png", "pdf")
+
+
+def is_resnet(arch: dict) -> bool:
+    return arch["backbone"] in RESNETS
+
+
+def table_files(results) -> dict[tuple[str, str], str]:
+    """(study, format) -> path of every per-study table the tables stage always writes."""
+    return {(name, ext): f"{results}/tables/{name}.{ext}" for name in STUDY_NAMES for ext in TABLE_FORMATS}
+
+
+def figure_files(results, cells) -> list[str]:
+    """Every file the tables stage's figures write for these cells."""
+    stems = [*FIGURES, *(f"curves/{c}" for c in cells)]
+    return [f"{results}/figures/{s}.{ext}" for s in stems for ext in FIGURE_FORMATS]
+
+
+def stage_config(**sections) -> str:
+    """The JSON a stage receives: only its own sections, so that unrelated edits of the
+    config do not invalidate its outputs (Snakemake reruns a job whose params changed)."""
+    return json.dumps(sections, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,106 @@
+"""Building the DAG: without torch, with command-line overrides read as the README documents
+them, one registry per list, and `snakemake --profile slurm` typed as is."""
+import re
+import subprocess
+import sys
+
+from conftest import REPO, run, snakemake_bin
+from test_workflow import jobs_planned, pretraining_jobs
+
+
+def dry_run(tmp_path, *args, check=True):
+    return run([snakemake_bin(), "-n", "-p", "--config", f"results={tmp_path / 'r'}", *args], timeout=120,
+               check=check)
+
+
+def test_building_the_dag_imports_no_torch(tmp_path):
+    code = ("import sys\nfrom snakemake.cli import main\n"
+            f"try:\n    main(['-n', '--quiet', 'rules', '--config', 'results={tmp_path / 'r'}'])\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('HEAVY', sorted(m for m in ('torch', 'torchvision', 'matplotlib', 'pipeline.studies', "
+            "'pipeline.models') if m in sys.modules))")  # (pandas comes with the SLURM plugin itself)
+    out = run([sys.executable, "-c", code], timeout=120).stdout
+    assert "HEAVY []" in out, out[-2000:]
+
+
+def test_the_snakefile_leaves_snakemakes_expand_alone():
+    code = "\n".join(line.split("#")[0] for line in (REPO / "Snakefile").read_text().splitlines())
+    assert not re.search(r"\bexpand\b", code)  # neither imported nor assigned over Snakemake's
+
+
+# --- the README's overrides, run as it shows them ----------------------------------------------
+def test_nested_override_is_read_as_a_number_and_merged_key_by_key(tmp_path):
+    out = dry_run(tmp_path, "pretrain={epochs: 50}").stdout
+    assert '"epochs":50' in out and '"epochs":"50"' not in out
+    assert '"method":"moco","schedule":"cosine"' in out  # the rest of the section is still there
+    assert pretraining_jobs(jobs_planned(out)) == 6
+
+
+def test_override_reports_the_real_problem(tmp_path):
+    proc = dry_run(tmp_path, "grid={one_at_a_time: {K: [1000]}}", check=False)
+    assert proc.returncode != 0
+    assert "K=1000 is not a multiple of the global batch size" in proc.stdout + proc.stderr
+    assert "is not of type" not in proc.stdout + proc.stderr
+
+
+def test_only_the_chosen_cells_run(tmp_path):
+    out = dry_run(tmp_path, "grid={only: [base, method=random, method=supervised]}").stdout
+    assert pretraining_jobs(jobs_planned(out)) == 3
+    assert "cells/K=1024/" not in out and "cells/method=random/" in out
+    proc = dry_run(tmp_path, "grid={only: [K=999]}", check=False)
+    assert "grid.only: ['K=999'] not in the grid" in proc.stdout + proc.stderr
+
+
+def test_command_line_values_are_read_against_the_schema():
+    from pipeline.config import read_command_line_values
+
+    cfg = {"pretrain": {"epochs": "50", "m": "0.9", "backbone": "resnet18", "shuffle_bn": "false"},
+           "dataset": {"root": "null", "source": "synthetic"}, "detect": {"cells": ["base"], "lr_steps": ["10"]},
+           "grid": {"one_at_a_time": {"K": ["1024"], "aug": ["v1"]}}, "results": "1234"}
+    read_command_line_values(cfg)
+    assert cfg["pretrain"] == {"epochs": 50, "m": 0.9, "backbone": "resnet18", "shuffle_bn": False}
+    assert cfg["dataset"]["root"] is None and cfg["detect"] == {"cells": ["base"], "lr_steps": [10]}
+    assert cfg["grid"]["one_at_a_time"] == {"K": [1024], "aug": ["v1"]} and cfg["results"] == "1234"
+
+
+# --- one registry per list ----------------------------------------------------------------------
+def test_backbone_names_have_one_source():
+    from pipeline import grid, layout, models
+    from pipeline.config import load_schema
+
+    names = [*layout.RESNETS, *layout.VITS]
+    assert list(layout.BACKBONE_LABELS) == names
+    assert list(models.ARCHS) == list(layout.RESNETS) and list(models.VITS) == list(layout.VITS)
+    schema = load_schema()
+    assert schema["$defs"]["pretrain"]["properties"]["backbone"]["enum"] == names
+    cost = schema["properties"]["grid"]["properties"]["resources"]["properties"]["backbone_cost"]
+    assert cost["propertyNames"]["enum"] == names and list(grid.BACKBONE_COST) == names
+
+
+# --- `snakemake --profile slurm`, typed from the repository -----------------------------------
+def link_profiles(config_home, check=True):
+    return subprocess.run(["bash", str(REPO / ".ci" / "link-profiles.sh")], cwd=REPO, capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(config_home)}, check=check)
+
+
+def test_profile_slurm_by_name_from_the_repository(tmp_path):
+    home = tmp_path / "config"
+    out = link_profiles(home)
+    assert "snakemake --profile slurm" in out.stdout
+    assert (home / "snakemake" / "slurm").resolve() == REPO / "profiles" / "slurm"
+    link_profiles(home)  # again: nothing to do, no complaint
+    proc = run([snakemake_bin(), "--profile", "slurm", "-n", "--config", f"results={tmp_path / 'r'}"],
+               timeout=120, env={"XDG_CONFIG_HOME": str(home)})
+    assert "slurm_partition=gpu" in proc.stdout and "gres=gpu:4" in proc.stdout  # the executor's resources
+    by_path = run([snakemake_bin(), "--profile", "profiles/slurm", "-n", "--config", f"results={tmp_path / 'r'}"],
+                  timeout=120)
+    assert "gres=gpu:4" in by_path.stdout  # the path form still works
+
+
+def test_a_different_existing_profile_is_left_alone(tmp_path):
+    mine = tmp_path / "config" / "snakemake" / "slurm"
+    mine.mkdir(parents=True)
+    (mine / "config.yaml").write_text("executor: slurm\njobs: 3\n")
+    out = link_profiles(tmp_path / "config")
+    assert "left as it is" in out.stdout + out.stderr and "--profile profiles/slurm" in out.stdout + out.stderr
+    assert (mine / "config.yaml").read_text() == "executor: slurm\njobs: 3\n" and not mine.is_symlink()
