@@ -40,4 +40,5 @@ if [ "$what" = test ] && [ ! -f "$(stamp_of test requirements-test.txt)" ]; then
   pip_install -r requirements-test.txt
   touch "$(stamp_of test requirements-test.txt)"
 fi
+bash .ci/link-profiles.sh
 echo "[setup] ready ($what)"

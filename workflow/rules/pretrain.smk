@@ -41,7 +41,9 @@ rule pretrain:
     # pretraining instead of running alone at the end
     priority: lambda w: 1 if detects(w.cell) else 0
     resources:
-        runtime=cell_runtime,  # minutes, scaled with the cell (config grid.resources)
+        # minutes, scaled with the cell (config grid.resources) and with each retry (a job
+        # killed at its time limit resumes with more time)
+        runtime=lambda w, attempt: cell_runtime(w) * attempt,
         nodes=cell_nodes,
     log:
         f"{R}/logs/pretrain/{{cell}}.log",
@@ -52,3 +54,25 @@ rule pretrain:
     shell:
         "{params.srun}{params.py} -m {params.module} --config {params.cfg:q} --data {params.data:q}"
         " --out {params.out:q} --state {params.state:q} > {log:q} 2>&1"
+
+
+# The random-init baseline trains nothing (it saves a freshly initialised encoder): one small
+# process, never srun over GPU nodes or a submitit job; profiles size it on their own.
+use rule pretrain as pretrain_random_init with:
+    wildcard_constraints:
+        cell=r"(?:[^/,]+,)*method=random(?:,[^/,]+)*",
+    params:
+        py=PY,
+        srun="",
+        module="pipeline.pretrain",
+        cfg=lambda w: stage_config(data=config["data"], pretrain=params_of(w.cell)),
+        state=lambda w: f"{R}/state/{w.cell}",
+        out=lambda w, output: os.path.dirname(output.checkpoint),
+        data=lambda w, input: os.path.dirname(input.train[-1]),
+    threads: 1
+    resources:
+        runtime=15,
+        nodes=1,
+
+
+ruleorder: pretrain_random_init > pretrain
