@@ -35,7 +35,9 @@ from pipeline.features import features_of
 from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.knn import knn_accuracy
 from pipeline.methods import arch_of, bn_guard_text, build_model
-from pipeline.models import build_backbone, is_resnet
+from pipeline.board import Board, board_dir
+from pipeline.layout import is_resnet
+from pipeline.models import build_backbone
 from pipeline.moco import MoCo
 from pipeline.moco.momentum import relative_drift
 from pipeline.optim import build_optimizer, lr_at
@@ -140,6 +142,7 @@ class Trainer:
         self.aug1, self.aug2 = (a.to(self.device) for a in view_recipes(p.get("aug", "v2"), d.get("crop_size", 32)))
         self.data_dir = data_dir
         self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], EpochStats(self.device)
+        self.board = None  # TensorBoard scalars (rank 0; set by train())
         self.eval_loaders: dict = {}
 
     # --- resume state -------------------------------------------------------------------
@@ -203,6 +206,8 @@ class Trainer:
                     row["knn"] = self.knn_monitor()
             self.log_rows.append(row)
             log(" ".join(f"{k}={v}" for k, v in row.items()))
+            if self.board is not None:
+                self.board.add(row, step=row["epoch"])
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
             self.save_state()
             if not math.isfinite(row["loss"]):
@@ -345,8 +350,12 @@ def train(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: b
         return finish(cfg, out_dir, backbone.state_dict(), [], env, diverged=False, model_state={},
                       bn_guard="not applicable (no training)", watch=watch)
     trainer = Trainer(cfg, data_dir, state_dir, env, progress, watch)
+    if env.is_main:  # loss, instance accuracy, lr, m, kNN, queue age, drift per epoch
+        trainer.board = Board(board_dir(out_dir.parent, "pretrain"), "pretrain")
     watch.mark("setup")  # imports, model, loader
     ok = trainer.train()
+    if trainer.board is not None:
+        trainer.board.close()
     log(f"rank {env.rank}/{env.world_size} on {env.host}: queue checksum {queue_checksum(trainer.model)}")
     return finish(cfg, out_dir, trainer.model.encoder_q.backbone.state_dict(), trainer.log_rows, env,
                   diverged=not ok, model_state=trainer.model.state_dict(), bn_guard=trainer.bn_guard, watch=watch)

@@ -32,7 +32,9 @@ from pipeline.distributed import rank_device
 from pipeline.features import extract
 from pipeline.io import atomic_write_json
 from pipeline.knn import knn_accuracy
-from pipeline.models import build_backbone, is_resnet
+from pipeline.board import Board, board_dir
+from pipeline.layout import is_resnet
+from pipeline.models import build_backbone
 from pipeline.stopwatch import Stopwatch
 
 SECTIONS = ["data", "probe"]
@@ -212,6 +214,10 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
                "arch": ckpt["arch"], "feature_dim": int(train_x.shape[1]), "config": cfg,
                "timing": watch.report()}
     atomic_write_json(metrics, out)
+    board = Board(board_dir(out.parent, "probe"), "probe")  # the training curve
+    for point in curve:
+        board.add(point, step=point["epoch"])
+    board.close()
     return metrics
 
 

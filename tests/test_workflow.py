@@ -1,6 +1,7 @@
 """The whole DAG through Snakemake on the tiny preset: every stage real, end to end."""
 import csv
 import json
+import re
 
 import pytest
 
@@ -12,6 +13,11 @@ TINY = ["--configfile", "workflow/config/presets/tiny.yaml"]
 def snakemake(results, *args, timeout=900):
     return run([snakemake_bin(), *TINY, "--config", f"results={results}", "--cores", "2", *args],
                timeout=timeout)
+
+
+def pretraining_jobs(counts: dict) -> int:
+    """Pretraining jobs of a dry run, the random-init baseline's rule included."""
+    return counts.get("pretrain", 0) + counts.get("pretrain_random_init", 0)
 
 
 def jobs_planned(dry_run_stdout: str) -> dict:
@@ -28,8 +34,9 @@ def jobs_planned(dry_run_stdout: str) -> dict:
 
 def test_dry_run_shows_full_dag(tmp_path):
     out = snakemake(tmp_path / "results", "-n").stdout
-    assert jobs_planned(out) == {"synthetic": 1, "convert": 2, "pretrain": 5, "probe": 5,
-                                 "detect": 5, "detect_trials": 5, "tables": 1, "all": 1}
+    # the random-init baseline is a rule of its own (one small process, never a GPU job)
+    assert jobs_planned(out) == {"synthetic": 1, "convert": 2, "pretrain": 4, "pretrain_random_init": 1,
+                                 "probe": 5, "detect": 5, "detect_trials": 5, "tables": 1, "all": 1}
 
 
 def test_lint_is_clean():
@@ -87,9 +94,33 @@ def test_tiny_workflow_end_to_end(tiny_results):
     phases = bench_pipeline.attribution(results, jobs)
     assert {"pretrain", "probe", "detect"} <= set(phases["stage"])
     assert (phases["outside"] >= -0.5).all() and (phases["wall"] <= phases["job_s"] + 0.5).all()
+    # TensorBoard: every epoch of log.csv as scalars, and the probe's curve
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(results / "cells" / "base" / "tensorboard" / "pretrain")).Reload()
+    assert [(e.step, round(e.value, 5)) for e in board.Scalars("pretrain/loss")] == \
+        [(int(r["epoch"]), float(r["loss"])) for r in rows]
+    assert {"pretrain/inst_acc", "pretrain/lr", "pretrain/m", "pretrain/queue_age_max", "pretrain/drift"} <= \
+        set(board.Tags()["scalars"])
+    probe_board = EventAccumulator(str(results / "cells" / "base" / "tensorboard" / "probe")).Reload()
+    assert len(probe_board.Scalars("probe/val_top1")) == len(json.loads((results / "cells" / "base" / "probe.json")
+                                                                        .read_text())["curve"])
+    # job logs a user reads: no traceback of any kind (numba's finalizer KeyErrors were one)
+    logs = sorted((results / "logs").rglob("*.log"))
+    assert logs and not [str(p) for p in logs if re.search(r"Traceback|Exception ignored", p.read_text())]
     # a second run has nothing to do: nothing already computed is redone
     again = snakemake(results, "-n").stdout
     assert "Nothing to be done" in again
+
+
+@pytest.mark.slow
+def test_exports_of_every_cell(tiny_results):
+    """`snakemake exports`: each cell's weights with a sidecar, after the default target."""
+    snakemake(tiny_results, "exports")
+    for cell in ("base", "method=random"):
+        sidecar = json.loads((tiny_results / "cells" / cell / "export" / "export.json").read_text())
+        assert set(sidecar["files"]) == {"torchvision.pth", "detectron2.pkl"} and sidecar["cell"] == cell
+        assert sidecar["probe_top1"] == json.loads((tiny_results / "cells" / cell / "probe.json").read_text())["top1"]
 
 
 @pytest.mark.slow
@@ -201,7 +232,7 @@ def test_demo_long_is_the_demo_at_the_longer_schedule(tmp_path):
     assert load_yaml(DEFAULT_CONFIG)["pretrain"]["epochs"] < 25
     out = run([snakemake_bin(), "--configfile", str(REPO / "workflow" / "config" / "presets" / "demo-long.yaml"),
                "--config", f"results={tmp_path / 'r'}", "-n"], timeout=120).stdout
-    assert jobs_planned(out)["pretrain"] == 6
+    assert pretraining_jobs(jobs_planned(out)) == 6
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -214,7 +245,7 @@ def test_preset_builds_its_dag(name, tmp_path):
     out = run([snakemake_bin(), "--configfile", *files, str(site), "--config", f"results={tmp_path / 'r'}", "-n"],
               timeout=120).stdout
     jobs = jobs_planned(out)
-    assert jobs["convert"] == 2 and jobs["pretrain"] == jobs["probe"] >= 2 and jobs["tables"] == 1
+    assert jobs["convert"] == 2 and pretraining_jobs(jobs) == jobs["probe"] >= 2 and jobs["tables"] == 1
     cfg = preset_config(name)
     if cfg["detect"]["enabled"]:
         assert jobs["detect"] == len(cfg["detect"]["cells"]) * cfg["detect"]["trials"]
