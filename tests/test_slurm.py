@@ -219,7 +219,7 @@ def test_tiny_workflow_with_two_node_pretraining(cluster, tmp_path):
     assert proc.returncode == 0, out[-5000:] + cluster.logs()
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: (\S+)\)", out)
     rules = sorted({re.search(r"rule_(\w+)", log).group(1) for _, log in submitted})
-    assert {"synthetic", "convert", "pretrain", "probe", "detect", "tables"} <= set(rules), rules
+    assert {"synthetic", "convert", "pretrain", "pretrain_random_init", "probe", "detect", "tables"} <= set(rules), rules
     cells = sorted(p.name for p in (results / "cells").iterdir())
     assert "base" in cells and "method=random" in cells
     for cell in cells:
@@ -227,8 +227,8 @@ def test_tiny_workflow_with_two_node_pretraining(cluster, tmp_path):
     assert (results / "tables" / "main.md").is_file()
     for cell in cells:
         log = (results / "logs" / "pretrain" / f"{cell}.log").read_text()
-        if cell == "method=random":  # no training, but the same two-rank start
-            assert {host for *_, host in ranks(log)[0]} == {"n1", "n2"}, log[-2000:]
+        if cell == "method=random":  # no training: one process in a small CPU job of its own
+            assert len(ranks(log)[0]) == 1 and "rank 0/1" in log, log[-2000:]
         else:
             assert_two_nodes(log)
 
