@@ -71,7 +71,7 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
            "bn_guard": summary.get("bn_guard"), "probe_mode": probe.get("mode")}
     row.update({k: probe.get(k) for k in ("top1", "top5", "knn_top1")})
     row.update({k: det.get(k) for k in DETECTION_KEYS})
-    row.update(det_setup=detection_setup(det), det_protocol=det.get("protocol"))
+    row.update(det_setup=detection_setup(det), det_protocol=detection_protocol(det))
     # each detection trial is one sample of the cell's group (the paper's mean over 5 VOC trials)
     trials = det.get("trials") or ([det] if det else [])
     row.update({f"{k}{SAMPLES}": [t[k] for t in trials if t.get(k) is not None] for k in DETECTION_KEYS})
@@ -79,10 +79,18 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
 
 
 def detection_setup(det: dict) -> str | None:
-    """Normalisation and batch of a cell's detection fine-tuning (older records: the norm only)."""
-    if not det:
-        return None
-    return det.get("normalisation") or (det.get("norm") and f"{det['norm']}{' (SyncBN)' if det.get('sync_bn') else ''}")
+    """Normalisation and batch of a cell's detection fine-tuning (records written before it was
+    stored: the norm and the batch of the config they record)."""
+    if not det or det.get("normalisation"):
+        return det.get("normalisation") if det else None
+    batch = ((det.get("config") or {}).get("detect") or {}).get("batch_size")
+    norm = det.get("norm") and f"{det['norm']}{' (SyncBN)' if det.get('sync_bn') else ''}"
+    return norm and norm + (f", batch {batch}" if batch else "")
+
+
+def detection_protocol(det: dict) -> str | None:
+    """How a cell's detection was scored; records without it predate the VOC metric: pycocotools."""
+    return (det.get("protocol") or "COCO box AP (pycocotools)") if det else None
 
 
 def collect(results: Path, expected: dict[str, dict] | None = None) -> pd.DataFrame:

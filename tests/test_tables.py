@@ -201,6 +201,15 @@ def test_method_comparison_and_detection(results):
     assert "SyncBN over 16 images" in (results / "tables" / "detection.tex").read_text()
 
 
+def test_detection_records_from_before_the_footnote_still_name_norm_batch_and_protocol():
+    from pipeline.studies import detection_protocol, detection_setup
+
+    old = {"AP": 40.6, "norm": "frozen_bn", "sync_bn": False, "config": {"detect": {"batch_size": 4}}}
+    assert detection_setup(old) == "frozen_bn, batch 4"
+    assert detection_protocol(old) == "COCO box AP (pycocotools)"
+    assert detection_setup({}) is None and detection_protocol({}) is None
+
+
 def test_mechanisms_over_k(results):
     rows = {r["K"]: r for r in read_csv(results, "mechanisms")}
     assert float(rows["256"]["end_to_end_top1"]) == 52.0      # end-to-end: K is the batch size
