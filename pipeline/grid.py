@@ -14,7 +14,7 @@ import yaml
 from pipeline.config import ConfigError, check_pretrain, load_schema, merge, validate_schema
 
 AXES = ["method", "variant", "mechanism", "backbone", "width", "K", "m", "T", "epochs", "batch_size",
-        "lr", "aug", "shuffle_bn", "dim", "seed"]
+        "lr", "aug", "shuffle_bn", "dim", "queue_policy", "seed"]
 BASE_ID = "base"
 
 

@@ -96,6 +96,7 @@ def build_model(p: dict, image_size: int, num_classes: int, num_samples: int, wo
     if mechanism == "end_to_end":
         return EndToEnd(encoder, T=p["T"], shuffle_bn=p.get("shuffle_bn", True))
     return MoCo(encoder, dim=dim, K=p["K"], m=p["m"], T=p["T"], shuffle_bn=p.get("shuffle_bn", True),
-                mask_same_source=p.get("mask_same_source", False))
+                mask_same_source=p.get("mask_same_source", False), queue_policy=p.get("queue_policy", "fifo"),
+                seed=p.get("seed", 0))
 
 

@@ -44,8 +44,8 @@ from pipeline.optim import build_optimizer, lr_at
 
 SECTIONS = ["data", "pretrain"]
 PREEMPT_SYNC_STEPS = 10
-LOG_COLUMNS = ["epoch", "loss", "inst_acc", "knn", "lr", "m", "queue_age_mean", "queue_age_max", "drift",
-               "seconds"]
+LOG_COLUMNS = ["epoch", "loss", "inst_acc", "knn", "lr", "m", "queue_age_mean", "queue_age_p99", "queue_age_max",
+               "drift", "seconds"]
 
 
 def log(msg: str) -> None:
@@ -332,8 +332,8 @@ class Trainer:
         if hasattr(model, "m") and hasattr(model, "encoder_k"):
             row.update(m=round(model.m, 6), drift=round(relative_drift(model.encoder_k, model.encoder_q), 6))
         if isinstance(model, MoCo):
-            mean_age, max_age = model.queue.age_stats(int(model.step))
-            row.update(queue_age_mean=round(mean_age, 2), queue_age_max=max_age)
+            mean_age, p99_age, max_age = model.queue.age_stats(int(model.step))
+            row.update(queue_age_mean=round(mean_age, 2), queue_age_p99=round(p99_age, 2), queue_age_max=max_age)
         return row
 
 

@@ -8,6 +8,7 @@ and ``Value``s) that pipeline.tables renders as Markdown, CSV and LaTeX.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,8 @@ from pipeline.grid import AXES, BASE_ID, format_value, group_id, parse_cell_id
 from pipeline.layout import BACKBONE_LABELS
 
 METRICS = {"inst_acc": "instance accuracy", "top1": "linear top-1", "top5": "linear top-5", "knn_top1": "kNN top-1",
-           "AP50": "AP50", "AP": "AP", "AP75": "AP75", "APs": "APs", "APm": "APm", "APl": "APl"}
+           "AP50": "AP50", "AP": "AP", "AP75": "AP75", "APs": "APs", "APm": "APm", "APl": "APl",
+           "drift": "key-encoder drift (%)"}
 ABLATION_METRICS = ["top1", "knn_top1", "AP50", "AP", "AP75"]
 DETECTION_METRICS = ["AP50", "AP", "AP75"]
 DETECTION_KEYS = ["AP50", "AP", "AP75", "APs", "APm", "APl"]
@@ -68,6 +70,8 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
     row = {"cell": cell, "group": group_id(cell), "status": "fail" if diverged else ("ok" if done else "missing"),
            **{a: params.get(a) for a in AXES}, "params": params,
            "epochs_run": summary.get("epochs_run"), "loss": final.get("loss"), "inst_acc": final.get("inst_acc"),
+           # ||theta_k - theta_q|| / ||theta_q|| at the end, in percent (tables show one decimal)
+           "drift": None if final.get("drift") in (None, "") else 100 * float(final["drift"]),
            "bn_guard": summary.get("bn_guard"), "probe_mode": probe.get("mode")}
     row.update({k: probe.get(k) for k in ("top1", "top5", "knn_top1")})
     row.update({k: det.get(k) for k in DETECTION_KEYS})
@@ -178,7 +182,8 @@ class Table:
 
 METRIC_GROUPS = {"inst_acc": ("pretext", "instance"), "top1": ("top-1 accuracy", "linear"), "top5": ("top-5 accuracy", "linear"),
                  "knn_top1": ("top-1 accuracy", "kNN"), **{k: ("detection", k) for k in
-                                                        ("AP50", "AP", "AP75", "APs", "APm", "APl")}}
+                                                        ("AP50", "AP", "AP75", "APs", "APm", "APl")},
+                 "drift": ("key encoder", "drift")}
 
 
 def column_groups(metrics) -> list[tuple[str, list[str]]]:
@@ -215,6 +220,29 @@ def one_axis(gs: dict[str, Group], axis: str, prov, name=None, title=None, fixed
     rows = [_row([format_value(v)], sel.get(v), metrics) for v in values]
     return _metric_table(name or f"ablation_{axis}", title or f"Ablation over {axis}", [axis], rows, metrics,
                          prov([g for g in sel.values()], vary={axis}))
+
+
+def half_life(m: float) -> float:
+    """Steps after which the EMA weight of a query-encoder state has halved: ln 0.5 / ln m."""
+    if m <= 0:
+        return 0.0
+    return math.inf if m >= 1 else math.log(0.5) / math.log(m)
+
+
+def momentum(gs: dict[str, Group], prov) -> Table:
+    """The momentum ablation (the paper's m rows), with each m's EMA half-life beside the
+    queue's span K/B (how many steps its oldest key lags), and the final key-encoder drift."""
+    table = one_axis(gs, "m", prov, title="Ablation over the momentum m", fixed=PAPER_M,
+                     metrics=[*ABLATION_METRICS, "drift"])
+    base = gs.get(BASE_ID)
+    span = base and base.params.get("K") and base.params.get("batch_size") and \
+        base.params["K"] // base.params["batch_size"]  # K is a multiple of the batch
+    table.keys = ["m", "EMA half-life (steps)", "queue span K/B (steps)"]
+    for row in table.rows:
+        life = half_life(float(row.keys[0]))
+        shown = "∞" if math.isinf(life) else f"{life:,.0f}" if life >= 100 else f"{life:.3g}"
+        row.keys += [shown, str(span) if span else "?"]
+    return table
 
 
 def shuffle_bn_groups(gs: dict[str, Group]) -> dict[bool, Group]:
@@ -435,7 +463,7 @@ def studies(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
     prov = provenance_factory(df, cfg, results)
     out = [methods(gs, prov),
            one_axis(gs, "K", prov, title="Ablation over the queue size K"),
-           one_axis(gs, "m", prov, title="Ablation over the momentum m", fixed=PAPER_M),
+           momentum(gs, prov),
            one_axis(gs, "epochs", prov, title="Ablation over the pretraining epochs"),
            mechanisms(gs, prov), bn_leak(gs, prov), detection(gs, prov), every_cell(gs, prov)]
     extra_axes = sorted({a for g in gs.values() if len(g.diff) == 1 for a in g.diff} - SEPARATE, key=AXES.index)

@@ -40,8 +40,44 @@ def test_fifo_order_wraparound_and_age():
     assert int(queue.ptr) == (7 * B) % K == 6
     assert queue.keys[:, 0].tolist() == [4, 4, 5, 5, 6, 6, 3, 3]
     assert queue.source.tolist() == [40, 41, 50, 51, 60, 61, 30, 31]
-    mean_age, max_age = queue.age_stats(step=7)
+    mean_age, p99_age, max_age = queue.age_stats(step=7)
     assert max_age == K // B  # the oldest key is exactly K/B steps old
+    assert mean_age == 2.5 and 3 <= p99_age <= max_age  # ages 1..4, two keys each
+
+
+def run_queue(queue, steps, B=2, start=0):
+    for step in range(start, start + steps):
+        queue.enqueue(torch.full((B, 3), float(step)), torch.arange(B) + 10 * step, torch.tensor(step))
+    return queue
+
+
+def test_random_replacement_is_seeded_and_resumes_exactly():
+    K = 16
+    a, b = run_queue(KeyQueue(K, 3, "random", seed=1), 30), run_queue(KeyQueue(K, 3, "random", seed=1), 30)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    other = run_queue(KeyQueue(K, 3, "random", seed=2), 30)
+    assert not torch.equal(a.enqueued_at, other.enqueued_at)  # the seed chooses the slots
+    # killed after 12 steps, resumed from its buffers: the same queue as the uninterrupted one
+    first = run_queue(KeyQueue(K, 3, "random", seed=1), 12)
+    resumed = KeyQueue(K, 3, "random", seed=1)
+    resumed.load_state_dict(first.state_dict())
+    run_queue(resumed, 18, start=12)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), resumed.state_dict().values()))
+    assert set(a.state_dict()) == set(KeyQueue(K, 3).state_dict())  # same buffers as FIFO's
+
+
+def test_random_replacement_keeps_keys_older_than_fifos_bound():
+    K, B, steps = 16, 2, 200
+    fifo, rand = run_queue(KeyQueue(K, 3), steps), run_queue(KeyQueue(K, 3, "random", seed=0), steps)
+    assert fifo.age_stats(steps)[2] == K // B
+    mean, p99, oldest = rand.age_stats(steps)
+    assert oldest > K // B and p99 > K // B  # nothing bounds a key's age under random replacement
+    assert mean == pytest.approx(K / B, rel=0.5)  # the mean age is alike: K/B on average
+
+
+def test_unknown_queue_policy_is_refused():
+    with pytest.raises(ValueError, match="fifo"):
+        KeyQueue(8, 3, "lifo")
 
 
 def test_enqueue_rejects_batch_not_dividing_K():

@@ -23,7 +23,7 @@ CONFIG = {"dataset": {"source": "synthetic", "synthetic": {"train_per_class": 50
           "grid": {"one_at_a_time": {"K": [1024, 16384], "m": [0, 0.9, 0.999], "epochs": [60],
                                      "seed": [1], "mechanism": ["end_to_end", "memory_bank"]},
                    "baselines": ["random", "supervised"]}}
-LOG_HEADER = "epoch,loss,inst_acc,knn,lr,m,queue_age_mean,queue_age_max,drift,seconds\n"
+LOG_HEADER = "epoch,loss,inst_acc,knn,lr,m,queue_age_mean,queue_age_p99,queue_age_max,drift,seconds\n"
 
 
 FROZEN = "frozen BN (pretrained statistics), batch 4"
@@ -38,7 +38,8 @@ def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE,
     rows = [] if params["method"] == "random" else [
         {"epoch": e, "loss": "nan" if diverged and e == 2 else 8.0 - e, "inst_acc": 10.0 * e,
          "knn": top1 - 10 if e == 2 and top1 else "", "lr": 0.06, "m": params["m"],
-         "queue_age_mean": params["K"] / params["batch_size"] / 2, "queue_age_max": params["K"] / params["batch_size"],
+         "queue_age_mean": params["K"] / params["batch_size"] / 2, "queue_age_p99": params["K"] / params["batch_size"],
+         "queue_age_max": params["K"] / params["batch_size"],
          "drift": 0.01, "seconds": 1.0} for e in (1, 2)]
     (d / "pretrain" / "log.csv").write_text(LOG_HEADER + "".join(",".join(str(r[k]) for k in LOG_HEADER.strip().split(","))
                                                                  + "\n" for r in rows))
@@ -167,11 +168,13 @@ def test_bn_leak_study(tmp_path):
 def test_momentum_paper_rows_fail_and_partial(results):
     md = md_rows(results, "ablation_m")
     assert list(md) == ["0", "0.9", "0.99", "0.999", "0.9999"]  # the paper's rows, in order
-    assert md["0"] == ["fail"] * 5
-    assert md["0.9"][0] == "50.0"
-    assert md["0.99"][0] == "61.0 ± 1.4 (n=2)"
-    assert md["0.999"][0] == "58.0‡"  # one seed diverged: excluded from the mean, marked
-    assert md["0.9999"] == ["—"] * 5  # not in the grid
+    # each m's EMA half-life (ln 0.5 / ln m steps) beside the queue's span K/B = 4096/256
+    assert [md[m][:2] for m in md] == [["0", "16"], ["6.58", "16"], ["69", "16"], ["693", "16"], ["6,931", "16"]]
+    assert md["0"][2:] == ["fail"] * 6
+    assert md["0.9"][2] == "50.0" and md["0.9"][-1] == "1.0"  # the final key-encoder drift: 0.01 = 1%
+    assert md["0.99"][2] == "61.0 ± 1.4 (n=2)"
+    assert md["0.999"][2] == "58.0‡"  # one seed diverged: excluded from the mean, marked
+    assert md["0.9999"][2:] == ["—"] * 6  # not in the grid
     text = (results / "tables" / "ablation_m.md").read_text()
     assert "fail: pretraining diverged" in text and "‡: some seeds diverged" in text
     rows = {r["m"]: r for r in read_csv(results, "ablation_m")}
@@ -312,5 +315,12 @@ def test_cli_without_snakemake(tmp_path):
 def test_empty_results(tmp_path):
     text = write_tables(tmp_path, figures=False)
     assert "No cell results" in text
-    assert md_rows(tmp_path, "ablation_m")["0.9"] == ["—"] * 5
+    assert md_rows(tmp_path, "ablation_m")["0.9"] == ["6.58", "?"] + ["—"] * 6
     check_latex_structure((tmp_path / "tables" / "methods.tex").read_text())
+
+
+def test_half_life_of_the_momentum():
+    from pipeline.studies import half_life
+
+    assert half_life(0.5) == 1.0 and half_life(0) == 0.0 and half_life(1) == float("inf")
+    assert half_life(0.999) == pytest.approx(692.8, abs=0.1) and half_life(0.9) == pytest.approx(6.579, abs=1e-3)

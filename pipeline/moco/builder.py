@@ -54,11 +54,13 @@ class MoCo(nn.Module):
     the split-BN sub-batches of each rank (pipeline.moco.split_bn), so that key i is never
     normalised with the statistics that normalise query i; without BatchNorm in the encoder
     there is nothing to leak and no shuffle. mask_same_source: never use a key of the query's
-    own image (seen in an earlier epoch) as a negative.
+    own image (seen in an earlier epoch) as a negative. queue_policy: fifo (the paper's), or
+    random replacement seeded with ``seed`` (pipeline.moco.queue).
     """
 
     def __init__(self, encoder: nn.Module, dim: int = 128, K: int = 65536, m: float = 0.999,
-                 T: float = 0.07, shuffle_bn: bool = True, mask_same_source: bool = False):
+                 T: float = 0.07, shuffle_bn: bool = True, mask_same_source: bool = False,
+                 queue_policy: str = "fifo", seed: int = 0):
         super().__init__()
         self.m, self.T = m, T
         self.shuffle_bn = shuffle_bn and has_batch_norm(encoder)
@@ -67,7 +69,7 @@ class MoCo(nn.Module):
         self.encoder_k = copy.deepcopy(encoder)
         for p in self.encoder_k.parameters():
             p.requires_grad_(False)  # updated by the momentum rule only, never by gradients
-        self.queue = KeyQueue(K, dim)
+        self.queue = KeyQueue(K, dim, queue_policy, seed)
         self.labels = ZeroLabels()
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
 
