@@ -39,6 +39,7 @@ from pipeline.board import Board, board_dir
 from pipeline.layout import is_resnet
 from pipeline.models import build_backbone
 from pipeline.moco import MoCo
+from pipeline.moco.ema_check import EmaRecord
 from pipeline.moco.momentum import relative_drift
 from pipeline.optim import build_optimizer, lr_at
 
@@ -143,6 +144,9 @@ class Trainer:
         self.data_dir = data_dir
         self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], EpochStats(self.device)
         self.board = None  # TensorBoard scalars (rank 0; set by train())
+        # methods with a momentum key encoder: checked on this run (pipeline.moco.ema_check)
+        self.ema_record = EmaRecord(self.model) if hasattr(self.model, "encoder_k") and hasattr(self.model, "m") \
+            else None
         self.eval_loaders: dict = {}
 
     # --- resume state -------------------------------------------------------------------
@@ -308,12 +312,19 @@ class Trainer:
     def optimize(self, x1, x2, labels, index) -> None:
         """One optimisation step on augmented views."""
         index, labels = (t.to(self.device, torch.long, non_blocking=True).clone() for t in (index, labels))
+        if self.ema_record is not None and self.in_last_steps(self.ema_record.window.maxlen):
+            self.ema_record.before_step()  # only near the end: copies of a few tensors, no cost before
         with self.autocast:
             loss, logits, target = self.net(x1, x2, index, labels)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
         self.stats.add(loss, logits, target)
+
+    def in_last_steps(self, n: int) -> bool:
+        """Is the step about to run one of the run's last ``n``?"""
+        steps = len(self.loader)
+        return (self.p["epochs"] - self.epoch) * steps - self.step_in_epoch <= n
 
     def to_device(self, images: torch.Tensor) -> torch.Tensor:
         # FFCV hands out views of reused buffers: copy before the next batch overwrites them
@@ -357,17 +368,22 @@ def train(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: b
     if trainer.board is not None:
         trainer.board.close()
     log(f"rank {env.rank}/{env.world_size} on {env.host}: queue checksum {queue_checksum(trainer.model)}")
+    key_encoder = trainer.ema_record.report(trainer.optimizer) if trainer.ema_record is not None else None
+    if key_encoder is not None and not key_encoder["holds"]:
+        log(f"warning: the key encoder check failed: {key_encoder}")
     return finish(cfg, out_dir, trainer.model.encoder_q.backbone.state_dict(), trainer.log_rows, env,
-                  diverged=not ok, model_state=trainer.model.state_dict(), bn_guard=trainer.bn_guard, watch=watch)
+                  diverged=not ok, model_state=trainer.model.state_dict(), bn_guard=trainer.bn_guard, watch=watch,
+                  key_encoder=key_encoder)
 
 
 def finish(cfg, out_dir: Path, backbone_state, log_rows, env, diverged: bool, model_state, bn_guard: str,
-           watch: Stopwatch) -> dict:
+           watch: Stopwatch, key_encoder: dict | None = None) -> dict:
     """Write the stage's outputs (rank 0): checkpoint, per-epoch CSV log, summary (with where
     this process's time went: ``timing``, seconds)."""
     p, arch = cfg["pretrain"], arch_of(cfg["pretrain"], cfg["data"].get("crop_size"))
     summary = {"method": p["method"], "arch": arch, "world_size": env.world_size, "epochs_run": len(log_rows),
-               "diverged": diverged, "bn_guard": bn_guard, "final": log_rows[-1] if log_rows else {}}
+               "diverged": diverged, "bn_guard": bn_guard, "final": log_rows[-1] if log_rows else {},
+               "key_encoder": key_encoder}  # no optimizer entry, no gradient, EMA replayed (ema_check)
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.save(out_dir / "checkpoint.pt", arch=arch, method=p["method"], backbone=backbone_state,

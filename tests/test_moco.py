@@ -1,5 +1,6 @@
 """The algorithm core against its definitions: EMA rule, FIFO queue, InfoNCE, no key grads."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -144,3 +145,59 @@ def test_instance_accuracy_counts_ties_as_wrong():
     logits = torch.tensor([[1.0, 1.0, 1.0], [2.0, 1.0, 0.5], [0.1, 0.3, 0.2]])
     target = torch.zeros(3, dtype=torch.long)
     assert strictly_top(logits, target).tolist() == [False, True, False]
+
+
+def trained(model, steps, optimizer, record=None):
+    torch.manual_seed(1)
+    for _ in range(steps):
+        if record:
+            record.before_step()
+        x1, x2 = torch.randn(8, 3, 16, 16), torch.randn(8, 3, 16, 16)
+        loss = model(x1, x2, torch.arange(8))[0]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    if record:
+        record.before_step()  # the state after the last step
+    return model
+
+
+def test_key_encoder_check_holds_on_a_run():
+    from pipeline.moco.ema_check import EmaRecord
+    from pipeline.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = MoCo(tiny_encoder(), dim=16, K=32, m=0.9, T=0.2, shuffle_bn=False)
+    opt = build_optimizer({"method": "moco", "lr": 0.1, "weight_decay": 1e-4}, model.parameters())
+    record = EmaRecord(model, steps=3)
+    trained(model, 6, opt, record)
+    report = record.report(opt)
+    assert report["holds"], report
+    assert report["ema_replay"]["steps"] == 3 and report["ema_replay"]["max_relative_error"] < 1e-6
+    assert report["optimizer_parameters"] == len(list(model.encoder_q.parameters()))
+    assert len(report["ema_replay"]["tensors"]) == 4
+
+
+def test_key_encoder_check_fails_when_the_key_encoder_is_trained_or_the_rule_is_off():
+    from pipeline.moco.ema_check import EmaRecord
+
+    torch.manual_seed(0)
+    model = MoCo(tiny_encoder(), dim=16, K=32, m=0.9, T=0.2, shuffle_bn=False)
+    for p in model.encoder_k.parameters():
+        p.requires_grad_(True)  # a bug: the key encoder in the optimizer
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    record = EmaRecord(model, steps=3)
+    trained(model, 5, opt, record)
+    report = record.report(opt)
+    assert not report["holds"] and report["key_parameters_in_optimizer"] > 0
+    assert report["key_parameters_with_grad"] > 0
+
+    model = MoCo(tiny_encoder(), dim=16, K=32, m=0.9, T=0.2, shuffle_bn=False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    record = EmaRecord(model, steps=3)
+    model.m = 0.5  # the update uses m = 0.5 while the record claims 0.9: the replay must disagree
+    record.model = SimpleNamespace(m=0.9, encoder_k=model.encoder_k)
+    trained(model, 4, opt, record)
+    report = record.report(opt)
+    assert report["key_parameters_in_optimizer"] == 0 and not report["holds"]
+    assert report["ema_replay"]["max_relative_error"] > 1e-3

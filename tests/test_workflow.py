@@ -78,6 +78,9 @@ def test_tiny_workflow_end_to_end(tiny_results):
     assert all(float(r["loss"]) > 0 and 0 <= float(r["inst_acc"]) <= 100 for r in rows)
     # K=256 at batch 64: the oldest key in the queue is K/B = 4 steps old
     assert float(rows[-1]["queue_age_max"]) == 256 / 64
+    # the key encoder of the finished run: no optimizer entry, no gradient, the EMA replayed
+    check = json.loads((results / "cells" / "base" / "pretrain" / "summary.json").read_text())["key_encoder"]
+    assert check["holds"] and check["ema_replay"]["steps"] == 3, check
     main = (results / "tables" / "main.md").read_text()
     assert "random init" in main and "MoCo (base cell)" in main
     assert (results / "tables" / "ablation_K.md").is_file() and (results / "tables" / "ablation_m.md").is_file()
