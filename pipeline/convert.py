@@ -279,10 +279,9 @@ def describe_error(err) -> str:
     if not isinstance(err, OSError):
         return str(err)
     text = f"{err.strerror or err}"
-    if err.errno in DISK_FULL and err.filename:
-        text += f" ({err.filename})"
     if err.errno in DISK_FULL:
-        text += " - the disk or quota is full: free space or choose another results folder"
+        where = f" ({err.filename})" if err.filename else ""
+        text += f"{where} - the disk or quota is full: free space or choose another results folder"
     return text
 
 
@@ -397,7 +396,7 @@ def convert(root, out, opts: dict | None = None, source: str = "imagefolder", sp
         raise ConversionError(str(err)) from None
     for note in src.notes:
         log(f"note: {note}")
-    duplicates = getattr(src, "duplicates", [])
+    duplicates = src.duplicates
     if duplicates:
         log(f"note: {len(duplicates)} file(s) or folder(s) reached twice through links were taken once "
             f"(e.g. {duplicates[0]['path']} = {duplicates[0]['same_as']}; report: duplicates)")

@@ -400,10 +400,10 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
         num_workers=dc.get("workers", 0), pin_memory=device.type == "cuda",
         drop_last=len(train_set) > dc["batch_size"],  # equal-sized steps, unless one batch is all there is
         generator=torch.Generator().manual_seed(seed))
-    head = dc.get("head", "fpn")
+    head, norm_text, total = dc.get("head", "fpn"), normalisation(dc, synced, env.world_size), iterations(dc, len(loader))
     log(f"{train_split.name}: {len(train_set)} train / {val_split.name}: {len(val_set)} val images, "
-        f"{num_classes - 1} classes, {ckpt['arch']}, head {head}, {normalisation(dc, synced, env.world_size)}, "
-        f"{iterations(dc, len(loader))} iterations, seed {seed}, {env.world_size} rank(s) on {device}")
+        f"{num_classes - 1} classes, {ckpt['arch']}, head {head}, {norm_text}, "
+        f"{total} iterations, seed {seed}, {env.world_size} rank(s) on {device}")
     start = time.time()
     watch.mark("setup")
     model = nn.parallel.DistributedDataParallel(detector, device_ids=[device.index] if device.type == "cuda" else None) \
@@ -416,10 +416,10 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
         with watch.phase("evaluate"):
             test_scale(detector, dc)
             metrics = evaluate(val_split, predict(detector, val_set, per_rank), dc)
-        metrics.update({"epochs": len(curve), "iterations": iterations(dc, len(loader)), "train_loss": curve,
+        metrics.update({"epochs": len(curve), "iterations": total, "train_loss": curve,
                         "seconds": round(time.time() - start, 1), "arch": ckpt["arch"], "method": ckpt.get("method"),
                         "head": head, "norm": dc["norm"], "sync_bn": synced, "ranks": env.world_size,
-                        "batch_size": dc["batch_size"], "normalisation": normalisation(dc, synced, env.world_size),
+                        "batch_size": dc["batch_size"], "normalisation": norm_text,
                         "seed": seed, "checkpoint": str(ckpt_path),
                         "train_set": train_split.name, "val_set": val_split.name,
                         "num_train_images": len(train_set), "num_val_images": len(val_set), "config": cfg,

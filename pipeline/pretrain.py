@@ -49,6 +49,11 @@ LOG_COLUMNS = ["epoch", "loss", "inst_acc", "knn", "lr", "m", "queue_age_mean", 
                "drift", "seconds"]
 
 
+def has_momentum_encoder(model: nn.Module) -> bool:
+    """A key encoder updated as the EMA of the query encoder (MoCo v1/v2/v3)."""
+    return hasattr(model, "encoder_k") and hasattr(model, "m")
+
+
 def log(msg: str) -> None:
     print(f"[pretrain] {msg}", flush=True)
 
@@ -145,8 +150,7 @@ class Trainer:
         self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], EpochStats(self.device)
         self.board = None  # TensorBoard scalars (rank 0; set by train())
         # methods with a momentum key encoder: checked on this run (pipeline.moco.ema_check)
-        self.ema_record = EmaRecord(self.model) if hasattr(self.model, "encoder_k") and hasattr(self.model, "m") \
-            else None
+        self.ema_record = EmaRecord(self.model) if has_momentum_encoder(self.model) else None
         self.eval_loaders: dict = {}
 
     # --- resume state -------------------------------------------------------------------
@@ -340,7 +344,7 @@ class Trainer:
         row = {"epoch": self.epoch + 1, "loss": round(float(loss) / seen, 5),
                "inst_acc": round(100.0 * float(correct) / seen, 3), "lr": round(s.lr, 6),
                "seconds": round(s.seconds, 2)}
-        if hasattr(model, "m") and hasattr(model, "encoder_k"):
+        if has_momentum_encoder(model):
             row.update(m=round(model.m, 6), drift=round(relative_drift(model.encoder_k, model.encoder_q), 6))
         if isinstance(model, MoCo):
             mean_age, p99_age, max_age = model.queue.age_stats(int(model.step))

@@ -47,6 +47,7 @@ class Source:
         self.kind, self.root, self.split = kind, root, split
         self.classes, self.items, self.labels = classes, items, labels
         self.ignored: list[dict] = []  # files seen but not taken as images, and why
+        self.duplicates: list[dict] = []  # files or folders reached twice by the scan, taken once
         self.notes: list[str] = []
 
     def __len__(self) -> int:
@@ -84,10 +85,6 @@ class Source:
 
 
 class FileSource(Source):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.duplicates: list[dict] = []  # files reached twice by the scan, taken once
-
     def load(self, i: int, max_side: int | None = None) -> np.ndarray:
         return decode_file(self.items[i], max_side)
 

@@ -13,6 +13,12 @@ from pipeline import launch as pretrain_launch
 
 LAUNCH = config.get("launch") or {"launcher": "direct"}
 
+
+def cell_launch(cell):
+    """How a cell's ranks start: the config's launcher; the random-init baseline, which trains
+    nothing, always as one direct process (never srun over GPU nodes or a submitit job)."""
+    return {"launcher": "direct"} if params_of(cell)["method"] == "random" else LAUNCH
+
 if LAUNCH["launcher"] == "submitit":
 
     localrules:
@@ -30,8 +36,9 @@ rule pretrain:
     params:
         py=PY,
         # functions of `resources`: how a cell is launched is not a params change (no rerun)
-        srun=lambda w, resources: pretrain_launch.srun_prefix(resources, LAUNCH["launcher"]),
-        module=lambda w, resources: pretrain_launch.module_args(LAUNCH, f"{R}/logs/pretrain/submitit/{w.cell}"),
+        srun=lambda w, resources: pretrain_launch.srun_prefix(resources, cell_launch(w.cell)["launcher"]),
+        module=lambda w, resources: pretrain_launch.module_args(cell_launch(w.cell),
+                                                                f"{R}/logs/pretrain/submitit/{w.cell}"),
         cfg=lambda w: stage_config(data=config["data"], pretrain=params_of(w.cell)),
         state=lambda w: f"{R}/state/{w.cell}",
         out=lambda w, output: os.path.dirname(output.checkpoint),
@@ -56,19 +63,11 @@ rule pretrain:
         " --out {params.out:q} --state {params.state:q} > {log:q} 2>&1"
 
 
-# The random-init baseline trains nothing (it saves a freshly initialised encoder): one small
-# process, never srun over GPU nodes or a submitit job; profiles size it on their own.
+# The random-init baseline trains nothing (it saves a freshly initialised encoder): a rule of
+# its own, so that profiles size it as the small job it is (see cell_launch for how it starts).
 use rule pretrain as pretrain_random_init with:
     wildcard_constraints:
         cell=r"(?:[^/,]+,)*method=random(?:,[^/,]+)*",
-    params:
-        py=PY,
-        srun="",
-        module="pipeline.pretrain",
-        cfg=lambda w: stage_config(data=config["data"], pretrain=params_of(w.cell)),
-        state=lambda w: f"{R}/state/{w.cell}",
-        out=lambda w, output: os.path.dirname(output.checkpoint),
-        data=lambda w, input: os.path.dirname(input.train[-1]),
     threads: 1
     resources:
         runtime=15,
