@@ -26,6 +26,15 @@ def detects(cell):
             and ("all" in chosen or cell in chosen or group_id(cell) in chosen))
 
 
+LAUNCH = config.get("launch") or {"launcher": "direct"}  # how the pretrain rule starts its ranks
+
+
+def cell_launch(cell):
+    """How a cell's ranks start: the config's launcher; the random-init baseline, which trains
+    nothing, always as one direct process (never srun over GPU nodes or a submitit job)."""
+    return {"launcher": "direct"} if params_of(cell)["method"] == "random" else LAUNCH
+
+
 def cell_outputs(cell):
     outs = [f"{R}/cells/{cell}/probe.json"]
     if detects(cell):

@@ -11,14 +11,6 @@
 
 from pipeline import launch as pretrain_launch
 
-LAUNCH = config.get("launch") or {"launcher": "direct"}
-
-
-def cell_launch(cell):
-    """How a cell's ranks start: the config's launcher; the random-init baseline, which trains
-    nothing, always as one direct process (never srun over GPU nodes or a submitit job)."""
-    return {"launcher": "direct"} if params_of(cell)["method"] == "random" else LAUNCH
-
 if LAUNCH["launcher"] == "submitit":
 
     localrules:
