@@ -41,12 +41,16 @@ from pipeline.models import build_backbone
 from pipeline.moco import MoCo
 from pipeline.moco.ema_check import EmaRecord
 from pipeline.moco.momentum import relative_drift
+from pipeline.moco.staleness import NegativeDrift, history_length
 from pipeline.optim import build_optimizer, lr_at
 
 SECTIONS = ["data", "pretrain"]
 PREEMPT_SYNC_STEPS = 10
 LOG_COLUMNS = ["epoch", "loss", "inst_acc", "knn", "lr", "m", "queue_age_mean", "queue_age_p99", "queue_age_max",
-               "drift", "seconds"]
+               "drift", "negative_drift_mean", "negative_drift_max", "seconds"]
+# A pretext loss this close to ln(candidates) means every logit is alike: the encoder tells the
+# positive from no negative any more (the paper's "training fails" at m = 0)
+CHANCE_LOSS_FRACTION = 0.99
 
 
 def has_momentum_encoder(model: nn.Module) -> bool:
@@ -87,16 +91,18 @@ class EpochStats:
         self.seen = state.get("seen", 0)
         self.seconds = state.get("seconds", 0.0)
         self.lr = state.get("lr", 0.0)  # of the last step: the epoch's row reports it
+        self.candidates = state.get("candidates", 0)  # logits per row: the positive and its negatives
 
     def add(self, loss, logits, target) -> None:
         n = target.shape[0]
         self.loss += loss.detach().double() * n
         self.correct += strictly_top(logits.detach(), target).sum().double()
         self.seen += n
+        self.candidates = logits.shape[1]
 
     def state(self) -> dict:
         return {"loss": self.loss, "correct": self.correct, "seen": self.seen, "seconds": self.seconds,
-                "lr": self.lr}
+                "lr": self.lr, "candidates": self.candidates}
 
 
 class Trainer:
@@ -151,6 +157,10 @@ class Trainer:
         self.board = None  # TensorBoard scalars (rank 0; set by train())
         # methods with a momentum key encoder: checked on this run (pipeline.moco.ema_check)
         self.ema_record = EmaRecord(self.model) if has_momentum_encoder(self.model) else None
+        # how far the key encoder moved since each queued negative was encoded (moco.staleness)
+        self.negative_drift = NegativeDrift(
+            self.model.encoder_k, history_length(p["K"], p["batch_size"], p.get("queue_policy", "fifo")),
+            seed=p.get("seed", 0)) if isinstance(self.model, MoCo) else None
         self.eval_loaders: dict = {}
 
     # --- resume state -------------------------------------------------------------------
@@ -169,7 +179,8 @@ class Trainer:
             checkpoint.save(self.state_path, arch=arch_of(self.p, self.d.get("crop_size")), method=self.p["method"],
                             model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
                             epoch=self.epoch, step_in_epoch=self.step_in_epoch, log=self.log_rows,
-                            stats=stats, rng=rngs, bn=bn, world_size=self.env.world_size)
+                            stats=stats, rng=rngs, bn=bn, world_size=self.env.world_size,
+                            negative_drift=self.negative_drift.state() if self.negative_drift else None)
         distributed.barrier()
 
     def load_state(self) -> bool:
@@ -188,6 +199,8 @@ class Trainer:
             for name, buf in distributed.bn_statistics(self.model).items():
                 buf.copy_(state["bn"][mine][name])
         self.log_rows, self.stats = list(state["log"]), EpochStats(self.device, state["stats"][mine])
+        if self.negative_drift is not None and state.get("negative_drift"):
+            self.negative_drift.load(state["negative_drift"])
         self._resume_rng = state["rng"][mine]
         log(f"resumed from {self.state_path} at epoch {self.epoch + 1}, step {self.step_in_epoch}")
         return True
@@ -324,6 +337,8 @@ class Trainer:
         loss.backward()
         self.optimizer.step()
         self.stats.add(loss, logits, target)
+        if self.negative_drift is not None:
+            self.negative_drift.record(self.epoch * len(self.loader) + self.step_in_epoch)
 
     def in_last_steps(self, n: int) -> bool:
         """Is the step about to run one of the run's last ``n``?"""
@@ -349,6 +364,10 @@ class Trainer:
         if isinstance(model, MoCo):
             mean_age, p99_age, max_age = model.queue.age_stats(int(model.step))
             row.update(queue_age_mean=round(mean_age, 2), queue_age_p99=round(p99_age, 2), queue_age_max=max_age)
+        if self.negative_drift is not None:
+            mean_drift, max_drift = self.negative_drift.measure(model.queue.enqueued_at)
+            row.update(negative_drift_mean=round(mean_drift, 4), negative_drift_max=round(max_drift, 4))
+        row["chance_loss"] = round(math.log(max(s.candidates, 1)), 5)
         return row
 
 
@@ -375,18 +394,35 @@ def train(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: b
     key_encoder = trainer.ema_record.report(trainer.optimizer) if trainer.ema_record is not None else None
     if key_encoder is not None and not key_encoder["holds"]:
         log(f"warning: the key encoder check failed: {key_encoder}")
+    failed = failure(trainer.log_rows)
+    if failed and ok:
+        log(f"warning: training failed ({failed}); the cell is reported as failed")
     return finish(cfg, out_dir, trainer.model.encoder_q.backbone.state_dict(), trainer.log_rows, env,
                   diverged=not ok, model_state=trainer.model.state_dict(), bn_guard=trainer.bn_guard, watch=watch,
-                  key_encoder=key_encoder)
+                  key_encoder=key_encoder, failure=failed)
+
+
+def failure(log_rows: list[dict]) -> str | None:
+    """Why a run counts as failed, or None: its loss diverged, or its last epoch's pretext loss
+    sits at chance, ln(candidates) (the paper's m = 0 row: training fails)."""
+    if not log_rows:
+        return None
+    last = log_rows[-1]
+    if not math.isfinite(last["loss"]):
+        return f"diverged: loss {last['loss']} at epoch {last['epoch']}"
+    chance = last.get("chance_loss")
+    if chance and last["loss"] >= CHANCE_LOSS_FRACTION * chance:
+        return f"collapsed: loss {last['loss']:.3f} at chance, ln({round(math.exp(chance))}) = {chance:.3f}"
+    return None
 
 
 def finish(cfg, out_dir: Path, backbone_state, log_rows, env, diverged: bool, model_state, bn_guard: str,
-           watch: Stopwatch, key_encoder: dict | None = None) -> dict:
+           watch: Stopwatch, key_encoder: dict | None = None, failure: str | None = None) -> dict:
     """Write the stage's outputs (rank 0): checkpoint, per-epoch CSV log, summary (with where
     this process's time went: ``timing``, seconds)."""
     p, arch = cfg["pretrain"], arch_of(cfg["pretrain"], cfg["data"].get("crop_size"))
     summary = {"method": p["method"], "arch": arch, "world_size": env.world_size, "epochs_run": len(log_rows),
-               "diverged": diverged, "bn_guard": bn_guard, "final": log_rows[-1] if log_rows else {},
+               "diverged": diverged, "failure": failure, "bn_guard": bn_guard, "final": log_rows[-1] if log_rows else {},
                "key_encoder": key_encoder}  # no optimizer entry, no gradient, EMA replayed (ema_check)
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,114 @@
+"""How stale the negatives are: the parameter sketch estimates the key encoder's movement since
+each queued key was encoded; the drift it reports matches the exact one; it resumes exactly.
+And a run whose loss sits at chance is reported as failed (the paper's m = 0 row)."""
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from pipeline.models import Encoder, build_backbone, projection_head
+from pipeline.moco import MoCo
+from pipeline.moco.staleness import NegativeDrift, ParameterSketch, history_length
+from pipeline.pretrain import failure
+
+
+def small_encoder(seed=0):
+    torch.manual_seed(seed)
+    backbone = build_backbone({"backbone": "resnet18", "width": 8, "cifar_stem": True, "norm": "bn"})
+    return Encoder(backbone, projection_head(backbone.out_dim, 16, mlp=True))
+
+
+def flat(module):
+    return torch.cat([p.detach().flatten().double() for p in module.parameters()])
+
+
+def test_sketch_distances_estimate_parameter_distances():
+    a, b = small_encoder(0), small_encoder(0)
+    sketch_a, sketch_b = ParameterSketch(a, seed=3), ParameterSketch(b, seed=3)
+    with torch.no_grad():  # b: a moved a little, as the key encoder between steps
+        for p in b.parameters():
+            p.add_(torch.randn_like(p) * 0.01 * p.abs().mean())
+    exact = (flat(a) - flat(b)).norm()
+    assert float((sketch_a() - sketch_b()).norm()) == pytest.approx(float(exact), rel=0.08)
+    assert float(sketch_a().norm()) == pytest.approx(float(flat(a).norm()), rel=0.08)
+    assert torch.equal(ParameterSketch(a, seed=3)(), sketch_a())  # the same bins every time
+
+
+def test_history_covers_every_key_the_queue_can_hold():
+    assert history_length(256, 64, "fifo") == 5  # ages 1..K/B, and the newest encoder
+    assert history_length(1024, 64, "random") == math.ceil(16 * math.log(100 * 1024)) + 1
+
+
+def train_moco(policy, steps, K=32, B=8, seed=0, drift=None, model=None, start=0):
+    """MoCo on random images; the key encoder's exact parameters after each step."""
+    model = model or MoCo(small_encoder(seed), dim=16, K=K, m=0.9, T=0.2, shuffle_bn=False,
+                          queue_policy=policy, seed=seed)
+    drift = drift or NegativeDrift(model.encoder_k, history_length(K, B, policy))
+    opt = torch.optim.SGD(model.encoder_q.parameters(), lr=0.5)
+    snapshots = {}
+    for step in range(start, start + steps):
+        x = torch.rand(B, 3, 16, 16, generator=torch.Generator().manual_seed(1000 * seed + step))
+        loss, _, _ = model(x, x.flip(3), torch.arange(B) + step * B)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        drift.record(step)
+        snapshots[step] = flat(model.encoder_k)
+    return model, drift, snapshots
+
+
+@pytest.mark.parametrize("policy", ["fifo", "random"])
+def test_negative_drift_matches_the_exact_drift_of_the_queued_keys(policy):
+    steps = 30
+    model, drift, snaps = train_moco(policy, steps)
+    now = snaps[steps - 1]
+    at = model.queue.enqueued_at
+    exact = torch.stack([(now - snaps[int(s)]).norm() / now.norm() for s in at])
+    mean, worst = drift.measure(at)
+    assert mean == pytest.approx(100 * float(exact.mean()), rel=0.1)
+    assert worst == pytest.approx(100 * float(exact.max()), rel=0.1)
+    assert worst > 0
+
+
+def test_random_replacement_holds_staler_negatives_than_fifo():
+    (fifo_model, fifo_drift, _), (model, drift, _) = train_moco("fifo", 60), train_moco("random", 60)
+    fifo, rand = fifo_drift.measure(fifo_model.queue.enqueued_at), drift.measure(model.queue.enqueued_at)
+    assert rand[1] > fifo[1]  # the oldest key under random replacement is older, so staler
+
+
+def test_negative_drift_resumes_exactly():
+    whole_model, whole, _ = train_moco("random", 24)
+    model, first, _ = train_moco("random", 10)
+    resumed = NegativeDrift(model.encoder_k, len(first.steps))
+    resumed.load(first.state())
+    model, resumed, _ = train_moco("random", 14, model=model, drift=resumed, start=10)
+    # the optimizer restarts here (plain SGD has no state), so the weights match the whole run
+    assert torch.equal(resumed.steps, whole.steps) and torch.allclose(resumed.sketches, whole.sketches)
+    assert resumed.measure(model.queue.enqueued_at) == pytest.approx(whole.measure(whole_model.queue.enqueued_at))
+
+
+def test_keys_of_the_initial_random_fill_are_not_counted():
+    model = MoCo(small_encoder(), dim=16, K=32, m=0.9, shuffle_bn=False)
+    drift = NegativeDrift(model.encoder_k, 5)
+    assert all(math.isnan(x) for x in drift.measure(model.queue.enqueued_at))
+
+
+# --- failure: diverged, or the loss at chance ---------------------------------------------------
+def rows(*losses, candidates=257):
+    return [{"epoch": e + 1, "loss": loss, "chance_loss": round(math.log(candidates), 5)}
+            for e, loss in enumerate(losses)]
+
+
+def test_a_loss_at_chance_is_a_failure():
+    # what m = 0 does on the embedded data: the loss climbs to ln(K + 1) and stays there
+    assert failure(rows(5.16622, 5.54896, 5.54902, 5.54903)) == "collapsed: loss 5.549 at chance, ln(257) = 5.549"
+    assert failure(rows(5.3, float("nan"))).startswith("diverged")
+    assert failure(rows(5.2, 4.9, 4.5)) is None  # learning: well below chance
+    assert failure(rows(5.5, 5.4, 5.45)) is None  # 5.45 < 0.99 ln 257 = 5.494: still learning
+    assert failure([]) is None and failure([{"epoch": 1, "loss": 5.6}]) is None  # logs of older runs
+
+
+def test_chance_is_the_uniform_softmax_over_the_candidates():
+    logits = torch.zeros(8, 257)  # every logit alike: no positive stands out
+    assert float(F.cross_entropy(logits, torch.zeros(8, dtype=torch.long))) == pytest.approx(math.log(257))
