@@ -5,15 +5,20 @@
 #   snakemake cell --config cell=K=1024         # one ablation cell's jobs
 #   snakemake tables --forcerun tables          # regenerate tables from existing metrics
 #   snakemake exports                           # every cell's weights for torchvision/Detectron2/timm
+#   snakemake claims                            # the seeds' claims as experiments (tables/claims.*)
 #   snakemake --profile slurm                   # on a SLURM cluster
-from pipeline.config import read_command_line_values, validate
-from pipeline.grid import grid_cells  # (not `expand`: that is Snakemake's)
+from pipeline.config import ConfigError, read_command_line_values, validate
+from pipeline.grid import claims_cells, grid_cells  # (not `expand`: that is Snakemake's)
 
 configfile: "workflow/config/config.yaml"
 
 read_command_line_values(config)  # --config pretrain='{epochs: 50}': 50, not '50'
 validate(config)  # schema + cross-field rules, with the key and the allowed range on error
 CELLS = grid_cells(config)
+try:  # `snakemake claims` only; a config whose claims cannot run fails that target alone
+    CLAIMS_CELLS, CLAIMS_ERROR = claims_cells(config), None
+except ConfigError as err:
+    CLAIMS_CELLS, CLAIMS_ERROR = {}, err
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"

@@ -194,6 +194,12 @@ def read_command_line_values(cfg: dict, schema: dict | None = None) -> dict:
     return read(cfg, schema)
 
 
+def check_claims(claims: dict) -> None:
+    if claims["long_epochs"] <= claims["epochs"]:
+        raise ConfigError(f"claims.long_epochs={claims['long_epochs']} must exceed claims.epochs={claims['epochs']} "
+                          "(the claim compares a longer schedule with a shorter one)")
+
+
 def validate(cfg: dict) -> dict:
     """Validate a whole workflow config; returns it unchanged."""
     schema = load_schema()
@@ -201,6 +207,8 @@ def validate(cfg: dict) -> dict:
     check_dataset(cfg["dataset"])
     check_detect(cfg["detect"], cfg["dataset"])
     check_pretrain(cfg["pretrain"])
+    if "claims" in cfg:
+        check_claims(cfg["claims"])
     return cfg
 
 

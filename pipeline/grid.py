@@ -12,6 +12,7 @@ import math
 import yaml
 
 from pipeline.config import ConfigError, check_pretrain, load_schema, merge, validate_schema
+from pipeline.layout import QUEUE_POLICIES
 
 AXES = ["method", "variant", "mechanism", "backbone", "width", "K", "m", "T", "epochs", "batch_size",
         "lr", "aug", "shuffle_bn", "dim", "queue_policy", "seed"]
@@ -97,17 +98,48 @@ def check_cell(cid: str, params: dict, schema: dict | None = None, num_samples: 
 
 def grid_cells(cfg: dict) -> dict[str, dict]:
     """All cells of the grid: id -> full pretrain parameters (validated)."""
+    grid = cfg.get("grid") or {}
+    return only(_cells(cfg, _sweep_overrides(grid)), grid.get("only"))
+
+
+def claims_overrides(claims: dict, base: dict) -> dict[str, dict]:
+    """The cells the claims study needs (``snakemake claims``), as overrides of the base cell,
+    by role: a reference cell trained ``claims.epochs``; around it each m, each K under each
+    queue policy and the memory bank; and the reference trained ``claims.long_epochs``."""
+    short = {"epochs": claims["epochs"]}
+    own_policy = base.get("queue_policy", QUEUE_POLICIES[0])  # unset: FIFO, the same cell as the base's
+
+    def policy(name):
+        return {} if name == own_policy else {"queue_policy": name}
+
+    return {"reference": short, **{f"m={m}": {**short, "m": m} for m in claims["m"]},
+            **{f"K={k},{p}": {**short, "K": k, **policy(p)} for k in claims["K"] for p in QUEUE_POLICIES},
+            "memory_bank": {**short, "mechanism": "memory_bank"}, "long": {"epochs": claims["long_epochs"]}}
+
+
+def claims_cells(cfg: dict) -> dict[str, dict]:
+    """The claims study's cells: id -> full pretrain parameters (validated; grid.seeds apply)."""
+    base = cfg["pretrain"]
+    if "claims" not in cfg:
+        raise ConfigError("the config has no 'claims' section (workflow/config/config.yaml has one)")
+    if base["method"] != "moco" or base.get("variant") == "v3" or base.get("mechanism", "moco") != "moco":
+        raise ConfigError("claims: the claims vary the queue and the momentum of MoCo v1/v2; the base cell "
+                          f"(pretrain) is method={base['method']} variant={base.get('variant')} "
+                          f"mechanism={base.get('mechanism', 'moco')}")
+    return _cells(cfg, list(claims_overrides(cfg["claims"], base).values()))
+
+
+def _cells(cfg: dict, overrides: list[dict]) -> dict[str, dict]:
     base = cfg["pretrain"]
     schema = load_schema()
     num_samples = training_set_size(cfg)
     cells: dict[str, dict] = {}
-    grid = cfg.get("grid") or {}
-    for override in _replicates(_sweep_overrides(grid), grid.get("seeds", 1), base.get("seed", 0)):
+    for override in _replicates(overrides, (cfg.get("grid") or {}).get("seeds", 1), base.get("seed", 0)):
         params = merge(base, override)
         cid = cell_id(base, params)
         check_cell(cid, params, schema, num_samples)
         cells.setdefault(cid, params)
-    return only(cells, grid.get("only"))
+    return cells
 
 
 def only(cells: dict[str, dict], chosen: list[str] | None) -> dict[str, dict]:

@@ -11,6 +11,7 @@ import json
 
 RESNETS = ("resnet18", "resnet50")
 VITS = ("vit_tiny", "vit_small", "vit_base")
+QUEUE_POLICIES = ("fifo", "random")  # the queue's replacement rules (pipeline.moco.queue)
 BACKBONE_LABELS = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "vit_tiny": "ViT-Ti",
                    "vit_small": "ViT-S", "vit_base": "ViT-B"}
 
@@ -19,6 +20,8 @@ BACKBONE_LABELS = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "vit_tiny":
 STUDY_NAMES = ["methods", "ablation_K", "ablation_m", "ablation_epochs", "mechanisms", "shuffle_bn", "detection",
                "grid"]
 TABLE_FORMATS = {"md": "Markdown", "csv": "CSV", "tex": "LaTeX"}
+# written by `snakemake claims` (pipeline.claims), not by the default target
+CLAIMS_TABLES = ["claims", "claims_momentum", "claims_queue"]
 FIGURES = ["accuracy_vs_K", "accuracy_vs_m", "staleness", "bn_leak"]  # + curves/<cell>
 FIGURE_FORMATS = ("png", "pdf")
 
@@ -27,9 +30,10 @@ def is_resnet(arch: dict) -> bool:
     return arch["backbone"] in RESNETS
 
 
-def table_files(results) -> dict[tuple[str, str], str]:
-    """(study, format) -> path of every per-study table the tables stage always writes."""
-    return {(name, ext): f"{results}/tables/{name}.{ext}" for name in STUDY_NAMES for ext in TABLE_FORMATS}
+def table_files(results, names=tuple(STUDY_NAMES)) -> dict[tuple[str, str], str]:
+    """(study, format) -> path of every per-study table the tables stage always writes (or of
+    the tables ``names``, e.g. CLAIMS_TABLES)."""
+    return {(name, ext): f"{results}/tables/{name}.{ext}" for name in names for ext in TABLE_FORMATS}
 
 
 def figure_files(results, cells) -> list[str]:

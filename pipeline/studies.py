@@ -21,12 +21,17 @@ from pipeline.layout import BACKBONE_LABELS
 
 METRICS = {"inst_acc": "instance accuracy", "top1": "linear top-1", "top5": "linear top-5", "knn_top1": "kNN top-1",
            "AP50": "AP50", "AP": "AP", "AP75": "AP75", "APs": "APs", "APm": "APm", "APl": "APl",
-           "drift": "key-encoder drift (%)"}
+           "drift": "key-encoder drift (%)", "queue_age_p99": "p99 age (steps)",
+           "queue_age_max": "max age (steps)", "negative_drift_mean": "negatives' drift, mean (%)",
+           "negative_drift_max": "negatives' drift, max (%)"}
+DECIMALS = {"drift": 2, "negative_drift_mean": 3, "negative_drift_max": 3}  # drifts are small; the rest: 1
+# read from the last epoch of a cell's pretraining log (summary.json "final")
+QUEUE_METRICS = ["queue_age_p99", "queue_age_max", "negative_drift_mean", "negative_drift_max"]
 ABLATION_METRICS = ["top1", "knn_top1", "AP50", "AP", "AP75"]
 DETECTION_METRICS = ["AP50", "AP", "AP75"]
 DETECTION_KEYS = ["AP50", "AP", "AP75", "APs", "APm", "APl"]
 SAMPLES = "_samples"  # column suffix: a metric's values per trial within the cell
-PAPER_M = [0, 0.9, 0.99, 0.999, 0.9999]            # the MoCo paper's momentum ablation rows
+PAPER_M = [0, 0.5, 0.9, 0.99, 0.999, 0.9999]       # the MoCo paper's momentum rows, and the seeds' m = 0.5
 MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": "MoCo"}
 METHOD_LABELS = {"moco": "MoCo", "supervised": "supervised", "random": "random init"}
 SEPARATE = {"method", "variant", "backbone", "mechanism", "K", "m", "epochs", "seed", "shuffle_bn"}  # own study or none
@@ -64,15 +69,18 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
     summary = _read(d / "pretrain" / "summary.json") or {}
     probe = _read(d / "probe.json") or {}
     det = _read(d / "detect.json") or {}
-    diverged = bool(summary.get("diverged", False))
+    # diverged, or collapsed to a chance-level pretext loss (pretrain.failure)
+    failed = bool(summary.get("diverged", False) or summary.get("failure"))
     done = bool(probe or det)
     final = summary.get("final") or {}
-    row = {"cell": cell, "group": group_id(cell), "status": "fail" if diverged else ("ok" if done else "missing"),
+    row = {"cell": cell, "group": group_id(cell), "status": "fail" if failed else ("ok" if done else "missing"),
            **{a: params.get(a) for a in AXES}, "params": params,
            "epochs_run": summary.get("epochs_run"), "loss": final.get("loss"), "inst_acc": final.get("inst_acc"),
            # ||theta_k - theta_q|| / ||theta_q|| at the end, in percent (tables show one decimal)
            "drift": None if final.get("drift") in (None, "") else 100 * float(final["drift"]),
-           "bn_guard": summary.get("bn_guard"), "probe_mode": probe.get("mode")}
+           "bn_guard": summary.get("bn_guard"), "probe_mode": probe.get("mode"),
+           "failure": summary.get("failure") or ("diverged" if summary.get("diverged") else None),
+           "key_encoder": summary.get("key_encoder"), **{k: final.get(k) for k in QUEUE_METRICS}}
     row.update({k: probe.get(k) for k in ("top1", "top5", "knn_top1")})
     row.update({k: det.get(k) for k in DETECTION_KEYS})
     row.update(det_setup=detection_setup(det), det_protocol=detection_protocol(det))
@@ -179,11 +187,17 @@ class Table:
     groups: list[tuple[str, list[str]]] = field(default_factory=list)  # LaTeX: spanning header, short headers
     notes: list[str] = field(default_factory=list)  # footnotes of this table's own
 
+    def decimals(self) -> list[int]:
+        """Decimals shown for each value column."""
+        return [DECIMALS.get(m, 1) for m in self.metrics]
+
 
 METRIC_GROUPS = {"inst_acc": ("pretext", "instance"), "top1": ("top-1 accuracy", "linear"), "top5": ("top-5 accuracy", "linear"),
                  "knn_top1": ("top-1 accuracy", "kNN"), **{k: ("detection", k) for k in
                                                         ("AP50", "AP", "AP75", "APs", "APm", "APl")},
-                 "drift": ("key encoder", "drift")}
+                 "drift": ("key encoder", "drift"), "queue_age_p99": ("queue", "p99 age"),
+                 "queue_age_max": ("queue", "max age"), "negative_drift_mean": ("negatives' drift", "mean"),
+                 "negative_drift_max": ("negatives' drift", "max")}
 
 
 def column_groups(metrics) -> list[tuple[str, list[str]]]:
@@ -213,9 +227,17 @@ def _is_moco(g: Group) -> bool:
     return g.get("method") == "moco"
 
 
-def one_axis(gs: dict[str, Group], axis: str, prov, name=None, title=None, fixed=(), metrics=ABLATION_METRICS) -> Table:
-    """The base cell and the MoCo cells that differ from it in ``axis`` only, one row per value."""
-    sel = {g.params.get(axis): g for g in gs.values() if _is_moco(g) and set(g.diff) <= {axis}}
+def differs(g: Group, reference: dict) -> set[str]:
+    """The axes (seed aside) in which a group differs from a reference cell's differences."""
+    return {a for a in {*g.diff, *reference} if g.diff.get(a) != reference.get(a)}
+
+
+def one_axis(gs: dict[str, Group], axis: str, prov, name=None, title=None, fixed=(), metrics=ABLATION_METRICS,
+             reference: str = BASE_ID) -> Table:
+    """The reference cell (the base unless given) and the MoCo cells that differ from it in
+    ``axis`` only, one row per value."""
+    ref = parse_cell_id(reference)
+    sel = {g.params.get(axis): g for g in gs.values() if _is_moco(g) and differs(g, ref) <= {axis}}
     values = sorted({*sel, *fixed}, key=_sort_key)
     rows = [_row([format_value(v)], sel.get(v), metrics) for v in values]
     return _metric_table(name or f"ablation_{axis}", title or f"Ablation over {axis}", [axis], rows, metrics,
@@ -229,12 +251,15 @@ def half_life(m: float) -> float:
     return math.inf if m >= 1 else math.log(0.5) / math.log(m)
 
 
-def momentum(gs: dict[str, Group], prov) -> Table:
+def momentum(gs: dict[str, Group], prov, reference: str = BASE_ID, name: str = "ablation_m",
+             metrics=(*ABLATION_METRICS, "drift")) -> Table:
     """The momentum ablation (the paper's m rows), with each m's EMA half-life beside the
-    queue's span K/B (how many steps its oldest key lags), and the final key-encoder drift."""
-    table = one_axis(gs, "m", prov, title="Ablation over the momentum m", fixed=PAPER_M,
-                     metrics=[*ABLATION_METRICS, "drift"])
-    base = gs.get(BASE_ID)
+    queue's span K/B (how many steps its oldest key lags), and the final key-encoder drift;
+    around the base cell, or around ``reference`` (the claims' shorter cell)."""
+    title = "Ablation over the momentum m" + ("" if reference == BASE_ID else f" (around {reference})")
+    table = one_axis(gs, "m", prov, name=name, title=title, fixed=PAPER_M, metrics=list(metrics),
+                     reference=reference)
+    base = gs.get(reference)
     span = base and base.params.get("K") and base.params.get("batch_size") and \
         base.params["K"] // base.params["batch_size"]  # K is a multiple of the batch
     table.keys = ["m", "EMA half-life (steps)", "queue span K/B (steps)"]

@@ -8,8 +8,8 @@ from conftest import REPO, run, snakemake_bin
 from test_workflow import jobs_planned, pretraining_jobs
 
 
-def dry_run(tmp_path, *args, check=True):
-    return run([snakemake_bin(), "-n", "-p", "--config", f"results={tmp_path / 'r'}", *args], timeout=120,
+def dry_run(tmp_path, *args, check=True, target=()):
+    return run([snakemake_bin(), *target, "-n", "-p", "--config", f"results={tmp_path / 'r'}", *args], timeout=120,
                check=check)
 
 
@@ -104,3 +104,33 @@ def test_a_different_existing_profile_is_left_alone(tmp_path):
     out = link_profiles(tmp_path / "config")
     assert "left as it is" in out.stdout + out.stderr and "--profile profiles/slurm" in out.stdout + out.stderr
     assert (mine / "config.yaml").read_text() == "executor: slurm\njobs: 3\n" and not mine.is_symlink()
+
+
+# --- `snakemake claims`: its own cells, the default target unchanged ---------------------------
+def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost(tmp_path):
+    from pipeline.config import DEFAULT_CONFIG, load_yaml, validate
+    from pipeline.grid import claims_cells
+
+    default = jobs_planned(dry_run(tmp_path).stdout)
+    assert default["probe"] == 6 and "claims" not in default  # the grid's 6 cells, as before the claims
+    claims = jobs_planned(dry_run(tmp_path, target=["claims"]).stdout)
+    cells = claims_cells(validate(load_yaml(DEFAULT_CONFIG)))
+    # pretraining and probe of each claims cell (the base cell among them), no detection transfer
+    assert claims == {"synthetic": 1, "convert": 2, "pretrain": len(cells), "probe": len(cells), "claims": 1}
+    assert len(cells) == 11 and "base" in cells
+
+
+def test_a_config_whose_claims_cannot_run_fails_that_target_alone(tmp_path):
+    tiny = str(REPO / "workflow" / "config" / "presets" / "tiny.yaml")  # 160 images: no 256-key bank
+    assert jobs_planned(dry_run(tmp_path, "--configfile", tiny).stdout)["tables"] == 1
+    proc = dry_run(tmp_path, "--configfile", tiny, check=False, target=["claims"])
+    assert proc.returncode != 0 and "memory bank K=256 negatives need a larger training set" in proc.stdout + proc.stderr
+
+
+def test_queue_policies_have_one_source():
+    from pipeline.config import load_schema
+    from pipeline.layout import QUEUE_POLICIES
+    from pipeline.moco.queue import POLICIES
+
+    assert load_schema()["$defs"]["pretrain"]["properties"]["queue_policy"]["enum"] == list(QUEUE_POLICIES) == \
+        list(POLICIES)

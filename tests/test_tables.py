@@ -167,16 +167,17 @@ def test_bn_leak_study(tmp_path):
 
 def test_momentum_paper_rows_fail_and_partial(results):
     md = md_rows(results, "ablation_m")
-    assert list(md) == ["0", "0.9", "0.99", "0.999", "0.9999"]  # the paper's rows, in order
+    assert list(md) == ["0", "0.5", "0.9", "0.99", "0.999", "0.9999"]  # the paper's rows and the seeds' 0.5
     # each m's EMA half-life (ln 0.5 / ln m steps) beside the queue's span K/B = 4096/256
-    assert [md[m][:2] for m in md] == [["0", "16"], ["6.58", "16"], ["69", "16"], ["693", "16"], ["6,931", "16"]]
+    assert [md[m][:2] for m in md] == [["0", "16"], ["1", "16"], ["6.58", "16"], ["69", "16"], ["693", "16"],
+                                       ["6,931", "16"]]
     assert md["0"][2:] == ["fail"] * 6
-    assert md["0.9"][2] == "50.0" and md["0.9"][-1] == "1.0"  # the final key-encoder drift: 0.01 = 1%
+    assert md["0.9"][2] == "50.0" and md["0.9"][-1] == "1.00"  # the final key-encoder drift: 0.01 = 1%
     assert md["0.99"][2] == "61.0 ± 1.4 (n=2)"
     assert md["0.999"][2] == "58.0‡"  # one seed diverged: excluded from the mean, marked
     assert md["0.9999"][2:] == ["—"] * 6  # not in the grid
     text = (results / "tables" / "ablation_m.md").read_text()
-    assert "fail: pretraining diverged" in text and "‡: some seeds diverged" in text
+    assert "fail: pretraining failed: its loss diverged" in text and "‡: some seeds diverged" in text
     rows = {r["m"]: r for r in read_csv(results, "ablation_m")}
     assert rows["0"]["status"] == "fail" and rows["0"]["top1"] == ""
 

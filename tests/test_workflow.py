@@ -275,6 +275,9 @@ def test_paper_presets_hold_the_reference_settings():
     coco = preset_config("imagenet-mocov2-coco")["detect"]  # coco_R_50_C4_2x
     assert (coco["dataset"], coco["iterations"], coco["lr_steps"]) == ("coco", 180000, [120000, 160000])
     assert coco["train_sizes"] == list(range(640, 801, 32)) and coco["rpn"] == d["rpn"] and coco["ranks"] == 8
+    # the claims at ImageNet scale: the seed's 100 vs 200 epochs, K/B = 64 and 256 steps
+    assert v2["claims"] == {"epochs": 100, "long_epochs": 200, "m": [0.0, 0.5, 0.9, 0.99, 0.999, 0.9999],
+                            "K": [16384, 65536]}
     v1 = preset_config("imagenet-mocov1")["pretrain"]
     assert (v1["variant"], v1["T"], v1["schedule"], v1["aug"], v1["K"], v1["m"], v1["lr"]) == \
         ("v1", 0.07, "step", "v1", 65536, 0.999, 0.03)

@@ -15,8 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-
-POLICIES = ("fifo", "random")
+from pipeline.layout import QUEUE_POLICIES as POLICIES
 
 
 class KeyQueue(nn.Module):

@@ -6,7 +6,7 @@ import sys
 
 # only pipeline.layout, pipeline.grid and pipeline.config: building the DAG imports no torch
 from pipeline.grid import cell_params, cell_resources as grid_cell_resources, group_id
-from pipeline.layout import FIGURES, TABLE_FORMATS, figure_files, is_resnet, stage_config, table_files
+from pipeline.layout import CLAIMS_TABLES, FIGURES, STUDY_NAMES, TABLE_FORMATS, figure_files, is_resnet, stage_config, table_files
 
 R = config["results"]
 PY = shlex.quote(sys.executable)  # the interpreter running snakemake (.venv), also on SLURM nodes
@@ -93,10 +93,25 @@ def tables_config():
                         probe=config["probe"], detect=config["detect"])
 
 
-def reported_tables():
-    return [report(path, caption=f"../report/{study}.rst", category="Tables", subcategory=study,
+def claims_inputs(wildcards):
+    """What `snakemake claims` needs: each claims cell's probe (its pretraining with it)."""
+    if CLAIMS_ERROR is not None:
+        raise CLAIMS_ERROR
+    return [f"{R}/cells/{cell}/probe.json" for cell in CLAIMS_CELLS]
+
+
+def claims_config():
+    """What the claims tables state and which cells they read."""
+    grid = {k: v for k, v in config["grid"].items() if k != "resources"}
+    return stage_config(dataset=config["dataset"], pretrain=config["pretrain"], grid=grid,
+                        probe=config["probe"], claims=config["claims"])
+
+
+def reported_tables(names=STUDY_NAMES, category="Tables"):
+    """The tables in the report; the claims come first (the report lists categories A-Z)."""
+    return [report(path, caption=f"../report/{study}.rst", category=category, subcategory=study,
                    labels={"study": study, "format": TABLE_FORMATS[ext]})
-            for (study, ext), path in table_files(R).items()]
+            for (study, ext), path in table_files(R, names).items()]
 
 
 def reported_figures():

@@ -27,3 +27,24 @@ rule tables:
         CONDA_ENV
     shell:
         "{params.py} -m pipeline.tables {params.results:q} --config {params.cfg:q} > {log:q} 2>&1"
+
+
+# `snakemake claims`: the cells the seeds' claims need (pipeline.grid.claims_cells, their
+# pretraining and probe; no detection) -> tables/claims.* first in the report. Not in the default target.
+rule claims:
+    input:
+        claims_inputs,
+    output:
+        reported_tables(CLAIMS_TABLES, category="Claims"),
+    params:
+        py=PY,
+        results=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
+        cfg=lambda w: claims_config(),
+    log:
+        f"{R}/logs/claims.log",
+    benchmark:
+        f"{R}/benchmarks/claims.tsv"
+    conda:
+        CONDA_ENV
+    shell:
+        "{params.py} -m pipeline.claims {params.results:q} --config {params.cfg:q} > {log:q} 2>&1"
