@@ -1,17 +1,22 @@
-"""One checkpoint format for resume, probe and detection transfer.
+"""One checkpoint format for resume, probe and detection transfer, and the pretraining's
+resume state (with the epoch's running statistics, EpochStats).
 
 A checkpoint is a dict of tensors and plain values only, so it loads with
 ``torch.load(weights_only=True)``: {"format", "arch", "method", "backbone" (query backbone
-state), "model", "optimizer", "epoch", "step", "rng", "log", "config"}.
+state), "model", "optimizer", "epoch", "step", "rng", "log", "config"}. The resume state adds,
+per rank, the RNG streams, the epoch's partial sums and the BN statistics, and the method's
+diagnostics state.
 """
 from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from pipeline import distributed
 from pipeline.io import atomic_torch_save
 
 FORMAT = "moco-pipeline/1"
@@ -35,6 +40,80 @@ def set_rng_state(state: dict) -> None:
                          int(has_gauss), cached))
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
+
+
+def strictly_top(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """True where the target's logit beats every other one. argmax would count a collapsed
+    encoder (all logits equal) as 100% correct, since ties resolve to index 0, the positive."""
+    target_logit = logits.gather(1, target[:, None])
+    others = logits.scatter(1, target[:, None], float("-inf"))
+    return target_logit.squeeze(1) > others.max(1).values
+
+
+class EpochStats:
+    """Loss and accuracy summed on the device (no host sync per step); saved with the state."""
+
+    def __init__(self, device, state: dict | None = None):
+        state = state or {}
+        self.loss = state.get("loss", torch.zeros((), dtype=torch.float64)).to(device)
+        self.correct = state.get("correct", torch.zeros((), dtype=torch.float64)).to(device)
+        self.seen = state.get("seen", 0)
+        self.seconds = state.get("seconds", 0.0)
+        self.lr = state.get("lr", 0.0)  # of the last step: the epoch's row reports it
+        self.candidates = state.get("candidates", 0)  # logits per row: the positive and its negatives
+
+    def add(self, loss, logits, target) -> None:
+        n = target.shape[0]
+        self.loss += loss.detach().double() * n
+        self.correct += strictly_top(logits.detach(), target).sum().double()
+        self.seen += n
+        self.candidates = logits.shape[1]
+
+    def state(self) -> dict:
+        return {"loss": self.loss, "correct": self.correct, "seen": self.seen, "seconds": self.seconds,
+                "lr": self.lr, "candidates": self.candidates}
+
+
+class Resumed(NamedTuple):
+    epoch: int
+    step_in_epoch: int
+    log: list
+    stats: EpochStats
+    rng: dict  # this rank's RNG streams, to set when the interrupted epoch continues
+
+
+def save_resume_state(path: Path, model, optimizer, stats: EpochStats, env, **fields) -> None:
+    """Every rank's RNG streams, partial epoch sums and BN statistics (they differ per rank
+    between the epoch-end averages) with the model, optimizer and the method's diagnostics
+    state; rank 0 writes."""
+    rngs = distributed.gather_objects(rng_state())
+    sums = distributed.gather_objects({k: v.cpu() if torch.is_tensor(v) else v for k, v in stats.state().items()})
+    bn = distributed.gather_objects({k: v.cpu() for k, v in distributed.bn_statistics(model).items()})
+    if env.is_main:
+        save(path, model=model.state_dict(), optimizer=optimizer.state_dict(), stats=sums, rng=rngs, bn=bn,
+             world_size=env.world_size, diagnostics=model.diagnostics_state(), **fields)
+    distributed.barrier()
+
+
+def load_resume_state(path: Path, model, optimizer, env, device) -> Resumed | None:
+    """Restore model, optimizer, this rank's BN statistics and the method's diagnostics from
+    ``path``; None when there is nothing to resume."""
+    if not Path(path).is_file():
+        return None
+    state = load(path)
+    if state["world_size"] != env.world_size and state["step_in_epoch"]:
+        raise CheckpointError(f"{path} was written mid-epoch by {state['world_size']} ranks; resume it with the "
+                              f"same number of ranks (now {env.world_size})")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    mine = min(env.rank, len(state["rng"]) - 1)
+    with torch.no_grad():
+        for name, buf in distributed.bn_statistics(model).items():
+            buf.copy_(state["bn"][mine][name])
+    if state.get("diagnostics"):
+        model.load_diagnostics_state(state["diagnostics"])
+    return Resumed(state["epoch"], state["step_in_epoch"], list(state["log"]),
+                   EpochStats(device, state["stats"][mine]), state["rng"][mine])
 
 
 def save(path: str | Path, **fields) -> None:

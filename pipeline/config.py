@@ -111,6 +111,15 @@ def check_pretrain(p: dict, where: str = "pretrain", num_samples: int | None = N
             f"use e.g. K={max(1, p['K'] // p['batch_size']) * p['batch_size']}")
 
 
+def pretrain_warnings(p: dict, num_samples: int | None) -> list[str]:
+    """Settings that run but are probably not meant (the stage logs them)."""
+    queue = p["method"] == "moco" and p.get("variant") != "v3" and p.get("mechanism", "moco") == "moco"
+    if queue and num_samples and p["K"] >= num_samples and not p.get("mask_same_source"):
+        return [f"K={p['K']} >= {num_samples} training images: the queue holds keys of the query's own image "
+                "as negatives; lower K or set mask_same_source: true"]
+    return []
+
+
 def check_dataset(d: dict) -> None:
     if d["source"] != "synthetic":
         root = d.get("root")

@@ -13,6 +13,7 @@ from pipeline.layout import is_resnet
 from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, projection_head
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd, MemoryBank
+from pipeline.moco.method import Method
 from pipeline.moco.split_bn import SplitBatchNorm2d, default_splits, has_batch_norm, split_batch_norm
 from pipeline.moco.v3 import MoCoV3
 
@@ -26,7 +27,7 @@ def arch_of(p: dict, image_size: int | None = None) -> dict:
             "norm": p.get("norm", "bn")}
 
 
-class Supervised(nn.Module):
+class Supervised(Method):
     """The supervised baseline: the same backbone trained with labels (cross-entropy)."""
 
     def __init__(self, backbone: nn.Module, num_classes: int):
@@ -97,6 +98,6 @@ def build_model(p: dict, image_size: int, num_classes: int, num_samples: int, wo
         return EndToEnd(encoder, T=p["T"], shuffle_bn=p.get("shuffle_bn", True))
     return MoCo(encoder, dim=dim, K=p["K"], m=p["m"], T=p["T"], shuffle_bn=p.get("shuffle_bn", True),
                 mask_same_source=p.get("mask_same_source", False), queue_policy=p.get("queue_policy", "fifo"),
-                seed=p.get("seed", 0))
+                seed=p.get("seed", 0), batch_size=p["batch_size"])
 
 

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from pipeline import checkpoint, cpus, distributed, preempt
 from pipeline.stopwatch import Stopwatch
 from pipeline.augment import view_recipes
-from pipeline.config import ConfigError, load_stage_config
+from pipeline.config import ConfigError, load_stage_config, pretrain_warnings
 from pipeline.data import eval_loader, is_converted, two_view_loader
 from pipeline.features import features_of
 from pipeline.io import atomic_write_json, atomic_write_text
@@ -38,10 +38,7 @@ from pipeline.methods import arch_of, bn_guard_text, build_model
 from pipeline.board import Board, board_dir
 from pipeline.layout import is_resnet
 from pipeline.models import build_backbone
-from pipeline.moco import MoCo
 from pipeline.moco.ema_check import EmaRecord
-from pipeline.moco.momentum import relative_drift
-from pipeline.moco.staleness import NegativeDrift, history_length
 from pipeline.optim import build_optimizer, lr_at
 
 SECTIONS = ["data", "pretrain"]
@@ -51,11 +48,6 @@ LOG_COLUMNS = ["epoch", "loss", "inst_acc", "knn", "lr", "m", "queue_age_mean", 
 # A pretext loss this close to ln(candidates) means every logit is alike: the encoder tells the
 # positive from no negative any more (the paper's "training fails" at m = 0)
 CHANCE_LOSS_FRACTION = 0.99
-
-
-def has_momentum_encoder(model: nn.Module) -> bool:
-    """A key encoder updated as the EMA of the query encoder (MoCo v1/v2/v3)."""
-    return hasattr(model, "encoder_k") and hasattr(model, "m")
 
 
 def log(msg: str) -> None:
@@ -73,38 +65,6 @@ def queue_checksum(model: nn.Module) -> str:
     return "-" if q is None else f"{float(q.keys.double().sum()):.10f}/{int(q.ptr)}"
 
 
-def strictly_top(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """True where the target's logit beats every other one. argmax would count a collapsed
-    encoder (all logits equal) as 100% correct, since ties resolve to index 0, the positive."""
-    target_logit = logits.gather(1, target[:, None])
-    others = logits.scatter(1, target[:, None], float("-inf"))
-    return target_logit.squeeze(1) > others.max(1).values
-
-
-class EpochStats:
-    """Loss and accuracy summed on the device (no host sync per step); saved with the state."""
-
-    def __init__(self, device, state: dict | None = None):
-        state = state or {}
-        self.loss = state.get("loss", torch.zeros((), dtype=torch.float64)).to(device)
-        self.correct = state.get("correct", torch.zeros((), dtype=torch.float64)).to(device)
-        self.seen = state.get("seen", 0)
-        self.seconds = state.get("seconds", 0.0)
-        self.lr = state.get("lr", 0.0)  # of the last step: the epoch's row reports it
-        self.candidates = state.get("candidates", 0)  # logits per row: the positive and its negatives
-
-    def add(self, loss, logits, target) -> None:
-        n = target.shape[0]
-        self.loss += loss.detach().double() * n
-        self.correct += strictly_top(logits.detach(), target).sum().double()
-        self.seen += n
-        self.candidates = logits.shape[1]
-
-    def state(self) -> dict:
-        return {"loss": self.loss, "correct": self.correct, "seen": self.seen, "seconds": self.seconds,
-                "lr": self.lr, "candidates": self.candidates}
-
-
 class Trainer:
     def __init__(self, cfg: dict, data_dir: Path, state_dir: Path, env, progress: bool = True,
                  watch: Stopwatch | None = None):
@@ -118,10 +78,8 @@ class Trainer:
         if p["batch_size"] % env.world_size:
             raise ConfigError(f"pretrain.batch_size={p['batch_size']} is not divisible by the world size "
                               f"{env.world_size}")
-        if p["method"] == "moco" and p.get("variant") != "v3" and p.get("mechanism", "moco") == "moco" \
-                and p["K"] >= self.num_samples > 0 and not p.get("mask_same_source"):
-            log(f"warning: K={p['K']} >= {self.num_samples} training images: the queue holds keys of the "
-                f"query's own image as negatives; lower K or set mask_same_source: true")
+        for warning in pretrain_warnings(p, self.num_samples):
+            log(f"warning: {warning}")
         self.model = build_model(p, d.get("crop_size", 32), len(info.get("classes", [])) or 1, self.num_samples,
                                  env.world_size)
         self.bn_guard = bn_guard_text(self.model, env.world_size)
@@ -153,55 +111,25 @@ class Trainer:
                               f"({self.num_samples} images)")
         self.aug1, self.aug2 = (a.to(self.device) for a in view_recipes(p.get("aug", "v2"), d.get("crop_size", 32)))
         self.data_dir = data_dir
-        self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], EpochStats(self.device)
+        self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], checkpoint.EpochStats(self.device)
         self.board = None  # TensorBoard scalars (rank 0; set by train())
         # methods with a momentum key encoder: checked on this run (pipeline.moco.ema_check)
-        self.ema_record = EmaRecord(self.model) if has_momentum_encoder(self.model) else None
-        # how far the key encoder moved since each queued negative was encoded (moco.staleness)
-        self.negative_drift = NegativeDrift(
-            self.model.encoder_k, history_length(p["K"], p["batch_size"], p.get("queue_policy", "fifo")),
-            seed=p.get("seed", 0)) if isinstance(self.model, MoCo) else None
+        self.ema_record = EmaRecord(self.model) if self.model.has_momentum_encoder else None
         self.eval_loaders: dict = {}
 
-    # --- resume state -------------------------------------------------------------------
+    # --- resume state (pipeline.checkpoint) ---------------------------------------------
     def save_state(self) -> None:
         with self.watch.phase("checkpoints"):
-            self._save_state()
-
-    def _save_state(self) -> None:
-        # Each rank has its own RNG stream and partial epoch sums: keep them all, per rank.
-        rngs = distributed.gather_objects(checkpoint.rng_state())
-        stats = distributed.gather_objects({k: v.cpu() if torch.is_tensor(v) else v
-                                            for k, v in self.stats.state().items()})
-        # BN running statistics also differ per rank between the epoch-end averages
-        bn = distributed.gather_objects({k: v.cpu() for k, v in distributed.bn_statistics(self.model).items()})
-        if self.env.is_main:
-            checkpoint.save(self.state_path, arch=arch_of(self.p, self.d.get("crop_size")), method=self.p["method"],
-                            model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
-                            epoch=self.epoch, step_in_epoch=self.step_in_epoch, log=self.log_rows,
-                            stats=stats, rng=rngs, bn=bn, world_size=self.env.world_size,
-                            negative_drift=self.negative_drift.state() if self.negative_drift else None)
-        distributed.barrier()
+            checkpoint.save_resume_state(
+                self.state_path, self.model, self.optimizer, self.stats, self.env,
+                arch=arch_of(self.p, self.d.get("crop_size")), method=self.p["method"], epoch=self.epoch,
+                step_in_epoch=self.step_in_epoch, log=self.log_rows)
 
     def load_state(self) -> bool:
-        if not self.state_path.is_file():
+        resumed = checkpoint.load_resume_state(self.state_path, self.model, self.optimizer, self.env, self.device)
+        if resumed is None:
             return False
-        state = checkpoint.load(self.state_path)
-        if state["world_size"] != self.env.world_size and state["step_in_epoch"]:
-            raise checkpoint.CheckpointError(
-                f"{self.state_path} was written mid-epoch by {state['world_size']} ranks; resume it with the "
-                f"same number of ranks (now {self.env.world_size})")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
-        mine = min(self.env.rank, len(state["rng"]) - 1)
-        with torch.no_grad():
-            for name, buf in distributed.bn_statistics(self.model).items():
-                buf.copy_(state["bn"][mine][name])
-        self.log_rows, self.stats = list(state["log"]), EpochStats(self.device, state["stats"][mine])
-        if self.negative_drift is not None and state.get("negative_drift"):
-            self.negative_drift.load(state["negative_drift"])
-        self._resume_rng = state["rng"][mine]
+        self.epoch, self.step_in_epoch, self.log_rows, self.stats, self._resume_rng = resumed
         log(f"resumed from {self.state_path} at epoch {self.epoch + 1}, step {self.step_in_epoch}")
         return True
 
@@ -216,7 +144,7 @@ class Trainer:
             if skip == 0:
                 # Augmentation randomness from (seed, epoch, rank): an epoch replays exactly.
                 torch.manual_seed(p.get("seed", 0) * 100003 + self.epoch * 1009 + self.env.rank)
-                self.stats = EpochStats(self.device)
+                self.stats = checkpoint.EpochStats(self.device)
             elif self._resume_rng is not None:
                 checkpoint.set_rng_state(self._resume_rng)
             self.run_epoch(skip)
@@ -315,8 +243,7 @@ class Trainer:
         self.stats.lr = lr_at(p, progress, p["epochs"])
         for group in self.optimizer.param_groups:
             group["lr"] = self.stats.lr
-        if hasattr(self.model, "set_momentum"):  # MoCo v3: m rises to 1 with a cosine
-            self.model.set_momentum(progress)
+        self.model.on_step(progress)  # e.g. MoCo v3's momentum schedule
         self.optimize(*self.augment(v1, v2), labels, index)
 
     def augment(self, v1, v2) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,8 +264,7 @@ class Trainer:
         loss.backward()
         self.optimizer.step()
         self.stats.add(loss, logits, target)
-        if self.negative_drift is not None:
-            self.negative_drift.record(self.epoch * len(self.loader) + self.step_in_epoch)
+        self.model.after_step(self.epoch * len(self.loader) + self.step_in_epoch)
 
     def in_last_steps(self, n: int) -> bool:
         """Is the step about to run one of the run's last ``n``?"""
@@ -359,14 +285,7 @@ class Trainer:
         row = {"epoch": self.epoch + 1, "loss": round(float(loss) / seen, 5),
                "inst_acc": round(100.0 * float(correct) / seen, 3), "lr": round(s.lr, 6),
                "seconds": round(s.seconds, 2)}
-        if has_momentum_encoder(model):
-            row.update(m=round(model.m, 6), drift=round(relative_drift(model.encoder_k, model.encoder_q), 6))
-        if isinstance(model, MoCo):
-            mean_age, p99_age, max_age = model.queue.age_stats(int(model.step))
-            row.update(queue_age_mean=round(mean_age, 2), queue_age_p99=round(p99_age, 2), queue_age_max=max_age)
-        if self.negative_drift is not None:
-            mean_drift, max_drift = self.negative_drift.measure(model.queue.enqueued_at)
-            row.update(negative_drift_mean=round(mean_drift, 4), negative_drift_max=round(max_drift, 4))
+        row.update(model.diagnostics())  # m, drifts, queue ages: whatever the method reports
         row["chance_loss"] = round(math.log(max(s.candidates, 1)), 5)
         return row
 

@@ -139,3 +139,12 @@ def test_fpn_needs_one_anchor_size_per_level(cfg):
     validate(cfg)
     with pytest.raises(ConfigError, match="detect.anchor_sizes"):
         load_stage_config('{"detect": {"head": "fpn", "anchor_sizes": [8]}}', ["detect"])
+
+
+def test_a_queue_as_large_as_the_training_set_is_a_warning_beside_the_memory_bank_rule():
+    from pipeline.config import pretrain_warnings
+
+    p = {"method": "moco", "variant": "v2", "K": 4096, "batch_size": 256}
+    assert "K=4096 >= 4000 training images" in pretrain_warnings(p, 4000)[0]
+    assert pretrain_warnings(p, 5000) == [] and pretrain_warnings({**p, "mask_same_source": True}, 4000) == []
+    assert pretrain_warnings({**p, "variant": "v3"}, 4000) == []  # no queue

@@ -74,8 +74,7 @@ def test_method_learns_on_embedded_data(name, images):
     for epoch in range(EPOCHS):
         for b in range(4):  # 4 batches of 16, the same every epoch
             sl = slice(16 * b, 16 * (b + 1))
-            if hasattr(model, "set_momentum"):
-                model.set_momentum(epoch / EPOCHS)
+            model.on_step(epoch / EPOCHS)  # every method takes the same hooks (MoCo v3: its m schedule)
             x1, x2 = views(x[sl], g)
             loss, logits, target = model(x1, x2, idx[sl], y[sl])
             opt.zero_grad()
@@ -207,3 +206,17 @@ def test_v3_vit_probe_lr_is_the_reference():
     assert settings(pc, {"backbone": "vit_small"})["lr"] == pytest.approx(3.0 * 1024 / 256)
     assert settings(pc, {"backbone": "resnet50"})["lr"] == pytest.approx(0.1 * 1024 / 256)
     assert settings({"protocol": "moco", "epochs": 100}, {"backbone": "vit_small"})["lr"] == 30.0
+
+
+def test_every_method_has_the_training_loops_interface():
+    """pretrain.py calls only these hooks: a new method implements them beside its own code."""
+    from pipeline.moco.method import Method
+
+    for name, p in METHODS.items():
+        model = build_model({**BASE, **p}, image_size=32, num_classes=10, num_samples=64)
+        assert isinstance(model, Method), name
+        with_ema = p.get("method", "moco") == "moco" and p.get("mechanism", "moco") == "moco"
+        assert model.has_momentum_encoder == with_ema, name
+        model.on_step(0.5)
+        keys = set(model.diagnostics())
+        assert ({"m", "drift"} <= keys) == with_ema, name

@@ -140,7 +140,7 @@ def test_key_encoder_gets_no_gradient_and_follows_ema():
 
 
 def test_instance_accuracy_counts_ties_as_wrong():
-    from pipeline.pretrain import strictly_top
+    from pipeline.checkpoint import strictly_top
 
     logits = torch.tensor([[1.0, 1.0, 1.0], [2.0, 1.0, 0.5], [0.1, 0.3, 0.2]])
     target = torch.zeros(3, dtype=torch.long)

@@ -11,9 +11,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.moco.distributed import encode_shuffled, gather_all
-from pipeline.moco.momentum import momentum_update
+from pipeline.moco.method import Method
+from pipeline.moco.momentum import momentum_diagnostics, momentum_update
 from pipeline.moco.queue import KeyQueue
 from pipeline.moco.split_bn import has_batch_norm
+from pipeline.moco.staleness import NegativeDrift, history_length
 
 
 def info_nce(q: torch.Tensor, k: torch.Tensor, negatives: torch.Tensor, T: float,
@@ -46,7 +48,7 @@ class ZeroLabels(nn.Module):
         return self.zeros[:n]
 
 
-class MoCo(nn.Module):
+class MoCo(Method):
     """``encoder`` is the query encoder (backbone + head); its copy becomes the key encoder.
 
     K: queue size; m: momentum of the key encoder; T: temperature; shuffle_bn: the BN-leak
@@ -55,12 +57,14 @@ class MoCo(nn.Module):
     normalised with the statistics that normalise query i; without BatchNorm in the encoder
     there is nothing to leak and no shuffle. mask_same_source: never use a key of the query's
     own image (seen in an earlier epoch) as a negative. queue_policy: fifo (the paper's), or
-    random replacement seeded with ``seed`` (pipeline.moco.queue).
+    random replacement seeded with ``seed`` (pipeline.moco.queue). batch_size: the global
+    batch, keys enqueued per step (sizes the history of the negatives' drift, moco.staleness).
     """
+    has_momentum_encoder = True
 
     def __init__(self, encoder: nn.Module, dim: int = 128, K: int = 65536, m: float = 0.999,
                  T: float = 0.07, shuffle_bn: bool = True, mask_same_source: bool = False,
-                 queue_policy: str = "fifo", seed: int = 0):
+                 queue_policy: str = "fifo", seed: int = 0, batch_size: int = 256):
         super().__init__()
         self.m, self.T = m, T
         self.shuffle_bn = shuffle_bn and has_batch_norm(encoder)
@@ -72,6 +76,25 @@ class MoCo(nn.Module):
         self.queue = KeyQueue(K, dim, queue_policy, seed)
         self.labels = ZeroLabels()
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
+        # how far the key encoder moved since each queued negative was encoded (not a buffer:
+        # a diagnostic, kept with the resume state through diagnostics_state)
+        self.negative_drift = NegativeDrift(self.encoder_k, history_length(K, batch_size, queue_policy), seed=seed)
+
+    def after_step(self, step: int) -> None:
+        self.negative_drift.record(step)
+
+    def diagnostics(self) -> dict:
+        mean_age, p99_age, max_age = self.queue.age_stats(int(self.step))
+        mean_drift, max_drift = self.negative_drift.measure(self.queue.enqueued_at)
+        return {**momentum_diagnostics(self.encoder_k, self.encoder_q, self.m),
+                "queue_age_mean": round(mean_age, 2), "queue_age_p99": round(p99_age, 2), "queue_age_max": max_age,
+                "negative_drift_mean": round(mean_drift, 4), "negative_drift_max": round(max_drift, 4)}
+
+    def diagnostics_state(self) -> dict:
+        return {"negative_drift": self.negative_drift.state()}
+
+    def load_diagnostics_state(self, state: dict) -> None:
+        self.negative_drift.load(state["negative_drift"])
 
     def encode_keys(self, im_k: torch.Tensor) -> torch.Tensor:
         """The key encoder's output, in im_k's order, normalised apart from the queries' BN batches."""

@@ -16,10 +16,11 @@ from torch.nn import functional as F
 
 from pipeline.moco.builder import ZeroLabels, info_nce
 from pipeline.moco.distributed import encode_shuffled, gather_all, gather_with_grad, rank, world_size
+from pipeline.moco.method import Method
 from pipeline.moco.split_bn import has_batch_norm
 
 
-class EndToEnd(nn.Module):
+class EndToEnd(Method):
     """shuffle_bn: the same BN-leak guard as MoCo's (the paper uses it for both), here with
     gradients through the shuffle."""
 
@@ -42,7 +43,7 @@ class EndToEnd(nn.Module):
         return F.cross_entropy(logits, target), logits, target
 
 
-class MemoryBank(nn.Module):
+class MemoryBank(Method):
     def __init__(self, encoder: nn.Module, num_samples: int, dim: int = 128, K: int = 4096,
                  m: float = 0.5, T: float = 0.07):
         super().__init__()

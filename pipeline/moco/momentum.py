@@ -21,6 +21,11 @@ def momentum_update(key: nn.Module, query: nn.Module, m: float) -> None:
     torch._foreach_add_(k_params, q_params, alpha=1.0 - m)
 
 
+def momentum_diagnostics(key: nn.Module, query: nn.Module, m: float) -> dict:
+    """The log values of a method with a momentum encoder: m in force and how far keys lag."""
+    return {"m": round(m, 6), "drift": round(relative_drift(key, query), 6)}
+
+
 @torch.no_grad()
 def relative_drift(key: nn.Module, query: nn.Module) -> float:
     """||theta_k - theta_q|| / ||theta_q|| over all parameters: how far behind the keys lag."""

@@ -43,7 +43,9 @@ class ParameterSketch:
 
     @torch.no_grad()
     def __call__(self) -> torch.Tensor:
-        device = self.params[0].device if self.params else "cpu"
+        device = self.params[0].device if self.params else torch.device("cpu")
+        if self.bins and self.bins[0].device != device:  # the model moved to its training device
+            self.bins, self.signs = [b.to(device) for b in self.bins], [s.to(device) for s in self.signs]
         out = torch.zeros(self.buckets, dtype=torch.float64, device=device)
         for p, bins, signs in zip(self.params, self.bins, self.signs):
             out.index_add_(0, bins, p.detach().flatten().double() * signs)
@@ -55,14 +57,14 @@ class NegativeDrift:
 
     def __init__(self, key_encoder: nn.Module, history: int, buckets: int = BUCKETS, seed: int = 0):
         self.sketch = ParameterSketch(key_encoder, buckets, seed)
-        device = self.sketch.params[0].device if self.sketch.params else "cpu"
-        self.sketches = torch.zeros(history, buckets, dtype=torch.float64, device=device)
+        self.sketches = torch.zeros(history, buckets, dtype=torch.float64)  # on the model's device once recorded
         self.steps = torch.full((history,), -1, dtype=torch.long)  # step of each row, -1: empty
 
     def record(self, step: int) -> None:
         """The key encoder as it encoded the keys enqueued at ``step`` (call after that step)."""
-        row = step % len(self.steps)
-        self.sketches[row] = self.sketch()
+        row, sketch = step % len(self.steps), self.sketch()
+        self.sketches = self.sketches.to(sketch.device)
+        self.sketches[row] = sketch
         self.steps[row] = step
 
     @torch.no_grad()
@@ -86,5 +88,5 @@ class NegativeDrift:
         return {"sketches": self.sketches.cpu(), "steps": self.steps.clone()}
 
     def load(self, state: dict) -> None:
-        self.sketches.copy_(state["sketches"])
+        self.sketches = state["sketches"].to(self.sketches.device, torch.float64)
         self.steps.copy_(state["steps"])

@@ -1,8 +1,8 @@
 """MoCo v3: no queue; the negatives are the keys of the whole (all-gathered) batch.
 
 Query side: backbone -> projector -> predictor. Key side (momentum encoder): backbone ->
-projector. Symmetric loss over the two views, scaled by 2T; the momentum m is raised from
-m0 to 1 on a per-iteration cosine schedule by the training loop (``set_momentum``).
+projector. Symmetric loss over the two views, scaled by 2T; the momentum m rises from m0 to 1
+on a per-iteration cosine schedule, set before each step (``on_step``).
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.moco.distributed import gather_all, rank
-from pipeline.moco.momentum import momentum_update
+from pipeline.moco.method import Method
+from pipeline.moco.momentum import momentum_diagnostics, momentum_update
 
 
 def ctr_loss(q: torch.Tensor, k: torch.Tensor, T: float):
@@ -32,7 +33,9 @@ def momentum_at(m0: float, progress: float) -> float:
     return 1.0 - (1.0 - m0) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class MoCoV3(nn.Module):
+class MoCoV3(Method):
+    has_momentum_encoder = True
+
     def __init__(self, encoder: nn.Module, predictor: nn.Module, T: float = 1.0, m: float = 0.99):
         super().__init__()
         self.T, self.m0, self.m = T, m, m
@@ -42,8 +45,11 @@ class MoCoV3(nn.Module):
         for p in self.encoder_k.parameters():
             p.requires_grad_(False)
 
-    def set_momentum(self, progress: float) -> None:
+    def on_step(self, progress: float) -> None:
         self.m = momentum_at(self.m0, progress)
+
+    def diagnostics(self) -> dict:
+        return momentum_diagnostics(self.encoder_k, self.encoder_q, self.m)
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor, index: torch.Tensor | None = None, labels=None):
         q1, q2 = self.predictor(self.encoder_q(x1)), self.predictor(self.encoder_q(x2))

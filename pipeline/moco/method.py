@@ -1,0 +1,33 @@
+"""What the training loop asks of every pretraining method (MoCo v1/v2/v3, end-to-end, memory
+bank, supervised). Each method implements the hooks that apply to it beside its own code, so
+the loop (pipeline.pretrain) never inspects a model and a new method touches one file.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+
+class Method(nn.Module):
+    """``forward(x1, x2, index, labels) -> (loss, logits, target)``; ``encoder_q.backbone`` is
+    what transfers. The hooks below do nothing unless a method overrides them."""
+
+    # a key encoder updated as the EMA of the query encoder (encoder_k, encoder_q, m): the run
+    # checks it never gets a gradient or optimizer state (pipeline.moco.ema_check)
+    has_momentum_encoder = False
+
+    def on_step(self, progress: float) -> None:
+        """Before each optimisation step; ``progress`` runs from 0 to 1 over the whole run."""
+
+    def after_step(self, step: int) -> None:
+        """After optimisation step ``step`` (counted from 0 over the whole run)."""
+
+    def diagnostics(self) -> dict:
+        """This method's values for the epoch's log row (log.csv columns)."""
+        return {}
+
+    def diagnostics_state(self) -> dict | None:
+        """What ``diagnostics`` needs after a resume that the state dict does not hold."""
+        return None
+
+    def load_diagnostics_state(self, state: dict) -> None:
+        """Inverse of ``diagnostics_state``."""
