@@ -20,7 +20,7 @@ import pandas as pd
 
 from pipeline.grid import format_value
 from pipeline.io import atomic_path
-from pipeline.layout import FIGURE_FORMATS, FIGURES
+from pipeline.layout import FIGURE_FORMATS, FIGURES, cell_file
 from pipeline.studies import MECHANISMS, groups, mechanism_groups, shuffle_bn_groups, value
 
 
@@ -111,7 +111,7 @@ def accuracy_vs_m(gs):
 
 def read_log(results: Path, cell: str) -> pd.DataFrame:
     try:
-        return pd.read_csv(results / "cells" / cell / "pretrain" / "log.csv")
+        return pd.read_csv(cell_file(results, cell, "log"))
     except (FileNotFoundError, pd.errors.EmptyDataError):
         return pd.DataFrame()
 
@@ -175,7 +175,7 @@ def curves(results: Path, cell: str, status: str):
     log = read_log(results, cell)
     probe = {}
     try:
-        probe = json.loads((results / "cells" / cell / "probe.json").read_text())
+        probe = json.loads(Path(cell_file(results, cell, "probe")).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         pass
     if log.empty:

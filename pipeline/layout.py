@@ -30,6 +30,17 @@ def is_resnet(arch: dict) -> bool:
     return arch["backbone"] in RESNETS
 
 
+# what each cell's jobs write, under <results>/cells/<cell>/
+CELL_FILES = {"checkpoint": "pretrain/checkpoint.pt", "log": "pretrain/log.csv", "summary": "pretrain/summary.json",
+              "config": "pretrain/config.json", "probe": "probe.json", "detect": "detect.json",
+              "detect_trial": "detect/trial{trial}.json", "export": "export/export.json"}
+
+
+def cell_file(results, cell: str, what: str) -> str:
+    """Path of one of a cell's outputs (CELL_FILES); ``cell`` may be a wildcard, "{cell}"."""
+    return f"{results}/cells/{cell}/{CELL_FILES[what]}"
+
+
 def table_files(results, names=tuple(STUDY_NAMES)) -> dict[tuple[str, str], str]:
     """(study, format) -> path of every per-study table the tables stage always writes (or of
     the tables ``names``, e.g. CLAIMS_TABLES)."""

@@ -17,7 +17,7 @@ import pandas as pd
 
 from pipeline.config import ConfigError, merge
 from pipeline.grid import AXES, BASE_ID, format_value, group_id, parse_cell_id
-from pipeline.layout import BACKBONE_LABELS
+from pipeline.layout import BACKBONE_LABELS, cell_file
 
 METRICS = {"inst_acc": "instance accuracy", "top1": "linear top-1", "top5": "linear top-5", "knn_top1": "kNN top-1",
            "AP50": "AP50", "AP": "AP", "AP75": "AP75", "APs": "APs", "APm": "APm", "APl": "APl",
@@ -63,12 +63,12 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
         parse_cell_id(cell)
     except ConfigError:
         return None  # not a cell folder
-    d = results / "cells" / cell
-    cfg = _read(d / "pretrain" / "config.json") or {}
+    def output(what):
+        return _read(Path(cell_file(results, cell, what))) or {}
+
+    cfg = output("config")
     params = _params(cell, cfg.get("pretrain"), expected, base)
-    summary = _read(d / "pretrain" / "summary.json") or {}
-    probe = _read(d / "probe.json") or {}
-    det = _read(d / "detect.json") or {}
+    summary, probe, det = output("summary"), output("probe"), output("detect")
     # diverged, or collapsed to a chance-level pretext loss (pretrain.failure)
     failed = bool(summary.get("diverged", False) or summary.get("failure"))
     done = bool(probe or det)
@@ -109,7 +109,7 @@ def collect(results: Path, expected: dict[str, dict] | None = None) -> pd.DataFr
     """One row per cell: those found under results/cells and those the grid expects."""
     expected = expected or {}
     found = sorted(p.name for p in (results / "cells").glob("*") if p.is_dir())
-    base = expected.get(BASE_ID) or (_read(results / "cells" / BASE_ID / "pretrain" / "config.json") or {}).get("pretrain")
+    base = expected.get(BASE_ID) or (_read(Path(cell_file(results, BASE_ID, "config"))) or {}).get("pretrain")
     rows = [cell_row(results, c, expected, base) for c in dict.fromkeys([*expected, *found])]
     df = pd.DataFrame([r for r in rows if r is not None])
     if df.empty:
@@ -435,7 +435,7 @@ def protocol_text(cfg: dict, df: pd.DataFrame, results: Path) -> str:
     probe = cfg.get("probe")
     if probe is None:  # python -m pipeline.tables without --config: the probe's own record
         for cell in df.get("cell", []):
-            probe = ((_read(results / "cells" / cell / "probe.json") or {}).get("config") or {}).get("probe")
+            probe = ((_read(Path(cell_file(results, cell, "probe"))) or {}).get("config") or {}).get("probe")
             if probe:
                 break
     probe = probe or {}

@@ -134,3 +134,13 @@ def test_queue_policies_have_one_source():
 
     assert load_schema()["$defs"]["pretrain"]["properties"]["queue_policy"]["enum"] == list(QUEUE_POLICIES) == \
         list(POLICIES)
+
+
+def test_grid_axes_and_the_cell_id_pattern_have_one_source():
+    from pipeline.config import load_schema
+    from pipeline.grid import AXES
+
+    schema = load_schema()
+    assert schema["$defs"]["sweep"]["propertyNames"]["enum"] == AXES  # in the order cell ids list them
+    assert "CELL_ID = load_schema()" in (REPO / "workflow" / "rules" / "common.smk").read_text()
+    assert set(AXES) <= set(schema["$defs"]["pretrain"]["properties"])  # every axis is a pretrain key

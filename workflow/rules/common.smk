@@ -5,10 +5,12 @@ import shlex
 import sys
 
 # only pipeline.layout, pipeline.grid and pipeline.config: building the DAG imports no torch
+from pipeline.config import load_schema
 from pipeline.grid import cell_params, cell_resources as grid_cell_resources, group_id
-from pipeline.layout import CLAIMS_TABLES, FIGURES, STUDY_NAMES, TABLE_FORMATS, figure_files, is_resnet, stage_config, table_files
+from pipeline.layout import CLAIMS_TABLES, FIGURES, STUDY_NAMES, cell_file, TABLE_FORMATS, figure_files, is_resnet, stage_config, table_files
 
 R = config["results"]
+CELL_ID = load_schema()["$defs"]["cell_id"]["pattern"].strip("^$")  # one pattern: the schema's
 PY = shlex.quote(sys.executable)  # the interpreter running snakemake (.venv), also on SLURM nodes
 CONDA_ENV = "../envs/moco.yaml"
 
@@ -36,9 +38,9 @@ def cell_launch(cell):
 
 
 def cell_outputs(cell):
-    outs = [f"{R}/cells/{cell}/probe.json"]
+    outs = [cell_file(R, cell, "probe")]
     if detects(cell):
-        outs.append(f"{R}/cells/{cell}/detect.json")
+        outs.append(cell_file(R, cell, "detect"))
     return outs
 
 
@@ -97,7 +99,7 @@ def claims_inputs(wildcards):
     """What `snakemake claims` needs: each claims cell's probe (its pretraining with it)."""
     if CLAIMS_ERROR is not None:
         raise CLAIMS_ERROR
-    return [f"{R}/cells/{cell}/probe.json" for cell in CLAIMS_CELLS]
+    return [cell_file(R, cell, "probe") for cell in CLAIMS_CELLS]
 
 
 def claims_config():
@@ -123,6 +125,6 @@ def reported_figures():
 
 
 wildcard_constraints:
-    cell=r"base|[A-Za-z_]+=[A-Za-z0-9_.+-]+(,[A-Za-z_]+=[A-Za-z0-9_.+-]+)*",
+    cell=CELL_ID,
     split=r"train|val",
     trial=r"\d+",

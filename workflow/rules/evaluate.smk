@@ -3,11 +3,11 @@
 
 rule probe:
     input:
-        checkpoint=f"{R}/cells/{{cell}}/pretrain/checkpoint.pt",
+        checkpoint=cell_file(R, "{cell}", "checkpoint"),
         train=converted("train"),
         val=converted("val"),
     output:
-        f"{R}/cells/{{cell}}/probe.json",
+        cell_file(R, "{cell}", "probe"),
     params:
         py=PY,
         cfg=lambda w: stage_config(data=config["data"], probe=config["probe"]),
@@ -27,10 +27,10 @@ rule probe:
 rule detect:
     """One fine-tuning trial (seed = detect.seed + trial)."""
     input:
-        checkpoint=f"{R}/cells/{{cell}}/pretrain/checkpoint.pt",
+        checkpoint=cell_file(R, "{cell}", "checkpoint"),
         data=[] if config["detect"]["root"] else f"{R}/data/synthetic",
     output:
-        f"{R}/cells/{{cell}}/detect/trial{{trial}}.json",
+        cell_file(R, "{cell}", "detect_trial"),
     params:
         py=PY,
         # how many trials and which cells do not change a trial: raising trials adds jobs only
@@ -60,9 +60,9 @@ localrules:
 rule detect_trials:
     """A cell's detection metrics: the mean and std of its trials (each trial listed too)."""
     input:
-        lambda w: [f"{R}/cells/{w.cell}/detect/trial{t}.json" for t in range(config["detect"].get("trials", 1))],
+        lambda w: [cell_file(R, w.cell, "detect_trial").format(trial=t) for t in range(config["detect"].get("trials", 1))],
     output:
-        f"{R}/cells/{{cell}}/detect.json",
+        cell_file(R, "{cell}", "detect"),
     params:
         py=PY,
     log:

@@ -6,10 +6,10 @@
 
 rule export:
     input:
-        checkpoint=f"{R}/cells/{{cell}}/pretrain/checkpoint.pt",
-        probe=f"{R}/cells/{{cell}}/probe.json",  # its top-1 goes into the sidecar
+        checkpoint=cell_file(R, "{cell}", "checkpoint"),
+        probe=cell_file(R, "{cell}", "probe"),  # its top-1 goes into the sidecar
     output:
-        f"{R}/cells/{{cell}}/export/export.json",
+        cell_file(R, "{cell}", "export"),
     params:
         py=PY,
     log:
@@ -27,4 +27,4 @@ localrules:
 
 rule exports:
     input:
-        [f"{R}/cells/{cell}/export/export.json" for cell in CELLS],
+        [cell_file(R, cell, "export") for cell in CELLS],

@@ -22,9 +22,9 @@ rule pretrain:
         train=converted("train"),
         val=converted("val"),  # kNN monitor
     output:
-        checkpoint=f"{R}/cells/{{cell}}/pretrain/checkpoint.pt",
-        log_csv=f"{R}/cells/{{cell}}/pretrain/log.csv",
-        summary=f"{R}/cells/{{cell}}/pretrain/summary.json",
+        checkpoint=cell_file(R, "{cell}", "checkpoint"),
+        log_csv=cell_file(R, "{cell}", "log"),
+        summary=cell_file(R, "{cell}", "summary"),
     params:
         py=PY,
         # functions of `resources`: how a cell is launched is not a params change (no rerun)
