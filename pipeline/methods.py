@@ -64,7 +64,7 @@ def guarded_encoder(encoder: Encoder, p: dict, world_size: int) -> Encoder:
 
 def bn_guard_text(model: nn.Module, world_size: int) -> str:
     """How the keys of this model are kept from the BN statistics of their queries (for the log)."""
-    if not hasattr(model, "shuffle_bn"):
+    if model.shuffle_bn is None:
         return "not applicable (no key batch normalised apart from its queries)"
     if not model.shuffle_bn:
         return "off (shuffle_bn: false)" if has_batch_norm(model) else "not needed (no BatchNorm)"

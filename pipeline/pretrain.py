@@ -90,8 +90,7 @@ class Trainer:
         # channels_last and bf16 autocast pay off on tensor cores; on CPU they only cost
         self.channels_last = cuda and is_resnet(p)
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and p.get("amp", True))
-        if cuda and env.world_size > 1 and p.get("variant") == "v3":
-            # MoCo v3 normalises its heads (and ResNet backbone) over the global batch
+        if cuda and env.world_size > 1 and self.model.sync_batch_norm:
             self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         self.model.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
         self.optimizer = build_optimizer(p, self.model.parameters())

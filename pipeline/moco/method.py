@@ -14,6 +14,11 @@ class Method(nn.Module):
     # a key encoder updated as the EMA of the query encoder (encoder_k, encoder_q, m): the run
     # checks it never gets a gradient or optimizer state (pipeline.moco.ema_check)
     has_momentum_encoder = False
+    # the BN-leak guard (pipeline.methods.bn_guard_text): True/False for methods that encode a
+    # key batch apart from its queries (MoCo v1/v2, end-to-end), None where there is none
+    shuffle_bn: bool | None = None
+    # normalise over the global batch with SyncBatchNorm on several GPUs (MoCo v3's heads)
+    sync_batch_norm = False
 
     def on_step(self, progress: float) -> None:
         """Before each optimisation step; ``progress`` runs from 0 to 1 over the whole run."""

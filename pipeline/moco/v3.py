@@ -35,6 +35,7 @@ def momentum_at(m0: float, progress: float) -> float:
 
 class MoCoV3(Method):
     has_momentum_encoder = True
+    sync_batch_norm = True  # its heads (and ResNet backbone) normalise over the global batch
 
     def __init__(self, encoder: nn.Module, predictor: nn.Module, T: float = 1.0, m: float = 0.99):
         super().__init__()
