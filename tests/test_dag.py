@@ -144,3 +144,14 @@ def test_grid_axes_and_the_cell_id_pattern_have_one_source():
     assert schema["$defs"]["sweep"]["propertyNames"]["enum"] == AXES  # in the order cell ids list them
     assert "CELL_ID = load_schema()" in (REPO / "workflow" / "rules" / "common.smk").read_text()
     assert set(AXES) <= set(schema["$defs"]["pretrain"]["properties"])  # every axis is a pretrain key
+
+
+def test_the_readme_layout_lists_every_module():
+    readme = (REPO / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):]
+    modules = [p for p in (REPO / "pipeline").glob("*.py") if p.stem != "__init__"]
+    modules += [p for p in (REPO / "pipeline" / "moco").glob("*.py") if p.stem != "__init__"]
+    missing = [str(p.relative_to(REPO)) for p in modules if f" {p.name} " not in layout]
+    bench = [p.stem for p in (REPO / "pipeline" / "bench").glob("*.py") if not p.stem.startswith("__")]
+    missing += [f"pipeline/bench/{b}.py" for b in bench if b not in layout]
+    assert not missing, f"README's layout lacks {missing}"
