@@ -6,12 +6,15 @@ was given when run by hand. Errors name the key, the value and what is allowed.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
 
 import jsonschema
 import yaml
+
+from pipeline.sections import Convert, Data, Dataset, Detect, Launch, Pretrain, Probe
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = REPO / "workflow" / "config" / "config.schema.yaml"
@@ -20,6 +23,73 @@ DEFAULT_CONFIG = REPO / "workflow" / "config" / "config.yaml"
 
 class ConfigError(ValueError):
     """A config value is invalid; the message names the key and what is allowed."""
+
+
+# --- typed sections (pipeline.sections) ------------------------------------------------------
+SECTION_TYPES = {"dataset": Dataset, "convert": Convert, "data": Data, "pretrain": Pretrain, "probe": Probe,
+                 "detect": Detect, "launch": Launch}
+
+
+def build(cls, values: dict | None = None):
+    """The typed section ``cls`` from a validated dict: missing keys take the dataclass
+    defaults, nested sections become nested dataclasses and lists tuples."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = values or {}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in a {cls.__name__} section (known: {sorted(fields)})")
+    return cls(**{key: _typed_value(fields[key], value) for key, value in values.items()})
+
+
+def _typed_value(f: dataclasses.Field, value):
+    nested = f.default_factory if dataclasses.is_dataclass(f.default_factory) else None
+    if nested is not None and isinstance(value, dict):
+        return build(nested, value)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def as_section(cls, section):
+    """``section`` typed: a ``cls`` as is, a dict (what older callers pass) built into one."""
+    return section if isinstance(section, cls) else build(cls, section)
+
+
+def section(name: str, values: dict | None = None):
+    """The typed config section ``name`` (a key of SECTION_TYPES) from its validated dict."""
+    return build(SECTION_TYPES[name], values)
+
+
+def to_dict(typed) -> dict:
+    """A typed section back as the dict the config holds (tuples as lists, as YAML/JSON read them)."""
+    return _as_lists(dataclasses.asdict(typed))
+
+
+def _as_lists(value):
+    if isinstance(value, dict):
+        return {k: _as_lists(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_lists(v) for v in value]
+    return value
+
+
+def typed_sections(cfg: dict) -> dict:
+    """Each section of a (validated) stage config that has a type, typed; e.g. a probe stage's
+    ``{"data": Data(...), "probe": Probe(...)}``. Untyped sections (grid) are left out."""
+    return {name: section(name, values) for name, values in cfg.items() if name in SECTION_TYPES}
+
+
+def pretrain_cell(base: Pretrain, override: dict, where: str = "pretrain",
+                  num_samples: int | None = None) -> Pretrain:
+    """One grid cell: the base cell with ``override``'s values, validated as a pretrain section
+    (schema and cross-field rules)."""
+    fields = {f.name: f for f in dataclasses.fields(Pretrain)}
+    unknown = sorted(set(override) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown pretrain key(s) {unknown}")
+    cell = dataclasses.replace(base, **{k: _typed_value(fields[k], v) for k, v in override.items()})
+    schema = load_schema()
+    validate_schema(to_dict(cell), {**schema["$defs"]["pretrain"], "$defs": schema["$defs"]}, prefix=where)
+    check_pretrain(cell, where=where, num_samples=num_samples)
+    return cell
 
 
 def load_schema() -> dict:
@@ -85,30 +155,29 @@ def _non_finite(value, path=()):
             yield from _non_finite(v, (*path, i))
 
 
-def check_pretrain(p: dict, where: str = "pretrain", num_samples: int | None = None) -> None:
-    """Cross-field rules of one pretraining cell."""
-    if p["method"] != "moco":
+def check_pretrain(p: Pretrain | dict, where: str = "pretrain", num_samples: int | None = None) -> None:
+    """Cross-field rules of one pretraining cell (a dict: as grid.py passes it)."""
+    p = as_section(Pretrain, p)
+    if p.method != "moco":
         return
-    vit = p["backbone"].startswith("vit")
-    if vit and p.get("variant") != "v3":
-        raise ConfigError(f"{where}: backbone {p['backbone']} needs variant v3 (the ViT adaptation)")
-    if p.get("variant") == "v3" and p.get("mechanism", "moco") != "moco":
-        raise ConfigError(f"{where}: mechanism {p['mechanism']} applies to v1/v2, not v3")
-    mechanism = p.get("mechanism", "moco")
-    if mechanism == "memory_bank" and num_samples is not None and p["K"] >= num_samples:
-        raise ConfigError(f"{where}: memory bank K={p['K']} negatives need a larger training set "
+    vit = p.backbone.startswith("vit")
+    if vit and p.variant != "v3":
+        raise ConfigError(f"{where}: backbone {p.backbone} needs variant v3 (the ViT adaptation)")
+    if p.variant == "v3" and p.mechanism != "moco":
+        raise ConfigError(f"{where}: mechanism {p.mechanism} applies to v1/v2, not v3")
+    if p.mechanism == "memory_bank" and num_samples is not None and p.K >= num_samples:
+        raise ConfigError(f"{where}: memory bank K={p.K} negatives need a larger training set "
                           f"({num_samples} images)")
-    splits = p.get("bn_splits")
-    if splits and p["batch_size"] % splits:
-        raise ConfigError(f"{where}: bn_splits={splits} does not divide the batch size {p['batch_size']} "
+    if p.bn_splits and p.batch_size % p.bn_splits:
+        raise ConfigError(f"{where}: bn_splits={p.bn_splits} does not divide the batch size {p.batch_size} "
                           f"(BatchNorm normalises each rank's batch in that many equal sub-batches)")
-    if p.get("variant") == "v3" or mechanism != "moco":
+    if p.variant == "v3" or p.mechanism != "moco":
         return  # no queue
-    if p["K"] % p["batch_size"] != 0:
+    if p.K % p.batch_size != 0:
         raise ConfigError(
-            f"{where}: K={p['K']} is not a multiple of the global batch size "
-            f"{p['batch_size']} (the queue is refilled whole batches at a time); "
-            f"use e.g. K={max(1, p['K'] // p['batch_size']) * p['batch_size']}")
+            f"{where}: K={p.K} is not a multiple of the global batch size "
+            f"{p.batch_size} (the queue is refilled whole batches at a time); "
+            f"use e.g. K={max(1, p.K // p.batch_size) * p.batch_size}")
 
 
 def pretrain_warnings(p: dict, num_samples: int | None) -> list[str]:
@@ -130,38 +199,37 @@ def check_dataset(d: dict) -> None:
 
 
 def check_detect(det: dict, dataset: dict) -> None:
-    if not det.get("enabled"):
+    det = as_section(Detect, det)
+    if not det.enabled:
         return
-    root = det.get("root")
-    if root is None and dataset["source"] != "synthetic":
+    if det.root is None and dataset["source"] != "synthetic":
         raise ConfigError("detect.root: required (a COCO folder or a VOCdevkit) unless dataset.source is "
                           "'synthetic', or set detect.enabled: false")
-    if root is not None and not Path(root).expanduser().is_dir():
-        raise ConfigError(f"detect.root: folder not found: {root}")
+    if det.root is not None and not Path(det.root).expanduser().is_dir():
+        raise ConfigError(f"detect.root: folder not found: {det.root}")
     check_detector(det)
 
 
-def check_detector(det: dict) -> None:
-    if det.get("max_image_size") and det.get("image_size") and det["max_image_size"] < det["image_size"]:
-        raise ConfigError(f"detect.max_image_size={det['max_image_size']} is below detect.image_size={det['image_size']}")
-    ranks = det.get("ranks", 1)
-    if det.get("batch_size") and det["batch_size"] % ranks:
-        raise ConfigError(f"detect.batch_size={det['batch_size']} is not a multiple of detect.ranks={ranks}")
-    if det.get("schedule") == "step" and not det.get("lr_steps"):
+def check_detector(det: Detect | dict) -> None:
+    det = as_section(Detect, det)
+    if det.max_image_size and det.max_image_size < det.image_size:
+        raise ConfigError(f"detect.max_image_size={det.max_image_size} is below detect.image_size={det.image_size}")
+    if det.batch_size % det.ranks:
+        raise ConfigError(f"detect.batch_size={det.batch_size} is not a multiple of detect.ranks={det.ranks}")
+    if det.schedule == "step" and not det.lr_steps:
         raise ConfigError("detect.lr_steps: the step schedule needs the iterations at which the lr drops")
-    steps = det.get("lr_steps") or []
+    steps = list(det.lr_steps or [])
     if steps != sorted(steps):
         raise ConfigError(f"detect.lr_steps={steps} must be in increasing order")
-    if det.get("iterations") and steps and steps[-1] >= det["iterations"]:
-        raise ConfigError(f"detect.lr_steps={steps} reach beyond detect.iterations={det['iterations']}")
-    cap = det.get("max_image_size") or det.get("image_size")
-    if cap and any(s > cap for s in det.get("train_sizes") or []):
-        raise ConfigError(f"detect.train_sizes={det['train_sizes']} exceed the longer side's cap {cap} "
+    if det.iterations and steps and steps[-1] >= det.iterations:
+        raise ConfigError(f"detect.lr_steps={steps} reach beyond detect.iterations={det.iterations}")
+    cap = det.max_image_size or det.image_size
+    if any(s > cap for s in det.train_sizes or []):
+        raise ConfigError(f"detect.train_sizes={list(det.train_sizes)} exceed the longer side's cap {cap} "
                           "(detect.max_image_size)")
-    sizes = det.get("anchor_sizes")
-    if sizes and det.get("head", "fpn") == "fpn" and len(sizes) != 5:
+    if det.anchor_sizes and det.head == "fpn" and len(det.anchor_sizes) != 5:
         raise ConfigError(f"detect.anchor_sizes: the FPN head needs one size per pyramid level (5), "
-                          f"not {len(sizes)}")
+                          f"not {len(det.anchor_sizes)}")
 
 
 _NULLS = ("null", "Null", "NULL", "~", "")
@@ -245,3 +313,8 @@ def load_stage_config(text_or_path: str, sections: list[str]) -> dict:
     if Path(text).suffix in (".yaml", ".yml") and set(cfg) - set(sections):
         cfg = {k: cfg[k] for k in sections if k in cfg}
     return validate_sections(cfg, sections)
+
+
+def load_typed_stage_config(text_or_path: str, sections: list[str]) -> dict:
+    """load_stage_config's sections typed (see typed_sections)."""
+    return typed_sections(load_stage_config(text_or_path, sections))

@@ -15,6 +15,7 @@ class, skipped files and why, resolution statistics and sizes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import multiprocessing as mp
@@ -29,15 +30,16 @@ from typing import NamedTuple
 
 import numpy as np
 
+from pipeline.config import as_section
 from pipeline.io import atomic_path, atomic_write_json
+from pipeline.sections import Convert
 from pipeline.sources import KINDS, UNLABELED, Source, SourceError, open_source
 
 # write_mode auto: raw pixels (no decoding cost when loading) while the whole split stays
 # below RAW_BUDGET bytes, i.e. comfortably in the page cache; above it FFCV's ImageNet recipe
 # (half the images JPEG-compressed). smart: JPEG for images above smart_threshold bytes.
 RAW_BUDGET = 4 << 30
-DEFAULTS = dict(max_resolution=256, jpeg_quality=90, write_mode="auto", compress_probability=0.5,
-                smart_threshold=3 * 128 * 128, workers=min(8, os.cpu_count() or 1), strict=False)
+DEFAULTS = dataclasses.asdict(Convert())  # the defaults as a dict (they are defined in pipeline.sections)
 MIN_PAGE = 1 << 21  # FFCV's minimum; its 8 MiB default pads small datasets heavily
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -302,12 +304,12 @@ def require_space(folder: Path, needed: int) -> None:
                               f"{free / 2**20:.1f} MiB are free: free space or choose another results folder")
 
 
-def least_bytes(opts: dict, stored: np.ndarray, writers: int, page: int) -> int:
+def least_bytes(opts: Convert, stored: np.ndarray, writers: int, page: int) -> int:
     """A lower bound of the .beton's size: the pixels stored raw (JPEG sizes are unknown
     before encoding) and a page per writer."""
     raw = stored[:, 0] * stored[:, 1] * 3
-    raw_share = {"raw": raw.sum(), "proportion": (1 - opts["compress_probability"]) * raw.sum(),
-                 "smart": raw[raw <= opts["smart_threshold"]].sum()}.get(opts["write_mode"], 0)
+    raw_share = {"raw": raw.sum(), "proportion": (1 - opts.compress_probability) * raw.sum(),
+                 "smart": raw[raw <= opts.smart_threshold].sum()}.get(opts.write_mode, 0)
     return int(raw_share) + min(writers, len(stored)) * page
 
 
@@ -333,16 +335,17 @@ def _release_shared_memory(writer) -> None:
             pass
 
 
-def image_fields(opts: dict) -> dict:
+def image_fields(opts: Convert | dict) -> dict:
     from pipeline import ffcv_runtime
 
+    opts = as_section(Convert, opts)
     ffcv_runtime.load()
     from ffcv.fields import IntField, RGBImageField
 
     return {
-        "image": RGBImageField(write_mode=opts["write_mode"], max_resolution=opts["max_resolution"],
-                               jpeg_quality=opts["jpeg_quality"], smart_threshold=opts["smart_threshold"],
-                               compress_probability=opts["compress_probability"]),
+        "image": RGBImageField(write_mode=opts.write_mode, max_resolution=opts.max_resolution,
+                               jpeg_quality=opts.jpeg_quality, smart_threshold=opts.smart_threshold,
+                               compress_probability=opts.compress_probability),
         "label": IntField(),
         "index": IntField(),
     }
@@ -364,9 +367,9 @@ def _hw_stats(shapes: np.ndarray) -> dict:
             "mean_hw": [round(float(v), 1) for v in shapes.mean(0)]}
 
 
-def resolve_write_mode(opts: dict, raw_bytes: int) -> tuple[str, str]:
-    if opts["write_mode"] != "auto":
-        return opts["write_mode"], "configured"
+def resolve_write_mode(opts: Convert, raw_bytes: int) -> tuple[str, str]:
+    if opts.write_mode != "auto":
+        return opts.write_mode, "configured"
     if raw_bytes <= RAW_BUDGET:
         return "raw", f"auto: raw pixels take {raw_bytes / 2**20:.0f} MiB <= {RAW_BUDGET >> 20} MiB"
     return "proportion", f"auto: raw pixels would take {raw_bytes / 2**30:.1f} GiB > {RAW_BUDGET >> 30} GiB"
@@ -378,14 +381,15 @@ def remove_stale_temporaries(out: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def convert(root, out, opts: dict | None = None, source: str = "imagefolder", split: str | None = None,
+def convert(root, out, opts: Convert | dict | None = None, source: str = "imagefolder", split: str | None = None,
             progress: bool = True, beton: bool = True) -> dict:
     """Convert one split; returns the report (also written next to ``out`` as .json).
 
     ``beton=False`` checks the images and writes only the report (enough for the torchvision
-    loader where FFCV is not installed).
+    loader where FFCV is not installed). ``opts``: the convert section (a dict: its unset keys
+    take the defaults).
     """
-    opts = {**DEFAULTS, **(opts or {})}
+    opts = as_section(Convert, opts)
     out = Path(out)
     split = split or out.stem
     t0 = time.perf_counter()
@@ -400,7 +404,7 @@ def convert(root, out, opts: dict | None = None, source: str = "imagefolder", sp
     if duplicates:
         log(f"note: {len(duplicates)} file(s) or folder(s) reached twice through links were taken once "
             f"(e.g. {duplicates[0]['path']} = {duplicates[0]['same_as']}; report: duplicates)")
-    checked = check_images(src, opts["strict"], opts["workers"], progress, opts["max_resolution"])
+    checked = check_images(src, opts.strict, opts.workers, progress, opts.max_resolution)
     good, shapes, skipped = checked.good, checked.shapes, checked.skipped
     same_content = duplicate_content(src, checked)
     conflicts = [g for g in same_content if g["across_classes"]]
@@ -417,10 +421,10 @@ def convert(root, out, opts: dict | None = None, source: str = "imagefolder", sp
         raise ConversionError(f"{src.root}: class(es) {empty} have no readable images (see the skipped files)")
 
     hw = np.array(shapes)
-    stored = np.array([stored_shape(s, opts["max_resolution"]) for s in shapes])
+    stored = np.array([stored_shape(s, opts.max_resolution) for s in shapes])
     raw_bytes = int((stored[:, 0] * stored[:, 1] * 3).sum())
     mode, why = resolve_write_mode(opts, raw_bytes)
-    opts = {**opts, "write_mode": mode}
+    opts = dataclasses.replace(opts, write_mode=mode)
     page = page_size_for(int((stored[:, 0] * stored[:, 1]).max() * 3), raw_bytes)
     t_check = time.perf_counter() - t0
     out.with_suffix(".json").unlink(missing_ok=True)  # never a report beside another run's .beton
@@ -429,10 +433,10 @@ def convert(root, out, opts: dict | None = None, source: str = "imagefolder", sp
         remove_stale_temporaries(out)
         # Each writer process fills pages of its own: on a small split extra writers only add
         # padding (a page or two each), so use one per 16 pages of pixels.
-        writers = max(1, min(opts["workers"], raw_bytes // (16 * page)))
+        writers = max(1, min(opts.workers, raw_bytes // (16 * page)))
         chunk = max(16, min(256, len(good) // (8 * writers)))
         require_space(out.parent, least_bytes(opts, stored, writers, page))
-        write_beton(SplitDataset(kept, opts["max_resolution"]), out, image_fields(opts), writers, page, chunk)
+        write_beton(SplitDataset(kept, opts.max_resolution), out, image_fields(opts), writers, page, chunk)
     t_write = time.perf_counter() - t0 - t_check
 
     labeled = [k for k in kept.labels if k != UNLABELED]
@@ -452,11 +456,11 @@ def convert(root, out, opts: dict | None = None, source: str = "imagefolder", sp
         "resolution": {"source": _hw_stats(hw), "stored": _hw_stats(stored)},
         "bytes": out.stat().st_size if beton else 0,
         "raw_pixel_bytes": raw_bytes,
-        "options": {"max_resolution": opts["max_resolution"], "jpeg_quality": opts["jpeg_quality"],
+        "options": {"max_resolution": opts.max_resolution, "jpeg_quality": opts.jpeg_quality,
                     "write_mode": mode, "write_mode_reason": why,
-                    "compress_probability": opts["compress_probability"], "smart_threshold": opts["smart_threshold"],
-                    "page_size": page, "workers": opts["workers"], "writers": writers if beton else 0,
-                    "strict": opts["strict"]},
+                    "compress_probability": opts.compress_probability, "smart_threshold": opts.smart_threshold,
+                    "page_size": page, "workers": opts.workers, "writers": writers if beton else 0,
+                    "strict": opts.strict},
         "fields": {"image": "RGBImageField", "label": "IntField", "index": "IntField (position in this file)"},
         "seconds": {"check": round(t_check, 2), "write": round(t_write, 2)},
     }
@@ -464,15 +468,15 @@ def convert(root, out, opts: dict | None = None, source: str = "imagefolder", sp
     return report
 
 
-def validate_options(opts: dict) -> dict:
-    """The convert section against the schema (key and allowed values on error)."""
-    from pipeline.config import ConfigError, load_schema, validate_schema
+def validate_options(opts: dict) -> Convert:
+    """The convert section checked against the schema (key and allowed values on error), typed."""
+    from pipeline.config import ConfigError, load_schema, section, validate_schema
 
     try:
         validate_schema(opts, load_schema()["properties"]["convert"], prefix="convert")
     except ConfigError as err:
         raise ConversionError(str(err)) from None
-    return opts
+    return section("convert", opts)
 
 
 def main(argv=None) -> None:
@@ -491,7 +495,7 @@ def main(argv=None) -> None:
     try:
         opts = validate_options(json.loads(args.config))
         if args.strict:
-            opts["strict"] = True
+            opts = dataclasses.replace(opts, strict=True)
         report = convert(args.root, args.out, opts, source=args.source, split=args.split,
                          beton=not args.report_only)
     except ConversionError as err:

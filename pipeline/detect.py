@@ -53,11 +53,12 @@ from tqdm import tqdm
 
 from pipeline import checkpoint
 from pipeline.augment import MEAN, STD
-from pipeline.config import DEFAULT_CONFIG, ConfigError, load_stage_config, load_yaml
+from pipeline.config import ConfigError, as_section, load_stage_config, to_dict
 from pipeline import cpus, distributed, voc_eval
 from pipeline.detection_data import DetectionDataError, DetectionSplit, load_splits
 from pipeline.io import atomic_write_json
 from pipeline.models import build_backbone, group_norm
+from pipeline.sections import Detect
 from pipeline.stopwatch import Stopwatch
 
 SECTIONS = ["detect"]
@@ -142,42 +143,38 @@ class Res5Head(nn.Module):
         return self.extra_norm(self.layer4(x)).mean((2, 3))
 
 
-def anchor_sizes(dc: dict) -> list[int]:
+def anchor_sizes(dc: Detect) -> list[int]:
     """Anchor sides in pixels: detect.anchor_sizes, or fractions of the image side tuned for
     the embedded scenes. FPN puts one per level (layer1..layer4, pool), C4 all on layer3."""
-    if dc.get("anchor_sizes"):
-        return list(dc["anchor_sizes"])
-    return [max(2, round(dc["image_size"] * f)) for f in ANCHOR_FRACTIONS]
+    if dc.anchor_sizes:
+        return list(dc.anchor_sizes)
+    return [max(2, round(dc.image_size * f)) for f in ANCHOR_FRACTIONS]
 
 
-def new_layer_norm(dc: dict):
+def new_layer_norm(dc: Detect):
     """The normalisation of the layers the detector adds (FPN, box head)."""
-    return {"frozen_bn": None, "bn": nn.BatchNorm2d, "gn": group_norm}[dc["norm"]]
+    return {"frozen_bn": None, "bn": nn.BatchNorm2d, "gn": group_norm}[dc.norm]
 
 
-def check_norm(arch: dict, dc: dict, source: str) -> None:
-    backbone_norm = arch.get("norm", "bn")
-    if dc["norm"] == "gn" and backbone_norm != "gn":
+def check_norm(arch: dict, dc: Detect, source: str) -> None:
+    backbone_norm = arch.get("norm", "bn")  # the checkpoint's record: older ones have no norm
+    if dc.norm == "gn" and backbone_norm != "gn":
         raise ConfigError(f"detect.norm: gn needs a backbone pretrained with GroupNorm (pretrain.norm: gn); "
                           f"{source} holds a BatchNorm backbone: use frozen_bn or bn")
 
 
-def with_defaults(dc: dict) -> dict:
-    """The detect section with its unset keys taken from the workflow's defaults (config.yaml)."""
-    return {**load_yaml(DEFAULT_CONFIG)["detect"], **dc}
-
-
-def build_detector(ckpt: dict, dc: dict, num_classes: int, source: str = "checkpoint") -> FasterRCNN:
-    """Faster R-CNN over the checkpoint's backbone (all weights loaded), FPN or C4 head."""
-    dc = with_defaults(dc)
+def build_detector(ckpt: dict, dc: Detect | dict, num_classes: int, source: str = "checkpoint") -> FasterRCNN:
+    """Faster R-CNN over the checkpoint's backbone (all weights loaded), FPN or C4 head.
+    ``dc``: the detect section (a dict: its unset keys take the defaults)."""
+    dc = as_section(Detect, dc)
     check_norm(ckpt["arch"], dc, source)
     backbone = build_backbone(ckpt["arch"])
     checkpoint.load_backbone_state(backbone, ckpt["backbone"], source)
-    if dc["norm"] == "frozen_bn":
+    if dc.norm == "frozen_bn":
         freeze_batchnorm(backbone)
-    size, norm = dc["image_size"], new_layer_norm(dc)
+    size, norm = dc.image_size, new_layer_norm(dc)
     sizes = anchor_sizes(dc)
-    if dc.get("head", "fpn") == "c4":
+    if dc.head == "c4":
         body = IntermediateLayerGetter(backbone, {"layer3": "0"})  # stem, layer1..layer3
         body.out_channels = backbone.stage_channels[2]
         parts = dict(rpn_anchor_generator=AnchorGenerator((tuple(sizes),), ((0.5, 1.0, 2.0),)),
@@ -185,7 +182,7 @@ def build_detector(ckpt: dict, dc: dict, num_classes: int, source: str = "checkp
                      box_head=Res5Head(backbone.layer4, backbone.stage_channels[3], norm),
                      box_predictor=FastRCNNPredictor(backbone.stage_channels[3], num_classes))
     else:
-        channels = dc["fpn_channels"]
+        channels = dc.fpn_channels
         body = BackboneWithFPN(backbone, {f"layer{k}": str(k - 1) for k in range(1, 5)}, backbone.stage_channels,
                                channels, extra_blocks=LastLevelMaxPool(), norm_layer=norm)
         # With a norm the box head is 4conv1fc (torchvision's v2 and Detectron2's GN/SyncBN head).
@@ -193,19 +190,19 @@ def build_detector(ckpt: dict, dc: dict, num_classes: int, source: str = "checkp
             FastRCNNConvFCHead((channels, 7, 7), [channels] * 4, [BOX_HEAD_DIM], norm_layer=norm)
         parts = dict(rpn_anchor_generator=AnchorGenerator(tuple((s,) for s in sizes), ((0.5, 1.0, 2.0),) * len(sizes)),
                      box_head=head, box_predictor=FastRCNNPredictor(BOX_HEAD_DIM, num_classes))
-    rpn = dc["rpn"]
+    rpn = dc.rpn
     # training draws each image's shorter side from train_sizes (multi-scale); test: image_size
-    train_sizes = tuple(dc.get("train_sizes") or (size,))
-    return FasterRCNN(body, min_size=train_sizes, max_size=dc.get("max_image_size") or size,
+    train_sizes = tuple(dc.train_sizes or (size,))
+    return FasterRCNN(body, min_size=train_sizes, max_size=dc.max_image_size or size,
                       image_mean=MEAN, image_std=STD,
-                      rpn_pre_nms_top_n_train=rpn["pre_nms_train"], rpn_post_nms_top_n_train=rpn["post_nms_train"],
-                      rpn_pre_nms_top_n_test=rpn["pre_nms_test"], rpn_post_nms_top_n_test=rpn["post_nms_test"],
-                      box_batch_size_per_image=dc["roi_per_image"], **parts)
+                      rpn_pre_nms_top_n_train=rpn.pre_nms_train, rpn_post_nms_top_n_train=rpn.post_nms_train,
+                      rpn_pre_nms_top_n_test=rpn.pre_nms_test, rpn_post_nms_top_n_test=rpn.post_nms_test,
+                      box_batch_size_per_image=dc.roi_per_image, **parts)
 
 
-def test_scale(detector: FasterRCNN, dc: dict) -> None:
+def test_scale(detector: FasterRCNN, dc: Detect | dict) -> None:
     """Evaluate at image_size (torchvision would take the last training size)."""
-    detector.transform.min_size = (dc["image_size"],)
+    detector.transform.min_size = (as_section(Detect, dc).image_size,)
 
 
 def pretrained_part(detector: FasterRCNN) -> dict:
@@ -239,9 +236,9 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str = "cosine", lr_s
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
-def iterations(dc: dict, steps_per_epoch: int) -> int:
+def iterations(dc: Detect, steps_per_epoch: int) -> int:
     """Training length: detect.iterations when set (Detectron2's MAX_ITER), else epochs x steps."""
-    return dc.get("iterations") or dc["epochs"] * steps_per_epoch
+    return dc.iterations or dc.epochs * steps_per_epoch
 
 
 def to_device(images, targets, device) -> tuple[list, list]:
@@ -249,16 +246,16 @@ def to_device(images, targets, device) -> tuple[list, list]:
             [{k: v.to(device) if torch.is_tensor(v) else v for k, v in t.items()} for t in targets])
 
 
-def train(detector: nn.Module, loader, dc: dict) -> list[float]:
+def train(detector: nn.Module, loader, dc: Detect) -> list[float]:
     """Fine-tune everything trainable (a FasterRCNN, or it wrapped in DDP); returns the mean
     loss of each epoch (this rank's)."""
     device = next(detector.parameters()).device
     params = [p for p in detector.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=dc["lr"], momentum=0.9, weight_decay=dc["weight_decay"])
+    opt = torch.optim.SGD(params, lr=dc.lr, momentum=0.9, weight_decay=dc.weight_decay)
     total = iterations(dc, len(loader))
     epochs = math.ceil(total / len(loader))  # the last one cut short at `total` iterations
     warmup = max(1, min(100, total // 4))  # random heads give huge first gradients (NaN at 2x lr)
-    schedule, lr_steps = dc.get("schedule", "cosine"), dc.get("lr_steps") or ()
+    schedule, lr_steps = dc.schedule, dc.lr_steps or ()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, schedule, lr_steps))
     curve, bar = [], tqdm(total=total, desc="[detect] train", file=sys.stderr, mininterval=5, leave=False,
                           disable=not is_main())
@@ -275,7 +272,7 @@ def train(detector: nn.Module, loader, dc: dict) -> list[float]:
             loss = sum(detector(images, targets).values())
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"loss is not finite at epoch {epoch + 1} step {step + 1}; "
-                                         f"lower detect.lr (now {dc['lr']})")
+                                         f"lower detect.lr (now {dc.lr})")
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -336,16 +333,17 @@ def coco_evaluate(gt: str | Path | dict, detections: list[dict]) -> dict:
     return metrics
 
 
-def voc_metric(split: DetectionSplit, dc: dict) -> str:
+def voc_metric(split: DetectionSplit, dc: Detect) -> str:
     """auto: VOC2007's 11-point metric on a 2007 test set, the area under the curve otherwise
     (as Detectron2 picks it by the test set's year)."""
-    choice = dc.get("voc_metric", "auto")
+    choice = dc.voc_metric
     return choice if choice != "auto" else ("11point" if split.year == "2007" else "area")
 
 
-def evaluate(split: DetectionSplit, detections: list[dict], dc: dict) -> dict:
+def evaluate(split: DetectionSplit, detections: list[dict], dc: Detect | dict) -> dict:
     """The split's own protocol: COCO box AP; on VOC, VOC's metric (AP50, AP75 and AP over IoU
     0.50:0.95, as the MoCo paper's VOC table) with the COCO-style numbers beside it."""
+    dc = as_section(Detect, dc)
     coco = coco_evaluate(split.coco, detections)
     if split.kind != "voc":
         return {**coco, "protocol": "COCO box AP (pycocotools)"}
@@ -357,50 +355,50 @@ def evaluate(split: DetectionSplit, detections: list[dict], dc: dict) -> dict:
             "per_class_AP50": voc["per_class_AP50"], "coco_style": coco}
 
 
-def normalisation(dc: dict, synced: bool, world_size: int) -> str:
+def normalisation(dc: Detect, synced: bool, world_size: int) -> str:
     """Which statistics normalise the fine-tuned detector's features, over how many images."""
-    per_rank = dc["batch_size"] // world_size
-    if dc["norm"] == "frozen_bn":
-        return f"frozen BN (pretrained statistics), batch {dc['batch_size']}"
-    if dc["norm"] == "gn":
-        return f"GroupNorm (batch-independent), batch {dc['batch_size']}"
+    per_rank = dc.batch_size // world_size
+    if dc.norm == "frozen_bn":
+        return f"frozen BN (pretrained statistics), batch {dc.batch_size}"
+    if dc.norm == "gn":
+        return f"GroupNorm (batch-independent), batch {dc.batch_size}"
     if synced:
-        return f"SyncBN over {dc['batch_size']} images ({world_size} ranks x {per_rank})"
+        return f"SyncBN over {dc.batch_size} images ({world_size} ranks x {per_rank})"
     ranks = f" on each of {world_size} ranks" if world_size > 1 else ""
-    return f"BN over {per_rank} images{ranks}, batch {dc['batch_size']}"
+    return f"BN over {per_rank} images{ranks}, batch {dc.batch_size}"
 
 
 def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None = None) -> dict:
     """Fine-tune on the train split, score the val split, write the metrics JSON to ``out``.
     ``seed`` (default detect.seed) draws the new layers, the batch order and the flips."""
-    dc = with_defaults(cfg["detect"])
-    cfg = {**cfg, "detect": dc}
-    seed, watch = dc["seed"] if seed is None else seed, Stopwatch()
+    dc = as_section(Detect, cfg["detect"])
+    cfg = {**cfg, "detect": to_dict(dc)}  # the metrics record every setting, defaults included
+    seed, watch = dc.seed if seed is None else seed, Stopwatch()
     torch.manual_seed(seed)
     ckpt = checkpoint.load(ckpt_path)
-    train_split, val_split = load_splits(data_dir, dc.get("dataset", "auto"), dc.get("voc"))
+    train_split, val_split = load_splits(data_dir, dc.dataset, dc.voc)
     train_set, val_set = CocoBoxes(train_split, flip=True), CocoBoxes(val_split)
     num_classes = max(train_split.num_classes, val_split.num_classes)  # label 0 is background
     detector = build_detector(ckpt, dc, num_classes, str(ckpt_path))
     verify_backbone(detector, ckpt["backbone"], str(ckpt_path))
     env = distributed.init()  # one process, or one per GPU under torchrun (detect.ranks)
     device = distributed.rank_device(env.local_rank)
-    cpus.use(dc["threads"], device.type, dc.get("workers") or None)  # torch threads; decoding: detect.workers
-    synced = env.world_size > 1 and dc["norm"] == "bn" and device.type == "cuda"
+    cpus.use(dc.threads, device.type, dc.workers or None)  # torch threads; decoding: detect.workers
+    synced = env.world_size > 1 and dc.norm == "bn" and device.type == "cuda"
     if synced:  # BN statistics over the images of every rank: the paper's SyncBN
         detector = nn.SyncBatchNorm.convert_sync_batchnorm(detector)
     detector.to(device)
-    if dc["batch_size"] % env.world_size:
-        raise ConfigError(f"detect.batch_size={dc['batch_size']} is not a multiple of the {env.world_size} ranks")
-    per_rank = dc["batch_size"] // env.world_size
+    if dc.batch_size % env.world_size:
+        raise ConfigError(f"detect.batch_size={dc.batch_size} is not a multiple of the {env.world_size} ranks")
+    per_rank = dc.batch_size // env.world_size
     sampler = torch.utils.data.DistributedSampler(train_set, env.world_size, env.rank, shuffle=True, seed=seed,
                                                   drop_last=True) if env.world_size > 1 else None
     loader = torch.utils.data.DataLoader(
         train_set, batch_size=per_rank, sampler=sampler, shuffle=sampler is None, collate_fn=collate,
-        num_workers=dc.get("workers", 0), pin_memory=device.type == "cuda",
-        drop_last=len(train_set) > dc["batch_size"],  # equal-sized steps, unless one batch is all there is
+        num_workers=dc.workers, pin_memory=device.type == "cuda",
+        drop_last=len(train_set) > dc.batch_size,  # equal-sized steps, unless one batch is all there is
         generator=torch.Generator().manual_seed(seed))
-    head, norm_text, total = dc.get("head", "fpn"), normalisation(dc, synced, env.world_size), iterations(dc, len(loader))
+    head, norm_text, total = dc.head, normalisation(dc, synced, env.world_size), iterations(dc, len(loader))
     log(f"{train_split.name}: {len(train_set)} train / {val_split.name}: {len(val_set)} val images, "
         f"{num_classes - 1} classes, {ckpt['arch']}, head {head}, {norm_text}, "
         f"{total} iterations, seed {seed}, {env.world_size} rank(s) on {device}")
@@ -418,8 +416,8 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
             metrics = evaluate(val_split, predict(detector, val_set, per_rank), dc)
         metrics.update({"epochs": len(curve), "iterations": total, "train_loss": curve,
                         "seconds": round(time.time() - start, 1), "arch": ckpt["arch"], "method": ckpt.get("method"),
-                        "head": head, "norm": dc["norm"], "sync_bn": synced, "ranks": env.world_size,
-                        "batch_size": dc["batch_size"], "normalisation": norm_text,
+                        "head": head, "norm": dc.norm, "sync_bn": synced, "ranks": env.world_size,
+                        "batch_size": dc.batch_size, "normalisation": norm_text,
                         "seed": seed, "checkpoint": str(ckpt_path),
                         "train_set": train_split.name, "val_set": val_split.name,
                         "num_train_images": len(train_set), "num_val_images": len(val_set), "config": cfg,

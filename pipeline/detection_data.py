@@ -18,10 +18,12 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.config import as_section
+from pipeline.sections import Voc
+
 VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
                "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa",
                "train", "tvmonitor")
-VOC_DEFAULT = {"train": ["2007/trainval", "2012/trainval"], "val": "2007/test"}
 
 
 class DetectionDataError(FileNotFoundError):
@@ -51,8 +53,9 @@ def detect_layout(root: Path) -> str:
                              "annotations/instances_train2017.json) nor a VOCdevkit (VOC2007/, VOC2012/)")
 
 
-def load_splits(root, dataset: str = "auto", voc: dict | None = None) -> tuple[DetectionSplit, DetectionSplit]:
-    """(train, val) of the detection dataset under ``root``."""
+def load_splits(root, dataset: str = "auto", voc: Voc | dict | None = None) -> tuple[DetectionSplit, DetectionSplit]:
+    """(train, val) of the detection dataset under ``root``; ``voc``: detect.voc (a dict: its
+    unset keys take the defaults, VOC07+12 -> VOC07 test)."""
     root = Path(root)
     if not root.is_dir():
         raise DetectionDataError(f"detection dataset root not found: {root}")
@@ -60,8 +63,8 @@ def load_splits(root, dataset: str = "auto", voc: dict | None = None) -> tuple[D
     if layout == "coco":
         return coco_split(root, "train"), coco_split(root, "val")
     if layout == "voc":
-        sets = {**VOC_DEFAULT, **(voc or {})}
-        return voc_split(root, sets["train"]), voc_split(root, [sets["val"]])
+        voc = as_section(Voc, voc)
+        return voc_split(root, list(voc.train)), voc_split(root, [voc.val])
     raise ValueError(f"detect.dataset must be auto, coco or voc, not {dataset!r}")
 
 

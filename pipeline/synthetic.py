@@ -13,6 +13,7 @@ byte-identical files whatever the order or the number of processes that write th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -20,15 +21,16 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from pipeline.config import ConfigError, as_section, to_dict
 from pipeline.io import atomic_write_json, atomic_save_png
+from pipeline.sections import Synthetic
 
 CLASSES = ["disk", "square", "triangle", "diamond", "ring", "frame", "plus", "cross",
            "bars", "checker"]
 SPLIT_IDS = {"train": 0, "val": 1}
 SUPERSAMPLE = 4  # draw at 4x and downsample: smooth edges, still deterministic
 
-DEFAULTS = dict(seed=0, image_size=32, train_per_class=260, val_per_class=60,
-                det_train_images=192, det_val_images=48, det_image_size=96)
+DEFAULTS = dataclasses.asdict(Synthetic())  # the defaults as a dict (defined in pipeline.sections)
 
 
 def _rgb(rng) -> tuple[int, int, int]:
@@ -164,23 +166,24 @@ def coco_categories() -> list[dict]:
     return [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(CLASSES)]
 
 
-def generate(out: str | Path, cfg: dict | None = None, progress: bool = True) -> dict:
-    """Write the whole dataset under ``out``; returns the manifest (also written)."""
+def generate(out: str | Path, cfg: Synthetic | dict | None = None, progress: bool = True) -> dict:
+    """Write the whole dataset under ``out``; returns the manifest (also written). ``cfg``:
+    dataset.synthetic (a dict: its unset keys take the defaults)."""
     from tqdm import tqdm
 
-    cfg = {**DEFAULTS, **(cfg or {})}
+    cfg = as_section(Synthetic, cfg)
     out = Path(out)
     counts = {}
-    size, seed = cfg["image_size"], cfg["seed"]
-    jobs = [(split, label, i) for split, n in (("train", cfg["train_per_class"]), ("val", cfg["val_per_class"]))
+    size, seed = cfg.image_size, cfg.seed
+    jobs = [(split, label, i) for split, n in (("train", cfg.train_per_class), ("val", cfg.val_per_class))
             for label in range(len(CLASSES)) for i in range(n)]
     for split, label, i in tqdm(jobs, desc="synthetic: classification", disable=not progress, mininterval=2):
         path = out / "cls" / split / CLASSES[label] / f"{i:05d}.png"
         atomic_save_png(classification_image(seed, split, label, i, size), path)
         counts[f"cls/{split}"] = counts.get(f"cls/{split}", 0) + 1
 
-    dsize = cfg["det_image_size"]
-    for split, n in (("train", cfg["det_train_images"]), ("val", cfg["det_val_images"])):
+    dsize = cfg.det_image_size
+    for split, n in (("train", cfg.det_train_images), ("val", cfg.det_val_images)):
         images, annotations = [], []
         for i in tqdm(range(n), desc=f"synthetic: detection {split}", disable=not progress, mininterval=2):
             img, boxes = detection_scene(seed, split, i, dsize)
@@ -193,7 +196,7 @@ def generate(out: str | Path, cfg: dict | None = None, progress: bool = True) ->
         atomic_write_json({"images": images, "annotations": annotations, "categories": coco_categories()},
                           out / "det" / f"instances_{split}.json")
         counts[f"det/{split}"] = n
-    manifest = {"generator": "pipeline.synthetic", "config": cfg, "classes": CLASSES, "counts": counts}
+    manifest = {"generator": "pipeline.synthetic", "config": to_dict(cfg), "classes": CLASSES, "counts": counts}
     atomic_write_json(manifest, out / "manifest.json")
     return manifest
 
@@ -203,10 +206,10 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--config", default="{}", help="JSON with keys of dataset.synthetic")
     args = ap.parse_args(argv)
-    cfg = json.loads(args.config)
-    unknown = set(cfg) - set(DEFAULTS)
-    if unknown:
-        raise SystemExit(f"unknown synthetic dataset keys: {sorted(unknown)} (known: {sorted(DEFAULTS)})")
+    try:
+        cfg = as_section(Synthetic, json.loads(args.config))
+    except ConfigError as err:
+        raise SystemExit(f"[synthetic] error: {err}")
     manifest = generate(args.out, cfg)
     print(f"[synthetic] wrote {manifest['counts']} to {args.out}")
 

@@ -1,0 +1,173 @@
+"""The config's sections as typed, frozen dataclasses: every default is defined here, once.
+
+Standard library only: Snakemake imports this while it builds the DAG (no torch, no pandas).
+The field names are the schema's keys (workflow/config/config.schema.yaml; a test holds them
+equal) and the defaults are config.yaml's values (a test holds those equal too). Lists are
+tuples here, so that a section cannot change once built; pipeline.config builds the sections
+from validated dicts and turns them back into dicts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True)
+class Synthetic:
+    """dataset.synthetic: the embedded dataset, generated deterministically."""
+    seed: int = 0
+    image_size: int = 32
+    train_per_class: int = 260
+    val_per_class: int = 60
+    det_train_images: int = 192  # detection scenes
+    det_val_images: int = 48
+    det_image_size: int = 96
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dataset:
+    source: str = "synthetic"  # synthetic | imagefolder | unlabeled | cifar10 | cifar100 | stl10
+    root: str | None = None  # required for every source but synthetic
+    stl10_unlabeled: bool = False  # stl10: the train split also holds the 100k unlabeled images
+    synthetic: Synthetic = field(default_factory=Synthetic)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Convert:
+    max_resolution: int | None = 64  # longest side stored in the .beton; None: as is
+    jpeg_quality: int = 90
+    write_mode: str = "auto"  # auto: raw while the split's pixels fit 4 GiB, else proportion
+    compress_probability: float = 0.5  # proportion: share of JPEG images
+    smart_threshold: int = 3 * 128 * 128  # smart: JPEG for images above this many raw bytes
+    workers: int = 2  # processes that check and write images
+    strict: bool = False  # fail on the first unreadable image instead of skipping it
+
+
+@dataclass(frozen=True, kw_only=True)
+class Data:
+    loader: str = "ffcv"  # ffcv | torchvision
+    crop: str = "loader"  # loader: crops drawn while decoding | device: drawn on the device
+    crop_size: int = 32
+    workers: int | None = None  # loader workers per job; None: from the job's threads
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pretrain:
+    """One pretraining cell (the base cell of the grid)."""
+    method: str = "moco"  # moco | supervised | random
+    variant: str = "v2"
+    mechanism: str = "moco"  # how negatives are produced: moco | end_to_end | memory_bank
+    backbone: str = "resnet18"
+    width: int = 16  # ResNet: channels of the first stage
+    cifar_stem: bool = True  # 3x3 stem without max-pool, for small images
+    norm: str = "bn"  # ResNet normalisation: bn | gn
+    patch_size: int = 16  # ViT
+    depth: int | None = None  # ViT depth override; None: the architecture's
+    mlp_dim: int = 4096  # hidden width of v3's projector and predictor
+    dim: int = 128  # embedding dimension
+    K: int = 256  # queue size (negatives)
+    m: float = 0.99  # key encoder momentum
+    T: float = 0.2  # softmax temperature
+    epochs: int = 10
+    batch_size: int = 64  # global batch
+    lr: float = 0.06
+    optimizer: str = "auto"  # auto: sgd (v1/v2), lars (v3 ResNet), adamw (v3 ViT)
+    weight_decay: float = 0.0005
+    sgd_momentum: float = 0.9
+    warmup_epochs: float = 0
+    schedule: str = "cosine"
+    aug: str = "v2"
+    crop_scale_min: float = 0.5
+    mask_same_source: bool = False
+    queue_policy: str = "fifo"  # which queue slot a new key takes: fifo | random
+    shuffle_bn: bool = True  # the BN-leak guard
+    bn_splits: int | None = None  # BN sub-batches per rank; None: see split_bn.default_splits
+    bank_m: float = 0.5  # momentum of memory-bank entries
+    amp: bool = True  # bf16 autocast on CUDA
+    compile: bool = False  # torch.compile
+    knn_every: int = 10  # kNN monitor every N epochs and the last; 0: off
+    checkpoint_every: int = 0  # resume state every N steps too; 0: at epoch ends only
+    seed: int = 0
+    threads: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Probe:
+    mode: str = "cached"  # cached: features extracted once | augmented: new views every epoch
+    protocol: str = "moco"  # moco | mocov3
+    standardize: bool = False  # parameter-free BN before the linear layer
+    epochs: int = 100
+    batch_size: int | None = None  # None: the protocol's
+    lr: float | None = None  # None: the protocol's
+    weight_decay: float = 0.0
+    knn_k: int = 200
+    knn_t: float = 0.07
+    seed: int = 0
+    threads: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rpn:
+    """Proposals kept before / after NMS, in training and at test."""
+    pre_nms_train: int = 1000
+    post_nms_train: int = 300
+    pre_nms_test: int = 500
+    post_nms_test: int = 150
+
+
+@dataclass(frozen=True, kw_only=True)
+class Voc:
+    """VOC image sets as <year>/<set>: the paper's VOC07+12 -> VOC07 test."""
+    train: tuple[str, ...] = ("2007/trainval", "2012/trainval")
+    val: str = "2007/test"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Detect:
+    enabled: bool = True
+    cells: tuple[str, ...] = ("base", "method=random", "method=supervised")  # or ("all",)
+    root: str | None = None  # COCO folder or VOCdevkit; None: the embedded scenes
+    dataset: str = "auto"  # layout of root: auto | coco | voc
+    voc: Voc = field(default_factory=Voc)
+    head: str = "fpn"  # fpn | c4
+    epochs: int = 4
+    batch_size: int = 4
+    lr: float = 0.02
+    weight_decay: float = 0.0001
+    image_size: int = 96  # shorter side after resizing
+    max_image_size: int | None = None  # cap on the longer side; None: image_size
+    fpn_channels: int = 32
+    anchor_sizes: tuple[int, ...] | None = None  # pixels; None: fractions of image_size
+    norm: str = "frozen_bn"  # frozen_bn | bn | gn
+    rpn: Rpn = field(default_factory=Rpn)
+    roi_per_image: int = 128  # RoIs sampled per image for the box head's loss
+    schedule: str = "cosine"  # cosine | step (x0.1 at each of lr_steps)
+    lr_steps: tuple[int, ...] | None = None
+    iterations: int | None = None  # None: epochs x iterations per epoch
+    train_sizes: tuple[int, ...] | None = None  # multi-scale training sides; None: image_size
+    voc_metric: str = "auto"  # 11point | area | auto (11point on a 2007 test set)
+    seed: int = 0
+    trials: int = 1  # fine-tuning runs per cell
+    threads: int = 1
+    workers: int = 0  # image-decoding processes; 0: in the main process
+    ranks: int = 1  # processes per fine-tuning, one per GPU
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSlurm:
+    """The SLURM job of the submitit launcher."""
+    nodes: int = 1
+    tasks_per_node: int = 1  # one task (rank) per GPU
+    gpus_per_node: int = 0
+    cpus_per_task: int = 2
+    mem_gb: float | None = None  # per node; None: the partition's default
+    timeout_min: int = 60  # time limit of one run (requeued after it)
+    partition: str | None = None  # None: the cluster's default
+    account: str | None = None
+    signal_delay_s: int = 120  # SIGUSR2 this long before the time limit
+    max_requeues: int = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    launcher: str = "direct"  # direct | submitit
+    slurm: LaunchSlurm = field(default_factory=LaunchSlurm)
