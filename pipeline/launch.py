@@ -22,6 +22,7 @@ Everything after ``--`` is passed to ``python -m pipeline.pretrain`` (see its --
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import signal
@@ -29,6 +30,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from pipeline.config import as_section
+from pipeline.sections import Launch
 
 FINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                 "TIMEOUT"}
@@ -63,17 +67,17 @@ def srun_prefix(resources, launcher: str = "direct") -> str:
     return shlex.join(srun) + " "
 
 
-def module_args(launch: dict, folder: str) -> str:
+def module_args(launch: Launch | dict, folder: str) -> str:
     """What the rule runs with ``python -m``: the trainer, or this launcher with the options
-    of the config's ``launch.slurm`` section, followed by ``--`` (the trainer's arguments)."""
-    if launch.get("launcher", "direct") != "submitit":
+    of the config's ``launch.slurm`` section, followed by ``--`` (the trainer's arguments).
+    ``launch``: the launch section (the rule passes a dict: its unset keys take the defaults)."""
+    launch = as_section(Launch, launch)
+    if launch.launcher != "submitit":
         return "pipeline.pretrain"
-    s = launch.get("slurm") or {}
     args = ["pipeline.launch"]
-    for key in ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min",
-                "partition", "account", "signal_delay_s", "max_requeues"):
-        if s.get(key) is not None:
-            args += [f"--{key.replace('_', '-')}", str(s[key])]
+    for key, value in dataclasses.asdict(launch.slurm).items():
+        if value is not None:  # None: SLURM's own default (memory, partition, account)
+            args += [f"--{key.replace('_', '-')}", str(value)]
     return shlex.join([*args, "--folder", folder, "--"])
 
 
@@ -166,7 +170,7 @@ def print_logs(folder: Path, job_id: str) -> None:
 
 def check_pretrain_args(argv: list[str]) -> None:
     """Fail here, before anything is queued, on a bad config or a missing dataset."""
-    from pipeline.config import ConfigError, load_stage_config
+    from pipeline.config import ConfigError, load_typed_stage_config
     from pipeline.data import is_converted
     from pipeline.pretrain import SECTIONS
 
@@ -176,10 +180,10 @@ def check_pretrain_args(argv: list[str]) -> None:
     ap.add_argument("--out", required=True)
     args, _ = ap.parse_known_args(argv)
     try:
-        cfg = load_stage_config(args.config, SECTIONS)
+        cfg = load_typed_stage_config(args.config, SECTIONS)
     except (ConfigError, ValueError) as err:
         raise SystemExit(f"[launch] error: {err}")
-    loader = cfg["data"].get("loader", "ffcv")
+    loader = cfg["data"].loader
     if not is_converted(Path(args.data) / "train.beton", loader):  # torchvision reads only the report
         raise SystemExit(f"[launch] error: {args.data} holds no converted train split for data.loader: {loader}")
 

@@ -6,6 +6,9 @@ import math
 
 import torch
 
+from pipeline.config import as_section
+from pipeline.sections import Pretrain
+
 
 class LARS(torch.optim.Optimizer):
     """SGD with momentum and a layer-wise trust ratio (You et al. 2017), as MoCo v3 uses it:
@@ -37,33 +40,36 @@ class LARS(torch.optim.Optimizer):
                 p.add_(buf, alpha=-group["lr"])
 
 
-def optimizer_name(p: dict) -> str:
-    name = p.get("optimizer", "auto")
-    if name != "auto":
-        return name
-    if p.get("variant") == "v3":
-        return "adamw" if p["backbone"].startswith("vit") else "lars"
+# ``p``: the pretrain section; pipeline.pretrain passes it as a dict (its unset keys take the defaults)
+def optimizer_name(p: Pretrain | dict) -> str:
+    p = as_section(Pretrain, p)
+    if p.optimizer != "auto":
+        return p.optimizer
+    if p.variant == "v3":
+        return "adamw" if p.backbone.startswith("vit") else "lars"
     return "sgd"
 
 
-def build_optimizer(p: dict, params) -> torch.optim.Optimizer:
+def build_optimizer(p: Pretrain | dict, params) -> torch.optim.Optimizer:
+    p = as_section(Pretrain, p)
     params = [t for t in params if t.requires_grad]  # never the key encoder nor frozen parts
-    name, wd = optimizer_name(p), p.get("weight_decay", 1e-4)
+    name, wd = optimizer_name(p), p.weight_decay
     if name == "sgd":
-        return torch.optim.SGD(params, lr=p["lr"], momentum=p.get("sgd_momentum", 0.9), weight_decay=wd)
+        return torch.optim.SGD(params, lr=p.lr, momentum=p.sgd_momentum, weight_decay=wd)
     if name == "lars":
-        return LARS(params, lr=p["lr"], weight_decay=wd, momentum=p.get("sgd_momentum", 0.9))
+        return LARS(params, lr=p.lr, weight_decay=wd, momentum=p.sgd_momentum)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=p["lr"], weight_decay=wd)
+        return torch.optim.AdamW(params, lr=p.lr, weight_decay=wd)
     raise ValueError(f"unknown optimizer '{name}' (sgd, lars, adamw)")
 
 
-def lr_at(p: dict, progress: float, epochs: float) -> float:
+def lr_at(p: Pretrain | dict, progress: float, epochs: float) -> float:
     """Learning rate at a fraction of training: linear warmup, then cosine or step decay."""
-    warm = p.get("warmup_epochs", 0) / max(epochs, 1e-9)
+    p = as_section(Pretrain, p)
+    warm = p.warmup_epochs / max(epochs, 1e-9)
     if progress < warm:
-        return p["lr"] * progress / warm
-    if p.get("schedule", "cosine") == "cosine":
+        return p.lr * progress / warm
+    if p.schedule == "cosine":
         rest = (progress - warm) / max(1.0 - warm, 1e-9)
-        return p["lr"] * 0.5 * (1.0 + math.cos(math.pi * rest))
-    return p["lr"] * (0.1 ** sum(progress >= f for f in (0.6, 0.8)))
+        return p.lr * 0.5 * (1.0 + math.cos(math.pi * rest))
+    return p.lr * (0.1 ** sum(progress >= f for f in (0.6, 0.8)))

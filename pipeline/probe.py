@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from pipeline import checkpoint, cpus
 from pipeline.augment import DeviceCrop, normalize
-from pipeline.config import ConfigError, load_stage_config
+from pipeline.config import ConfigError, as_section, load_stage_config
 from pipeline.data import eval_loader
 from pipeline.distributed import rank_device
 from pipeline.features import extract
@@ -35,6 +35,7 @@ from pipeline.knn import knn_accuracy
 from pipeline.board import Board, board_dir
 from pipeline.layout import is_resnet
 from pipeline.models import build_backbone
+from pipeline.sections import Data, Probe
 from pipeline.stopwatch import Stopwatch
 
 SECTIONS = ["data", "probe"]
@@ -74,19 +75,21 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> dict
     return {f"top{k}": 100.0 * float(hit[:, :k].any(1).float().mean()) for k in ks}
 
 
-def settings(pc: dict, arch: dict) -> dict:
-    """The protocol's hyper-parameters for this backbone, with the config's explicit overrides."""
-    s = dict(PROTOCOLS[pc.get("protocol", "moco")])
-    if pc.get("protocol") == "mocov3" and not is_resnet(arch):
+def settings(pc: Probe | dict, arch: dict) -> dict:
+    """The protocol's hyper-parameters for this backbone, with the config's explicit overrides
+    (``pc``: the probe section; a dict: its unset keys take the defaults)."""
+    pc = as_section(Probe, pc)
+    s = dict(PROTOCOLS[pc.protocol])
+    if pc.protocol == "mocov3" and not is_resnet(arch):
         s["lr"] = MOCOV3_VIT_LR
-    s["batch_size"] = pc.get("batch_size") or s["batch_size"]
-    if pc.get("lr"):
-        s["lr"] = pc["lr"]
+    s["batch_size"] = pc.batch_size or s["batch_size"]
+    if pc.lr:
+        s["lr"] = pc.lr
     elif s.pop("scale_lr", False):
         s["lr"] = s["lr"] * s["batch_size"] / 256
     s.pop("scale_lr", None)
-    s["weight_decay"] = pc.get("weight_decay", s["weight_decay"])
-    s["epochs"] = pc["epochs"]
+    s["weight_decay"] = pc.weight_decay
+    s["epochs"] = pc.epochs
     return s
 
 
@@ -144,12 +147,12 @@ def train_cached(probe: LinearProbe, train_x, train_y, val_x, val_y, seed: int) 
     return curve
 
 
-def train_augmented(probe: LinearProbe, backbone, data_dir: Path, d: dict, pc: dict, val_x, val_y,
+def train_augmented(probe: LinearProbe, backbone, data_dir: Path, d: Data, pc: Probe, val_x, val_y,
                     threads: cpus.Threads) -> list:
-    crop = d.get("crop_size", 32)
+    crop = d.crop_size
     loader = eval_loader(data_dir / "train.beton", probe.s["batch_size"], crop, threads.loader,
-                         threads=threads.torch, order="random", seed=pc.get("seed", 0), drop_last=False,
-                         loader=d.get("loader", "ffcv"))
+                         threads=threads.torch, order="random", seed=pc.seed, drop_last=False,
+                         loader=d.loader)
     random_crop = DeviceCrop(crop, scale_min=0.08)  # RandomResizedCrop + flip, as the papers
     curve = []
     for epoch in tqdm(range(probe.s["epochs"]), desc="probe", mininterval=10):
@@ -172,16 +175,17 @@ def curve_point(probe, epoch, train_loss, val_x, val_y) -> dict:
 
 
 def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
-    pc, d, watch = cfg["probe"], cfg["data"], Stopwatch()
-    torch.manual_seed(pc.get("seed", 0))
+    """``cfg``: the stage's sections as dicts (recorded as given in the metrics)."""
+    pc, d, watch = as_section(Probe, cfg["probe"]), as_section(Data, cfg["data"]), Stopwatch()
+    torch.manual_seed(pc.seed)
     backbone, ckpt = load_frozen_backbone(ckpt_path)
     device = rank_device()
-    threads = cpus.use(pc.get("threads", 1), device.type, d.get("workers"))
+    threads = cpus.use(pc.threads, device.type, d.workers)
     backbone.to(device)
     before = snapshot(backbone)
     classes = json.loads((data_dir / "train.json").read_text())["classes"]
-    crop, workers, mode = d.get("crop_size", 32), threads.loader, pc.get("mode", "cached")
-    opts = dict(threads=threads.torch, loader=d.get("loader", "ffcv"))
+    crop, workers, mode = d.crop_size, threads.loader, pc.mode
+    opts = dict(threads=threads.torch, loader=d.loader)
     watch.mark("setup")
     with watch.phase("features"):
         train_x, train_y = extract(backbone, data_dir / "train.beton", crop, workers, **opts)
@@ -191,13 +195,13 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     if len(train_y) == 0:
         raise ConfigError(f"{data_dir / 'train.beton'} has no labelled images: a probe needs labels")
     log(f"features: train {tuple(train_x.shape)}, val {tuple(val_x.shape)}; mode {mode}, "
-        f"protocol {pc.get('protocol', 'moco')}, on {device}")
+        f"protocol {pc.protocol}, on {device}")
     s = settings(pc, ckpt["arch"])
-    probe = LinearProbe(train_x.shape[1], len(classes), s, pc.get("standardize", False),
+    probe = LinearProbe(train_x.shape[1], len(classes), s, pc.standardize,
                         math.ceil(len(train_x) / s["batch_size"]), device)
     with watch.phase("fit"):
         if mode == "cached":
-            curve = train_cached(probe, train_x, train_y, val_x, val_y, pc.get("seed", 0))
+            curve = train_cached(probe, train_x, train_y, val_x, val_y, pc.seed)
         else:
             curve = train_augmented(probe, backbone, data_dir, d, pc, val_x, val_y, threads)
     logits = probe.predict(val_x)
@@ -205,10 +209,9 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     per_class = {name: round(100.0 * float((pred[val_y == c] == c).float().mean()), 2)
                  for c, name in enumerate(classes) if bool((val_y == c).any())}
     with watch.phase("knn"):
-        knn = knn_accuracy(train_x, train_y, val_x, val_y, len(classes), k=pc.get("knn_k", 200),
-                           T=pc.get("knn_t", 0.07))
+        knn = knn_accuracy(train_x, train_y, val_x, val_y, len(classes), k=pc.knn_k, T=pc.knn_t)
     assert_unchanged(backbone, before)  # fail loudly if anything touched the frozen encoder
-    metrics = {"mode": mode, "protocol": pc.get("protocol", "moco"), "top1": round(acc["top1"], 3),
+    metrics = {"mode": mode, "protocol": pc.protocol, "top1": round(acc["top1"], 3),
                "top5": round(acc["top5"], 3), "knn_top1": round(knn, 3), "per_class_top1": per_class,
                "curve": curve, "settings": s, "checkpoint": str(ckpt_path), "method": ckpt.get("method"),
                "arch": ckpt["arch"], "feature_dim": int(train_x.shape[1]), "config": cfg,
