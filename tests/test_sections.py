@@ -5,8 +5,18 @@ import dataclasses
 import pytest
 
 from pipeline import sections
-from pipeline.config import (DEFAULT_CONFIG, SECTION_TYPES, ConfigError, build, load_schema, load_yaml,
-                             pretrain_cell, section, to_dict, typed_sections)
+from pipeline.config import (
+    DEFAULT_CONFIG,
+    SECTION_TYPES,
+    ConfigError,
+    build,
+    load_schema,
+    load_yaml,
+    pretrain_cell,
+    section,
+    to_dict,
+    typed_sections,
+)
 
 NESTED = {("dataset", "synthetic"): sections.Synthetic, ("detect", "rpn"): sections.Rpn,
           ("detect", "voc"): sections.Voc, ("launch", "slurm"): sections.LaunchSlurm}

@@ -76,7 +76,8 @@ def main(argv=None) -> dict:
     init_single_process_group()
     torch.manual_seed(0)
     p = {"method": "moco", "variant": "v2", "backbone": "resnet18", "width": args.width, "cifar_stem": args.size <= 64,
-         "dim": 128, "K": args.K, "m": 0.999, "T": 0.2, "epochs": 1, "batch_size": args.batch, "lr": 0.03}
+         "dim": 128, "K": args.K, "m": 0.999, "T": 0.2, "epochs": 1, "batch_size": args.batch, "lr": 0.03,
+         "weight_decay": 1e-4}  # the official recipe's (the pretrain default is config.yaml's 5e-4)
     x1, x2 = torch.randn(args.batch, 3, args.size, args.size), torch.randn(args.batch, 3, args.size, args.size)
     labels, index = torch.randint(0, 10, (args.batch,)), torch.arange(args.batch)
     steps = {}

@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     base = {"backbone": args.backbone, "width": args.width, "cifar_stem": args.size <= 64, "dim": 128,
             "K": 16 * args.batch, "m": 0.999, "T": 0.2, "epochs": 1, "batch_size": args.batch, "lr": 0.03,
-            "mlp_dim": 1024}
+            "mlp_dim": 1024, "weight_decay": 1e-4}  # as before the defaults moved to config.yaml's 5e-4
     variants = {"supervised": {"method": "supervised"},
                 "moco_v2": {"method": "moco", "variant": "v2"},
                 "moco_v3": {"method": "moco", "variant": "v3", "T": 1.0, "m": 0.99}}
