@@ -54,13 +54,13 @@ class EpochStats:
     """Loss and accuracy summed on the device (no host sync per step); saved with the state."""
 
     def __init__(self, device, state: dict | None = None):
-        state = state or {}
-        self.loss = state.get("loss", torch.zeros((), dtype=torch.float64)).to(device)
-        self.correct = state.get("correct", torch.zeros((), dtype=torch.float64)).to(device)
-        self.seen = state.get("seen", 0)
-        self.seconds = state.get("seconds", 0.0)
-        self.lr = state.get("lr", 0.0)  # of the last step: the epoch's row reports it
-        self.candidates = state.get("candidates", 0)  # logits per row: the positive and its negatives
+        # a new epoch; a saved one (states written before "candidates" existed lack it)
+        state = {"loss": torch.zeros((), dtype=torch.float64), "correct": torch.zeros((), dtype=torch.float64),
+                 "seen": 0, "seconds": 0.0, "lr": 0.0, "candidates": 0, **(state or {})}
+        self.loss, self.correct = state["loss"].to(device), state["correct"].to(device)
+        self.seen, self.seconds = state["seen"], state["seconds"]
+        self.lr = state["lr"]  # of the last step: the epoch's row reports it
+        self.candidates = state["candidates"]  # logits per row: the positive and its negatives
 
     def add(self, loss, logits, target) -> None:
         n = target.shape[0]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.config import DEFAULT_CONFIG, ConfigError, merge
+from pipeline.config import DEFAULT_CONFIG, ConfigError, merge, section
 from pipeline.grid import cell_id, claims_cells, claims_overrides, format_value, group_id
 from pipeline.io import atomic_write_text
 from pipeline.layout import QUEUE_POLICIES
@@ -49,9 +49,10 @@ class Cells:
     def __init__(self, df: pd.DataFrame, cfg: dict):
         self.gs = groups(df)
         base = cfg["pretrain"]
+        self.claims, typed_base = section("claims", cfg["claims"]), section("pretrain", base)
         self.ids = {role: group_id(cell_id(base, merge(base, o)))
-                    for role, o in claims_overrides(cfg["claims"], base).items()}
-        self.claims, self.batch = cfg["claims"], base["batch_size"]
+                    for role, o in claims_overrides(self.claims, typed_base).items()}
+        self.batch = typed_base.batch_size
 
     def group(self, role: str) -> Group | None:
         return self.gs.get(self.ids[role])
@@ -73,7 +74,7 @@ class Cells:
 
     def failure(self, role: str) -> str | None:
         g = self.group(role)
-        found = [] if g is None else [f for f in g.cells.get("failure", []) if isinstance(f, str)]
+        found = [] if g is None else [f for f in g.cells["failure"] if isinstance(f, str)]
         return found[0] if found else None
 
     def shown(self, role: str) -> str:
@@ -108,12 +109,12 @@ PAPER = "MoCo paper (He et al. 2020)"
 
 
 def fifo_bound(c: Cells) -> Claim:
-    roles = [f"K={k},{p}" for k in c.claims["K"] for p in QUEUE_POLICIES]
+    roles = [f"K={k},{p}" for k in c.claims.K for p in QUEUE_POLICIES]
     text = "FIFO bounds a negative's age at K/B steps; random replacement keeps arbitrarily old keys"
     if not all(c.group(r) is not None and c.final(r, "queue_age_max") is not None for r in roles):
         return Claim(text, SEED_NOTES, "", NOT_RUN, c.cells(*roles))
     parts, holds = [], True
-    for k in c.claims["K"]:
+    for k in c.claims.K:
         span = k // c.batch
         fifo, rand = (c.final(f"K={k},{p}", "queue_age_max") for p in QUEUE_POLICIES)
         drift = [c.final(f"K={k},{p}", "negative_drift_max") for p in QUEUE_POLICIES]
@@ -129,8 +130,8 @@ def _num(x: float | None) -> str:
 
 
 def low_momentum(c: Cells) -> Claim:
-    low = [m for m in c.claims["m"] if 0 < m < 0.99]
-    high = [m for m in c.claims["m"] if m in (0.99, 0.999)]
+    low = [m for m in c.claims.m if 0 < m < 0.99]
+    high = [m for m in c.claims.m if m in (0.99, 0.999)]
     roles = [f"m={m}" for m in low + high]
     text = "m < 0.99 loses accuracy (~5 points): at m = 0.5 the key encoder's half-life is ~1 step"
     vals = {m: c.top1(f"m={m}") for m in low + high}
@@ -145,7 +146,7 @@ def low_momentum(c: Cells) -> Claim:
 
 def zero_momentum(c: Cells) -> Claim:
     text = "m = 0 (the key encoder is the query encoder): training fails"
-    role = next((f"m={m}" for m in c.claims["m"] if m == 0), None)
+    role = next((f"m={m}" for m in c.claims.m if m == 0), None)
     if role is None or not ran(c.top1(role)):
         return Claim(text, PAPER + ", §4.1 momentum ablation", "", NOT_RUN, c.cells(*[role] * bool(role)))
     failure = c.failure(role)
@@ -156,7 +157,7 @@ def zero_momentum(c: Cells) -> Claim:
 def key_encoder(c: Cells) -> Claim:
     text = "The key encoder never receives gradients and has no optimizer state; it is the EMA of the query encoder"
     records = [(cell, rec) for g in c.gs.values() if g.id in c.ids.values()
-               for cell, rec in zip(g.cells["cell"], g.cells.get("key_encoder", [])) if isinstance(rec, dict)]
+               for cell, rec in zip(g.cells["cell"], g.cells["key_encoder"]) if isinstance(rec, dict)]
     if not records:
         return Claim(text, SEED_NOTES, "", NOT_RUN, [])
     held = sum(bool(r["holds"]) for _, r in records)
@@ -169,7 +170,7 @@ def key_encoder(c: Cells) -> Claim:
 
 
 def larger_queue(c: Cells) -> Claim:
-    ks = sorted(c.claims["K"])
+    ks = sorted(c.claims.K)
     roles = [f"K={k},fifo" for k in ks]
     text = "A larger queue helps (K from 1024 to 65,536 steadily improves accuracy)"
     vals = [c.top1(r) for r in roles]
@@ -182,7 +183,7 @@ def larger_queue(c: Cells) -> Claim:
 
 def slow_momentum(c: Cells) -> Claim:
     text = "m = 0.9999 is too slow: the key encoder barely moves (worse than m = 0.999)"
-    if not {0.999, 0.9999} <= set(c.claims["m"]):
+    if not {0.999, 0.9999} <= set(c.claims.m):
         return Claim(text, SEED_BLOG, "", NOT_RUN, [])
     fast, slow = c.top1("m=0.999"), c.top1("m=0.9999")
     if not ran(fast, slow):
@@ -197,7 +198,7 @@ def longer_schedule(c: Cells) -> Claim:
     cells = c.cells("reference", "long")
     if not ran(short, long):
         return Claim(text, SEED_BLOG, "", NOT_RUN, cells)
-    e, le = c.claims["epochs"], c.claims["long_epochs"]
+    e, le = c.claims.epochs, c.claims.long_epochs
     return Claim(text, SEED_BLOG, f"top-1 {le} epochs: {pct(long)} vs {e} epochs: {pct(short)}",
                  verdict(better(long, short)), cells)
 
@@ -219,8 +220,8 @@ CLAIMS = [fifo_bound, low_momentum, zero_momentum, key_encoder, larger_queue, sl
 # --- tables -------------------------------------------------------------------------------------
 def claims_table(c: Cells, cfg: dict, prov) -> Table:
     rows = [claim(c) for claim in CLAIMS]
-    e, le = c.claims["epochs"], c.claims["long_epochs"]
-    seeds = (cfg.get("grid") or {}).get("seeds", 1)
+    e, le = c.claims.epochs, c.claims.long_epochs
+    seeds = section("grid", cfg.get("grid")).seeds
     notes = [f"Cells: the base cell trained {e} epochs (the schedule claim: {le}), varied one setting at a "
              f"time; {seeds} seed{'s' * (seeds > 1)} per cell; accuracy is the linear probe's top-1.",
              "holds / does not hold: the direction of the measured difference only. "
@@ -235,10 +236,10 @@ def claims_table(c: Cells, cfg: dict, prov) -> Table:
 def queue_table(c: Cells, prov) -> Table:
     metrics = [*QUEUE_METRICS, "top1", "knn_top1"]
     rows = []
-    for k in c.claims["K"]:
+    for k in c.claims.K:
         rows += [_row([str(k), policy, str(k // c.batch)], c.group(f"K={k},{policy}"), metrics)
                  for policy in QUEUE_POLICIES]
-    roles = [f"K={k},{p}" for k in c.claims["K"] for p in QUEUE_POLICIES]
+    roles = [f"K={k},{p}" for k in c.claims.K for p in QUEUE_POLICIES]
     table = _metric_table("claims_queue", "FIFO vs random replacement: the age of the queue's keys and how far "
                           "the key encoder moved since they were encoded", ["K", "queue policy", "K/B (steps)"],
                           rows, metrics, prov([c.group(r) for r in roles if c.group(r)], vary={"K", "queue_policy"}))
@@ -255,7 +256,7 @@ def claims_tables(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
     return [claims_table(c, cfg, prov), mom, queue_table(c, prov)]
 
 
-def write_claims(results: Path, cfg: dict) -> str:
+def run(results: Path, cfg: dict) -> str:
     """Write the claims tables from whatever cells exist; returns them (Markdown)."""
     if not cfg.get("claims") or not cfg.get("pretrain"):
         raise ConfigError("the claims tables need the config's pretrain and claims sections")
@@ -276,7 +277,7 @@ def main(argv=None) -> None:
     if not results.is_dir():
         sys.exit(f"[claims] results folder not found: {results}")
     try:
-        print(write_claims(results, load_configs(args.config or [str(DEFAULT_CONFIG)])))
+        print(run(results, load_configs(args.config or [str(DEFAULT_CONFIG)])))
     except ConfigError as err:
         sys.exit(f"[claims] {err}")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from pipeline.sections import Convert, Data, Dataset, Detect, Launch, Pretrain, Probe
+from pipeline.sections import Claims, Convert, Data, Dataset, Detect, Grid, Launch, Pretrain, Probe
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = REPO / "workflow" / "config" / "config.schema.yaml"
@@ -26,8 +26,8 @@ class ConfigError(ValueError):
 
 
 # --- typed sections (pipeline.sections) ------------------------------------------------------
-SECTION_TYPES = {"dataset": Dataset, "convert": Convert, "data": Data, "pretrain": Pretrain, "probe": Probe,
-                 "detect": Detect, "launch": Launch}
+SECTION_TYPES = {"dataset": Dataset, "convert": Convert, "data": Data, "pretrain": Pretrain, "grid": Grid,
+                 "claims": Claims, "probe": Probe, "detect": Detect, "launch": Launch}
 
 
 def build(cls, values: dict | None = None):
@@ -73,7 +73,7 @@ def _as_lists(value):
 
 def typed_sections(cfg: dict) -> dict:
     """Each section of a (validated) stage config that has a type, typed; e.g. a probe stage's
-    ``{"data": Data(...), "probe": Probe(...)}``. Untyped sections (grid) are left out."""
+    ``{"data": Data(...), "probe": Probe(...)}``."""
     return {name: section(name, values) for name, values in cfg.items() if name in SECTION_TYPES}
 
 
@@ -180,11 +180,12 @@ def check_pretrain(p: Pretrain | dict, where: str = "pretrain", num_samples: int
             f"use e.g. K={max(1, p.K // p.batch_size) * p.batch_size}")
 
 
-def pretrain_warnings(p: dict, num_samples: int | None) -> list[str]:
+def pretrain_warnings(p: Pretrain | dict, num_samples: int | None) -> list[str]:
     """Settings that run but are probably not meant (the stage logs them)."""
-    queue = p["method"] == "moco" and p.get("variant") != "v3" and p.get("mechanism", "moco") == "moco"
-    if queue and num_samples and p["K"] >= num_samples and not p.get("mask_same_source"):
-        return [f"K={p['K']} >= {num_samples} training images: the queue holds keys of the query's own image "
+    p = as_section(Pretrain, p)
+    queue = p.method == "moco" and p.variant != "v3" and p.mechanism == "moco"
+    if queue and num_samples and p.K >= num_samples and not p.mask_same_source:
+        return [f"K={p.K} >= {num_samples} training images: the queue holds keys of the query's own image "
                 "as negatives; lower K or set mask_same_source: true"]
     return []
 
@@ -271,9 +272,10 @@ def read_command_line_values(cfg: dict, schema: dict | None = None) -> dict:
     return read(cfg, schema)
 
 
-def check_claims(claims: dict) -> None:
-    if claims["long_epochs"] <= claims["epochs"]:
-        raise ConfigError(f"claims.long_epochs={claims['long_epochs']} must exceed claims.epochs={claims['epochs']} "
+def check_claims(claims: Claims | dict) -> None:
+    claims = as_section(Claims, claims)
+    if claims.long_epochs <= claims.epochs:
+        raise ConfigError(f"claims.long_epochs={claims.long_epochs} must exceed claims.epochs={claims.epochs} "
                           "(the claim compares a longer schedule with a shorter one)")
 
 

@@ -381,7 +381,7 @@ def remove_stale_temporaries(out: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def convert(root, out, opts: Convert | dict | None = None, source: str = "imagefolder", split: str | None = None,
+def run(root, out, opts: Convert | dict | None = None, source: str = "imagefolder", split: str | None = None,
             progress: bool = True, beton: bool = True) -> dict:
     """Convert one split; returns the report (also written next to ``out`` as .json).
 
@@ -496,7 +496,7 @@ def main(argv=None) -> None:
         opts = validate_options(json.loads(args.config))
         if args.strict:
             opts = dataclasses.replace(opts, strict=True)
-        report = convert(args.root, args.out, opts, source=args.source, split=args.split,
+        report = run(args.root, args.out, opts, source=args.source, split=args.split,
                          beton=not args.report_only)
     except ConversionError as err:
         raise SystemExit(f"[convert] error: {err}")

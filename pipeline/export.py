@@ -78,7 +78,7 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def export(ckpt_path: Path, out: Path, probe: Path | None = None, cell: str | None = None) -> dict:
+def run(ckpt_path: Path, out: Path, probe: Path | None = None, cell: str | None = None) -> dict:
     """Write the cell's export files next to ``out`` (the sidecar JSON); returns the sidecar."""
     ckpt = checkpoint.load(ckpt_path)
     arch, state = ckpt["arch"], {k: v.detach().cpu().contiguous() for k, v in ckpt["backbone"].items()}
@@ -118,7 +118,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True, help="the sidecar JSON; the weights are written beside it")
     args = ap.parse_args(argv)
     try:
-        sidecar = export(Path(args.checkpoint), Path(args.out), args.probe, args.cell)
+        sidecar = run(Path(args.checkpoint), Path(args.out), args.probe, args.cell)
     except checkpoint.CheckpointError as err:
         raise SystemExit(f"[export] error: {err}")
     print(f"[export] {', '.join(sidecar['files'])} -> {Path(args.out).parent}")

@@ -11,8 +11,9 @@ import math
 
 import yaml
 
-from pipeline.config import ConfigError, check_pretrain, load_schema, merge, validate_schema
+from pipeline.config import ConfigError, as_section, check_pretrain, load_schema, merge, section, validate_schema
 from pipeline.layout import QUEUE_POLICIES
+from pipeline.sections import Claims, Grid, Pretrain, Resources
 
 AXES = ["method", "variant", "mechanism", "backbone", "width", "K", "m", "T", "epochs", "batch_size",
         "lr", "aug", "shuffle_bn", "dim", "queue_policy", "seed"]
@@ -59,21 +60,21 @@ def parse_value(text: str):
     return yaml.safe_load(text)
 
 
-def _sweep_overrides(grid: dict) -> list[dict]:
+def _sweep_overrides(grid: Grid) -> list[dict]:
     overrides = [{}]
-    for axis, values in (grid.get("one_at_a_time") or {}).items():
+    for axis, values in grid.one_at_a_time.items():
         overrides += [{axis: v} for v in values]
-    product = grid.get("product") or {}
-    if product:
-        axes = list(product)
-        overrides += [dict(zip(axes, combo)) for combo in itertools.product(*product.values())]
-    overrides += [{"method": b} for b in grid.get("baselines") or []]
+    if grid.product:
+        axes = list(grid.product)
+        overrides += [dict(zip(axes, combo)) for combo in itertools.product(*grid.product.values())]
+    overrides += [{"method": b} for b in grid.baselines]
     return overrides
 
 
-def _replicates(overrides: list[dict], seeds: int, base_seed: int) -> list[dict]:
+def _replicates(overrides: list[dict], seeds: int, base: dict) -> list[dict]:
     """``grid.seeds``: every cell N times, seeds seed, seed+1, ... (its own seed or the base's)."""
-    return [{**o, "seed": o.get("seed", base_seed) + i} if i else o for o in overrides for i in range(seeds)]
+    return [{**o, "seed": as_section(Pretrain, merge(base, o)).seed + i} if i else o
+            for o in overrides for i in range(seeds)]
 
 
 def training_set_size(cfg: dict) -> int | None:
@@ -98,35 +99,33 @@ def check_cell(cid: str, params: dict, schema: dict | None = None, num_samples: 
 
 def grid_cells(cfg: dict) -> dict[str, dict]:
     """All cells of the grid: id -> full pretrain parameters (validated)."""
-    grid = cfg.get("grid") or {}
-    return only(_cells(cfg, _sweep_overrides(grid)), grid.get("only"))
+    grid = section("grid", cfg.get("grid"))
+    return only(_cells(cfg, _sweep_overrides(grid)), grid.only)
 
 
-def claims_overrides(claims: dict, base: dict) -> dict[str, dict]:
+def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
     """The cells the claims study needs (``snakemake claims``), as overrides of the base cell,
     by role: a reference cell trained ``claims.epochs``; around it each m, each K under each
     queue policy and the memory bank; and the reference trained ``claims.long_epochs``."""
-    short = {"epochs": claims["epochs"]}
-    own_policy = base.get("queue_policy", QUEUE_POLICIES[0])  # unset: FIFO, the same cell as the base's
+    short = {"epochs": claims.epochs}
 
-    def policy(name):
-        return {} if name == own_policy else {"queue_policy": name}
+    def policy(name):  # the base's own policy (unset: FIFO) is the same cell as the base's
+        return {} if name == base.queue_policy else {"queue_policy": name}
 
-    return {"reference": short, **{f"m={m}": {**short, "m": m} for m in claims["m"]},
-            **{f"K={k},{p}": {**short, "K": k, **policy(p)} for k in claims["K"] for p in QUEUE_POLICIES},
-            "memory_bank": {**short, "mechanism": "memory_bank"}, "long": {"epochs": claims["long_epochs"]}}
+    return {"reference": short, **{f"m={m}": {**short, "m": m} for m in claims.m},
+            **{f"K={k},{p}": {**short, "K": k, **policy(p)} for k in claims.K for p in QUEUE_POLICIES},
+            "memory_bank": {**short, "mechanism": "memory_bank"}, "long": {"epochs": claims.long_epochs}}
 
 
 def claims_cells(cfg: dict) -> dict[str, dict]:
     """The claims study's cells: id -> full pretrain parameters (validated; grid.seeds apply)."""
-    base = cfg["pretrain"]
+    base = section("pretrain", cfg["pretrain"])
     if "claims" not in cfg:
         raise ConfigError("the config has no 'claims' section (workflow/config/config.yaml has one)")
-    if base["method"] != "moco" or base.get("variant") == "v3" or base.get("mechanism", "moco") != "moco":
+    if base.method != "moco" or base.variant == "v3" or base.mechanism != "moco":
         raise ConfigError("claims: the claims vary the queue and the momentum of MoCo v1/v2; the base cell "
-                          f"(pretrain) is method={base['method']} variant={base.get('variant')} "
-                          f"mechanism={base.get('mechanism', 'moco')}")
-    return _cells(cfg, list(claims_overrides(cfg["claims"], base).values()))
+                          f"(pretrain) is method={base.method} variant={base.variant} mechanism={base.mechanism}")
+    return _cells(cfg, list(claims_overrides(section("claims", cfg["claims"]), base).values()))
 
 
 def _cells(cfg: dict, overrides: list[dict]) -> dict[str, dict]:
@@ -134,7 +133,7 @@ def _cells(cfg: dict, overrides: list[dict]) -> dict[str, dict]:
     schema = load_schema()
     num_samples = training_set_size(cfg)
     cells: dict[str, dict] = {}
-    for override in _replicates(overrides, (cfg.get("grid") or {}).get("seeds", 1), base.get("seed", 0)):
+    for override in _replicates(overrides, section("grid", cfg.get("grid")).seeds, base):
         params = merge(base, override)
         cid = cell_id(base, params)
         check_cell(cid, params, schema, num_samples)
@@ -161,8 +160,6 @@ def cell_params(cfg: dict, cid: str) -> dict:
 
 # Pretraining cost of one epoch relative to a ResNet-18, per backbone (rough, for job sizing).
 BACKBONE_COST = {"resnet18": 1.0, "resnet50": 2.5, "vit_tiny": 1.0, "vit_small": 2.0, "vit_base": 6.0}
-RESOURCE_DEFAULTS = {"minutes_per_epoch": 1.0, "overhead_minutes": 10, "nodes": 1, "batch_per_node": None,
-                     "backbone_cost": BACKBONE_COST}
 
 
 def group_id(cid: str) -> str:
@@ -171,7 +168,7 @@ def group_id(cid: str) -> str:
     return ",".join(parts) or BASE_ID
 
 
-def cell_resources(params: dict, spec: dict | None = None) -> dict:
+def cell_resources(params: Pretrain | dict, spec: Resources | dict | None = None) -> dict:
     """Job resources of one cell's pretraining, scaled with the cell (``grid.resources``).
 
     nodes   = max(nodes, ceil(batch_size / batch_per_node))  (batch_per_node null: always ``nodes``)
@@ -179,12 +176,12 @@ def cell_resources(params: dict, spec: dict | None = None) -> dict:
 
     The random-init baseline does not train: overhead only, one node.
     """
-    spec = {**RESOURCE_DEFAULTS, **(spec or {})}
-    cost = {**BACKBONE_COST, **(spec.get("backbone_cost") or {})}.get(params.get("backbone"), 1.0)
-    if params.get("method") == "random":
-        return {"runtime": max(1, math.ceil(spec["overhead_minutes"])), "nodes": 1}
-    nodes = int(spec["nodes"])
-    if spec.get("batch_per_node"):
-        nodes = max(nodes, math.ceil(params["batch_size"] / spec["batch_per_node"]))
-    minutes = spec["overhead_minutes"] + spec["minutes_per_epoch"] * params["epochs"] * cost / nodes
+    p, spec = as_section(Pretrain, params), as_section(Resources, spec or {})
+    cost = {**BACKBONE_COST, **spec.backbone_cost}[p.backbone]
+    if p.method == "random":
+        return {"runtime": max(1, math.ceil(spec.overhead_minutes)), "nodes": 1}
+    nodes = spec.nodes
+    if spec.batch_per_node:
+        nodes = max(nodes, math.ceil(p.batch_size / spec.batch_per_node))
+    minutes = spec.overhead_minutes + spec.minutes_per_epoch * p.epochs * cost / nodes
     return {"runtime": max(1, math.ceil(minutes)), "nodes": nodes}

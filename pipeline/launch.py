@@ -172,13 +172,9 @@ def check_pretrain_args(argv: list[str]) -> None:
     """Fail here, before anything is queued, on a bad config or a missing dataset."""
     from pipeline.config import ConfigError, load_typed_stage_config
     from pipeline.data import is_converted
-    from pipeline.pretrain import SECTIONS
+    from pipeline.pretrain import SECTIONS, build_parser
 
-    ap = argparse.ArgumentParser(prog="pipeline.pretrain", add_help=False)
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--out", required=True)
-    args, _ = ap.parse_known_args(argv)
+    args = build_parser().parse_args(argv)  # the stage's own parser: a wrong flag fails here, not in the job
     try:
         cfg = load_typed_stage_config(args.config, SECTIONS)
     except (ConfigError, ValueError) as err:

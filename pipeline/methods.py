@@ -8,23 +8,24 @@ from __future__ import annotations
 from torch import nn
 from torch.nn import functional as F
 
-from pipeline.config import ConfigError
-from pipeline.layout import is_resnet
+from pipeline.config import ConfigError, as_section
+from pipeline.layout import RESNETS
 from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, projection_head
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd, MemoryBank
 from pipeline.moco.method import Method
 from pipeline.moco.split_bn import SplitBatchNorm2d, default_splits, has_batch_norm, split_batch_norm
 from pipeline.moco.v3 import MoCoV3
+from pipeline.sections import Pretrain
 
 
-def arch_of(p: dict, image_size: int | None = None) -> dict:
+def arch_of(p: Pretrain | dict, image_size: int | None = None) -> dict:
     """The backbone record stored in checkpoints (enough to rebuild it)."""
-    if p["backbone"] in VITS:
-        return {"backbone": p["backbone"], "patch_size": p.get("patch_size", 16),
-                "image_size": image_size or 224, "depth": p.get("depth"), "heads": VITS[p["backbone"]][2]}
-    return {"backbone": p["backbone"], "width": p.get("width", 64), "cifar_stem": p.get("cifar_stem", False),
-            "norm": p.get("norm", "bn")}
+    p = as_section(Pretrain, p)
+    if p.backbone in VITS:
+        return {"backbone": p.backbone, "patch_size": p.patch_size, "image_size": image_size or 224,
+                "depth": p.depth, "heads": VITS[p.backbone][2]}
+    return {"backbone": p.backbone, "width": p.width, "cifar_stem": p.cifar_stem, "norm": p.norm}
 
 
 class Supervised(Method):
@@ -39,25 +40,25 @@ class Supervised(Method):
         return F.cross_entropy(logits, labels), logits, labels
 
 
-def bn_splits(p: dict, world_size: int = 1) -> int:
+def bn_splits(p: Pretrain, world_size: int = 1) -> int:
     """Sub-batches in which each rank's BatchNorm normalises its batch (``pretrain.bn_splits``;
     null: 1 across ranks, several in one process, see split_bn.default_splits)."""
-    per_rank = p["batch_size"] // world_size
-    splits = p.get("bn_splits") or default_splits(per_rank, world_size)
+    per_rank = p.batch_size // world_size
+    splits = p.bn_splits or default_splits(per_rank, world_size)
     if per_rank % splits:
         raise ConfigError(f"pretrain.bn_splits={splits} does not divide the batch of each rank ({per_rank})")
     return splits
 
 
-def guarded_encoder(encoder: Encoder, p: dict, world_size: int) -> Encoder:
+def guarded_encoder(encoder: Encoder, p: Pretrain, world_size: int) -> Encoder:
     """The BN-leak guard's geometry for the methods whose keys come from an encoder (MoCo v1/v2
     and end-to-end): split BN where one rank's batch would be one BN batch."""
     if not has_batch_norm(encoder):
         return encoder  # GroupNorm / LayerNorm: nothing can leak through batch statistics
     splits = bn_splits(p, world_size)
-    if p.get("shuffle_bn", True) and world_size == 1 and splits == 1:
+    if p.shuffle_bn and world_size == 1 and splits == 1:
         raise ConfigError("pretrain.shuffle_bn: in one process the BN-leak guard needs bn_splits >= 2 "
-                          f"(the batch of {p['batch_size']} is one BN batch otherwise); set bn_splits, "
+                          f"(the batch of {p.batch_size} is one BN batch otherwise); set bn_splits, "
                           "or shuffle_bn: false to train without the guard")
     return split_batch_norm(encoder, splits)
 
@@ -74,30 +75,30 @@ def bn_guard_text(model: nn.Module, world_size: int) -> str:
     return "keys shuffled across " + " x ".join(where)
 
 
-def build_model(p: dict, image_size: int, num_classes: int, num_samples: int, world_size: int = 1) -> nn.Module:
-    variant = p.get("variant", "v2")
-    v3_resnet = p["method"] == "moco" and variant == "v3" and is_resnet(p)
+def build_model(p: Pretrain | dict, image_size: int, num_classes: int, num_samples: int,
+                world_size: int = 1) -> nn.Module:
+    p = as_section(Pretrain, p)
+    resnet = p.backbone in RESNETS
+    v3_resnet = p.method == "moco" and p.variant == "v3" and resnet
     # MoCo v3's ResNet starts each residual branch at zero (zero_init_residual, as its reference)
     backbone = build_backbone(arch_of(p, image_size), zero_init_residual=v3_resnet)
-    dim, feat = p.get("dim", 128), backbone.out_dim
-    if p["method"] == "supervised":
+    dim, feat = p.dim, backbone.out_dim
+    if p.method == "supervised":
         return Supervised(backbone, num_classes)
-    mechanism = p.get("mechanism", "moco")
-    if variant == "v3":
-        hidden, vit = p.get("mlp_dim", 4096), not is_resnet(p)
+    if p.variant == "v3":
+        hidden, vit = p.mlp_dim, not resnet
         projector = bn_mlp(3 if vit else 2, feat, hidden, dim)
         # the reference's ResNet predictor ends in a Linear, its ViT predictor in a BN
         predictor = bn_mlp(2, dim, hidden, dim, last_bn=vit)
-        return MoCoV3(Encoder(backbone, projector), predictor, T=p["T"], m=p["m"])
-    head = projection_head(feat, dim, mlp=variant == "v2")
+        return MoCoV3(Encoder(backbone, projector), predictor, T=p.T, m=p.m)
+    head = projection_head(feat, dim, mlp=p.variant == "v2")
     encoder = Encoder(backbone, head)
-    if mechanism == "memory_bank":  # positives come from the bank: no key batch to guard
-        return MemoryBank(encoder, num_samples, dim=dim, K=p["K"], m=p.get("bank_m", 0.5), T=p["T"])
+    if p.mechanism == "memory_bank":  # positives come from the bank: no key batch to guard
+        return MemoryBank(encoder, num_samples, dim=dim, K=p.K, m=p.bank_m, T=p.T)
     encoder = guarded_encoder(encoder, p, world_size)
-    if mechanism == "end_to_end":
-        return EndToEnd(encoder, T=p["T"], shuffle_bn=p.get("shuffle_bn", True))
-    return MoCo(encoder, dim=dim, K=p["K"], m=p["m"], T=p["T"], shuffle_bn=p.get("shuffle_bn", True),
-                mask_same_source=p.get("mask_same_source", False), queue_policy=p.get("queue_policy", "fifo"),
-                seed=p.get("seed", 0), batch_size=p["batch_size"])
+    if p.mechanism == "end_to_end":
+        return EndToEnd(encoder, T=p.T, shuffle_bn=p.shuffle_bn)
+    return MoCo(encoder, dim=dim, K=p.K, m=p.m, T=p.T, shuffle_bn=p.shuffle_bn, mask_same_source=p.mask_same_source,
+                queue_policy=p.queue_policy, seed=p.seed, batch_size=p.batch_size)
 
 

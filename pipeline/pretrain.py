@@ -29,7 +29,7 @@ from tqdm import tqdm
 from pipeline import checkpoint, cpus, distributed, preempt
 from pipeline.stopwatch import Stopwatch
 from pipeline.augment import view_recipes
-from pipeline.config import ConfigError, load_stage_config, pretrain_warnings
+from pipeline.config import ConfigError, load_stage_config, pretrain_warnings, section
 from pipeline.data import eval_loader, is_converted, two_view_loader
 from pipeline.features import features_of
 from pipeline.io import atomic_write_json, atomic_write_text
@@ -68,28 +68,29 @@ def queue_checksum(model: nn.Module) -> str:
 class Trainer:
     def __init__(self, cfg: dict, data_dir: Path, state_dir: Path, env, progress: bool = True,
                  watch: Stopwatch | None = None):
-        self.cfg, self.p, self.d, self.env = cfg, cfg["pretrain"], cfg["data"], env
+        self.cfg, self.p, self.d, self.env = cfg, section("pretrain", cfg["pretrain"]), section("data", cfg["data"]), env
         self.watch = watch or Stopwatch()
         self.state_path = state_dir / "last.pt"
         self.progress = progress and env.is_main
         p, d = self.p, self.d
-        info = json.loads((data_dir / "train.json").read_text()) if (data_dir / "train.json").is_file() else {}
-        self.num_samples = info.get("num_samples", 0)
-        if p["batch_size"] % env.world_size:
-            raise ConfigError(f"pretrain.batch_size={p['batch_size']} is not divisible by the world size "
+        report = data_dir / "train.json"  # the conversion's report (absent: a hand-made .beton)
+        info = {"num_samples": 0, "classes": [], **(json.loads(report.read_text()) if report.is_file() else {})}
+        self.num_samples = info["num_samples"]
+        if p.batch_size % env.world_size:
+            raise ConfigError(f"pretrain.batch_size={p.batch_size} is not divisible by the world size "
                               f"{env.world_size}")
         for warning in pretrain_warnings(p, self.num_samples):
             log(f"warning: {warning}")
-        self.model = build_model(p, d.get("crop_size", 32), len(info.get("classes", [])) or 1, self.num_samples,
+        self.model = build_model(p, d.crop_size, len(info["classes"]) or 1, self.num_samples,
                                  env.world_size)
         self.bn_guard = bn_guard_text(self.model, env.world_size)
         log(f"BN-leak guard: {self.bn_guard}")
         self.device = distributed.rank_device(env.local_rank)
-        self.threads = cpus.use(p.get("threads", 1), self.device.type, d.get("workers"))
+        self.threads = cpus.use(p.threads, self.device.type, d.workers)
         cuda = self.device.type == "cuda"
         # channels_last and bf16 autocast pay off on tensor cores; on CPU they only cost
         self.channels_last = cuda and is_resnet(p)
-        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and p.get("amp", True))
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and p.amp)
         if cuda and env.world_size > 1 and self.model.sync_batch_norm:
             self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         self.model.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
@@ -98,17 +99,16 @@ class Trainer:
         if env.world_size > 1:
             # buffers (queue, BN statistics) are kept identical by the method itself
             self.net = nn.parallel.DistributedDataParallel(self.model, broadcast_buffers=False)
-        if p.get("compile", False):
+        if p.compile:
             self.net = torch.compile(self.net)
         self.loader = two_view_loader(
-            data_dir / "train.beton", p["batch_size"] // env.world_size, d.get("crop_size", 32),
-            scale_min=p.get("crop_scale_min", 0.2), workers=self.threads.loader, seed=p.get("seed", 0),
-            distributed=env.world_size > 1, threads=self.threads.torch, crop=d.get("crop", "loader"),
-            loader=d.get("loader", "ffcv"))
+            data_dir / "train.beton", p.batch_size // env.world_size, d.crop_size,
+            scale_min=p.crop_scale_min, workers=self.threads.loader, seed=p.seed,
+            distributed=env.world_size > 1, threads=self.threads.torch, crop=d.crop, loader=d.loader)
         if len(self.loader) == 0:
-            raise ConfigError(f"pretrain.batch_size={p['batch_size']} exceeds the training set "
+            raise ConfigError(f"pretrain.batch_size={p.batch_size} exceeds the training set "
                               f"({self.num_samples} images)")
-        self.aug1, self.aug2 = (a.to(self.device) for a in view_recipes(p.get("aug", "v2"), d.get("crop_size", 32)))
+        self.aug1, self.aug2 = (a.to(self.device) for a in view_recipes(p.aug, d.crop_size))
         self.data_dir = data_dir
         self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], checkpoint.EpochStats(self.device)
         self.board = None  # TensorBoard scalars (rank 0; set by train())
@@ -121,7 +121,7 @@ class Trainer:
         with self.watch.phase("checkpoints"):
             checkpoint.save_resume_state(
                 self.state_path, self.model, self.optimizer, self.stats, self.env,
-                arch=arch_of(self.p, self.d.get("crop_size")), method=self.p["method"], epoch=self.epoch,
+                arch=arch_of(self.p, self.d.crop_size), method=self.p.method, epoch=self.epoch,
                 step_in_epoch=self.step_in_epoch, log=self.log_rows)
 
     def load_state(self) -> bool:
@@ -138,11 +138,11 @@ class Trainer:
         p = self.p
         self._resume_rng = None
         self.load_state()
-        while self.epoch < p["epochs"]:
+        while self.epoch < p.epochs:
             skip = self.step_in_epoch
             if skip == 0:
                 # Augmentation randomness from (seed, epoch, rank): an epoch replays exactly.
-                torch.manual_seed(p.get("seed", 0) * 100003 + self.epoch * 1009 + self.env.rank)
+                torch.manual_seed(p.seed * 100003 + self.epoch * 1009 + self.env.rank)
                 self.stats = checkpoint.EpochStats(self.device)
             elif self._resume_rng is not None:
                 checkpoint.set_rng_state(self._resume_rng)
@@ -166,12 +166,12 @@ class Trainer:
     def run_epoch(self, skip: int = 0) -> None:
         """The steps of epoch ``self.epoch`` from step ``skip`` on; saves the resume state every
         ``checkpoint_every`` steps and exits for a requeue when a preemption signal came."""
-        p, every = self.p, self.p.get("checkpoint_every", 0)
+        p, every = self.p, self.p.checkpoint_every
         self.loader.set_epoch(self.epoch)
         self.model.train()
         t0 = time.time()
         bar = tqdm(total=len(self.loader), initial=skip, mininterval=5, leave=False,
-                   desc=f"epoch {self.epoch + 1}/{p['epochs']}", disable=not self.progress, file=sys.stderr)
+                   desc=f"epoch {self.epoch + 1}/{p.epochs}", disable=not self.progress, file=sys.stderr)
         batches = iter(self.loader.batches(skip))
         while True:
             # the first batch a process loads waits for FFCV's pipeline compilation
@@ -194,9 +194,9 @@ class Trainer:
         self.stats.seconds += time.time() - t0
 
     def knn_due(self) -> bool:
-        every = self.p.get("knn_every", 0)
-        last = self.epoch + 1 == self.p["epochs"]
-        return bool(every) and ((self.epoch + 1) % every == 0 or last) and is_converted(self.data_dir / "val.beton", self.d.get("loader", "ffcv"))
+        every = self.p.knn_every
+        last = self.epoch + 1 == self.p.epochs
+        return bool(every) and ((self.epoch + 1) % every == 0 or last) and is_converted(self.data_dir / "val.beton", self.d.loader)
 
     @torch.no_grad()
     def knn_monitor(self) -> float:
@@ -217,8 +217,8 @@ class Trainer:
         """The split's evaluation loader, built once per job (the kNN monitor reuses it)."""
         if split not in self.eval_loaders:
             self.eval_loaders[split] = eval_loader(
-                self.data_dir / f"{split}.beton", 512, self.d.get("crop_size", 32), workers=self.threads.loader,
-                threads=self.threads.torch, loader=self.d.get("loader", "ffcv"))
+                self.data_dir / f"{split}.beton", 512, self.d.crop_size, workers=self.threads.loader,
+                threads=self.threads.torch, loader=self.d.loader)
         return self.eval_loaders[split]
 
     def stop_requested(self) -> bool:
@@ -238,8 +238,8 @@ class Trainer:
 
     def train_step(self, v1, v2, labels, index) -> None:
         p, steps = self.p, len(self.loader)
-        progress = (self.epoch * steps + self.step_in_epoch) / max(steps * p["epochs"], 1)
-        self.stats.lr = lr_at(p, progress, p["epochs"])
+        progress = (self.epoch * steps + self.step_in_epoch) / max(steps * p.epochs, 1)
+        self.stats.lr = lr_at(p, progress, p.epochs)
         for group in self.optimizer.param_groups:
             group["lr"] = self.stats.lr
         self.model.on_step(progress)  # e.g. MoCo v3's momentum schedule
@@ -268,7 +268,7 @@ class Trainer:
     def in_last_steps(self, n: int) -> bool:
         """Is the step about to run one of the run's last ``n``?"""
         steps = len(self.loader)
-        return (self.p["epochs"] - self.epoch) * steps - self.step_in_epoch <= n
+        return (self.p.epochs - self.epoch) * steps - self.step_in_epoch <= n
 
     def to_device(self, images: torch.Tensor) -> torch.Tensor:
         # FFCV hands out views of reused buffers: copy before the next batch overwrites them
@@ -289,16 +289,16 @@ class Trainer:
         return row
 
 
-def train(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: bool = True) -> dict:
-    p, watch = cfg["pretrain"], Stopwatch()
+def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: bool = True) -> dict:
+    p, crop_size, watch = section("pretrain", cfg["pretrain"]), section("data", cfg["data"]).crop_size, Stopwatch()
     preempt.install()
     env = distributed.init()
-    cpus.use(p.get("threads", 1))  # the Trainer sets it again once it knows its device
-    seed_everything(p.get("seed", 0))  # identical initial weights on every rank
-    log(f"rank {env.rank}/{env.world_size} on {env.host}: method={p['method']} variant={p.get('variant')} "
-        f"mechanism={p.get('mechanism', 'moco')} backbone={p['backbone']} K={p.get('K')} m={p.get('m')} T={p.get('T')}")
-    if p["method"] == "random":  # the random-init baseline: same backbone, no training
-        backbone = build_backbone(arch_of(p, cfg["data"].get("crop_size")))
+    cpus.use(p.threads)  # the Trainer sets it again once it knows its device
+    seed_everything(p.seed)  # identical initial weights on every rank
+    log(f"rank {env.rank}/{env.world_size} on {env.host}: method={p.method} variant={p.variant} "
+        f"mechanism={p.mechanism} backbone={p.backbone} K={p.K} m={p.m} T={p.T}")
+    if p.method == "random":  # the random-init baseline: same backbone, no training
+        backbone = build_backbone(arch_of(p, crop_size))
         return finish(cfg, out_dir, backbone.state_dict(), [], env, diverged=False, model_state={},
                       bn_guard="not applicable (no training)", watch=watch)
     trainer = Trainer(cfg, data_dir, state_dir, env, progress, watch)
@@ -338,13 +338,14 @@ def finish(cfg, out_dir: Path, backbone_state, log_rows, env, diverged: bool, mo
            watch: Stopwatch, key_encoder: dict | None = None, failure: str | None = None) -> dict:
     """Write the stage's outputs (rank 0): checkpoint, per-epoch CSV log, summary (with where
     this process's time went: ``timing``, seconds)."""
-    p, arch = cfg["pretrain"], arch_of(cfg["pretrain"], cfg["data"].get("crop_size"))
-    summary = {"method": p["method"], "arch": arch, "world_size": env.world_size, "epochs_run": len(log_rows),
+    p = section("pretrain", cfg["pretrain"])
+    arch = arch_of(p, section("data", cfg["data"]).crop_size)
+    summary = {"method": p.method, "arch": arch, "world_size": env.world_size, "epochs_run": len(log_rows),
                "diverged": diverged, "failure": failure, "bn_guard": bn_guard, "final": log_rows[-1] if log_rows else {},
                "key_encoder": key_encoder}  # no optimizer entry, no gradient, EMA replayed (ema_check)
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.save(out_dir / "checkpoint.pt", arch=arch, method=p["method"], backbone=backbone_state,
+        checkpoint.save(out_dir / "checkpoint.pt", arch=arch, method=p.method, backbone=backbone_state,
                         model=model_state, log=log_rows, config=cfg)
         atomic_write_text(rows_to_csv(log_rows), out_dir / "log.csv")
         summary["timing"] = watch.report()
@@ -362,18 +363,24 @@ def rows_to_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    """The stage's arguments; pipeline.launch checks a job's arguments with this same parser."""
+    ap = argparse.ArgumentParser(prog="python -m pipeline.pretrain", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="inline JSON or a YAML file with 'data' and 'pretrain'")
     ap.add_argument("--data", required=True, help="folder with train.beton (and train.json)")
     ap.add_argument("--out", required=True, help="output folder: checkpoint.pt, log.csv, summary.json")
     ap.add_argument("--state", help="resume folder, outside the outputs (default: <out>/../state)")
     ap.add_argument("--no-progress", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     try:
         cfg = load_stage_config(args.config, SECTIONS)
         out = Path(args.out)
-        summary = train(cfg, Path(args.data), out, Path(args.state) if args.state else out.parent / "state",
+        summary = run(cfg, Path(args.data), out, Path(args.state) if args.state else out.parent / "state",
                         progress=not args.no_progress)
     except (ConfigError, checkpoint.CheckpointError, FileNotFoundError, ValueError) as err:
         raise SystemExit(f"[pretrain] error: {err}")

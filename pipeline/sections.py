@@ -171,3 +171,37 @@ class LaunchSlurm:
 class Launch:
     launcher: str = "direct"  # direct | submitit
     slurm: LaunchSlurm = field(default_factory=LaunchSlurm)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resources:
+    """grid.resources: the size of each cell's pretraining job (pipeline.grid.cell_resources)."""
+    minutes_per_epoch: float = 1
+    overhead_minutes: float = 10
+    nodes: int = 1
+    batch_per_node: int | None = None  # e.g. 1024: one more node per 1024 images of global batch
+    backbone_cost: dict = field(default_factory=dict)  # epoch cost vs a ResNet-18; unset: grid.BACKBONE_COST
+
+
+# the grid's experiment design, which config.yaml sets for the demo; absent, no sweep
+DESIGN = ("one_at_a_time", "product", "baselines")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grid:
+    """The ablation grid around the base cell (pretrain)."""
+    one_at_a_time: dict = field(default_factory=dict)  # axis -> values, each varied alone
+    product: dict = field(default_factory=dict)  # axis -> values, every combination
+    baselines: tuple = ()  # random | supervised
+    only: tuple | None = None  # run only these cells (ids); None: all
+    seeds: int = 1  # replicates of every cell
+    resources: Resources = field(default_factory=Resources)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claims:
+    """snakemake claims: cells around the base trained ``epochs``, and ``long_epochs`` once."""
+    epochs: int = 5
+    long_epochs: int = 10
+    m: tuple = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999)
+    K: tuple = (256, 1024)  # each under FIFO and random replacement

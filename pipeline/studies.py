@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.config import ConfigError, merge
+from pipeline.config import ConfigError, as_section, merge
 from pipeline.grid import AXES, BASE_ID, format_value, group_id, parse_cell_id
 from pipeline.layout import BACKBONE_LABELS, cell_file
+from pipeline.sections import Detect, Pretrain
 
 METRICS = {"inst_acc": "instance accuracy", "top1": "linear top-1", "top5": "linear top-5", "knn_top1": "kNN top-1",
            "AP50": "AP50", "AP": "AP", "AP75": "AP75", "APs": "APs", "APm": "APm", "APl": "APl",
@@ -70,7 +71,7 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
     params = _params(cell, cfg.get("pretrain"), expected, base)
     summary, probe, det = output("summary"), output("probe"), output("detect")
     # diverged, or collapsed to a chance-level pretext loss (pretrain.failure)
-    failed = bool(summary.get("diverged", False) or summary.get("failure"))
+    failed = bool(summary.get("diverged") or summary.get("failure"))
     done = bool(probe or det)
     final = summary.get("final") or {}
     row = {"cell": cell, "group": group_id(cell), "status": "fail" if failed else ("ok" if done else "missing"),
@@ -158,6 +159,11 @@ class Group:
 
     def get(self, axis):
         return self.params.get(axis)
+
+    @property
+    def pretrain(self) -> Pretrain:
+        """The group's parameters typed, keys it does not set at their defaults."""
+        return as_section(Pretrain, self.params)
 
 
 def groups(df: pd.DataFrame) -> dict[str, Group]:
@@ -272,7 +278,7 @@ def momentum(gs: dict[str, Group], prov, reference: str = BASE_ID, name: str = "
 
 def shuffle_bn_groups(gs: dict[str, Group]) -> dict[bool, Group]:
     """shuffle_bn -> the base group and the MoCo group differing from it in shuffle_bn only."""
-    return {bool(g.params.get("shuffle_bn", True)): g for g in gs.values()
+    return {g.pretrain.shuffle_bn: g for g in gs.values()
             if _is_moco(g) and set(g.diff) <= {"shuffle_bn"}}
 
 
@@ -294,9 +300,9 @@ def _sort_key(v):
     return (0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
 
 
-def dictionary_size(p: dict) -> int:
+def dictionary_size(p: Pretrain) -> int:
     """Negatives per query: the batch for end-to-end (Figure 3's x axis), K otherwise."""
-    return p["batch_size"] if p.get("mechanism", "moco") == "end_to_end" else p["K"]
+    return p.batch_size if p.mechanism == "end_to_end" else p.K
 
 
 def mechanism_groups(gs: dict[str, Group]) -> dict[tuple[str, int], Group]:
@@ -305,7 +311,7 @@ def mechanism_groups(gs: dict[str, Group]) -> dict[tuple[str, int], Group]:
     out: dict[tuple[str, int], Group] = {}
     for g in sorted(gs.values(), key=lambda g: len(g.diff)):
         if _is_moco(g) and g.get("variant") != "v3" and set(g.diff) <= {"mechanism", "K", "batch_size"}:
-            out.setdefault((g.get("mechanism") or "moco", dictionary_size(g.params)), g)
+            out.setdefault((g.pretrain.mechanism, dictionary_size(g.pretrain)), g)
     return out
 
 
@@ -340,8 +346,7 @@ def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
     order = {"moco": 0, "supervised": 1, "random": 2}
 
     def key(g):
-        method = g.diff.get("method", "moco")
-        return (order.get(method, 3), g.id != BASE_ID, str(g.get("variant")), str(g.get("backbone")), g.id)
+        return (order.get(g.pretrain.method, 3), g.id != BASE_ID, str(g.get("variant")), str(g.get("backbone")), g.id)
 
     rows = []
     for g in sorted(picked, key=key):
@@ -434,7 +439,7 @@ def _epochs(n) -> str:
 def protocol_text(cfg: dict, df: pd.DataFrame, results: Path) -> str:
     probe = cfg.get("probe")
     if probe is None:  # python -m pipeline.tables without --config: the probe's own record
-        for cell in df.get("cell", []):
+        for cell in df["cell"] if "cell" in df else []:
             probe = ((_read(Path(cell_file(results, cell, "probe"))) or {}).get("config") or {}).get("probe")
             if probe:
                 break
@@ -443,16 +448,15 @@ def protocol_text(cfg: dict, df: pd.DataFrame, results: Path) -> str:
                                 probe.get("epochs") and _epochs(probe["epochs"])) if x)
     text = (f"linear probe on frozen features{f' ({how})' if how else ''}; "
             f"kNN top-1 (k={probe.get('knn_k', 200)}, T={probe.get('knn_t', 0.07)})")
-    det = cfg.get("detect")
-    if det is None or det.get("enabled", True):
-        det = det or {}
-        trials = det.get("trials", 1)
-        length = f"{det['iterations']} iterations" if det.get("iterations") else det.get("epochs") and _epochs(det["epochs"])
-        how = ", ".join(x for x in (length, det.get("norm"),
-                                    trials > 1 and f"mean of {trials} trials") if x)
-        head = {"fpn": "FPN", "c4": "C4"}[det.get("head", "fpn")]
-        text += (f"; detection: Faster R-CNN + {head} fine-tuned{f' ({how})' if how else ''}, "
-                 f"box AP on {det.get('root') or 'the embedded scenes'}")
+    if cfg.get("detect") is None:  # no config given: what every detection record shares
+        return text + "; detection: Faster R-CNN fine-tuned, box AP"
+    det = as_section(Detect, cfg["detect"])
+    if det.enabled:
+        length = f"{det.iterations} iterations" if det.iterations else _epochs(det.epochs)
+        how = ", ".join(x for x in (length, det.norm, det.trials > 1 and f"mean of {det.trials} trials") if x)
+        head = {"fpn": "FPN", "c4": "C4"}[det.head]
+        text += (f"; detection: Faster R-CNN + {head} fine-tuned ({how}), "
+                 f"box AP on {det.root or 'the embedded scenes'}")
     return text
 
 

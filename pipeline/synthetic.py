@@ -166,7 +166,7 @@ def coco_categories() -> list[dict]:
     return [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(CLASSES)]
 
 
-def generate(out: str | Path, cfg: Synthetic | dict | None = None, progress: bool = True) -> dict:
+def run(out: str | Path, cfg: Synthetic | dict | None = None, progress: bool = True) -> dict:
     """Write the whole dataset under ``out``; returns the manifest (also written). ``cfg``:
     dataset.synthetic (a dict: its unset keys take the defaults)."""
     from tqdm import tqdm
@@ -210,7 +210,7 @@ def main(argv=None) -> None:
         cfg = as_section(Synthetic, json.loads(args.config))
     except ConfigError as err:
         raise SystemExit(f"[synthetic] error: {err}")
-    manifest = generate(args.out, cfg)
+    manifest = run(args.out, cfg)
     print(f"[synthetic] wrote {manifest['counts']} to {args.out}")
 
 

@@ -174,7 +174,7 @@ def write_table(table: Table, folder: Path) -> None:
         atomic_write_text(renderers[ext](table), folder / f"{table.name}.{ext}")
 
 
-def write_tables(results: Path, cfg: dict | None = None, figures: bool = True) -> str:
+def run(results: Path, cfg: dict | None = None, figures: bool = True) -> str:
     """Write every table (and figure); returns the main table (Markdown)."""
     cfg = cfg or {}
     df = collect(results, expected_cells(cfg))
@@ -216,7 +216,7 @@ def main(argv=None) -> None:
     if not results.is_dir():
         sys.exit(f"[tables] results folder not found: {results}")
     try:
-        text = write_tables(results, load_configs(args.config), figures=not args.no_figures)
+        text = run(results, load_configs(args.config), figures=not args.no_figures)
     except ConfigError as err:
         sys.exit(f"[tables] {err}")
     print(text)

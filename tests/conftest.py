@@ -27,7 +27,7 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def synthetic_small(tmp_path_factory) -> Path:
     """A small embedded dataset (ImageFolder + COCO detection scenes), generated once."""
-    from pipeline.synthetic import generate
+    from pipeline.synthetic import run as generate
 
     out = tmp_path_factory.mktemp("synthetic")
     generate(out, {"train_per_class": 8, "val_per_class": 4, "det_train_images": 6,
@@ -38,7 +38,7 @@ def synthetic_small(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def ffcv_small(synthetic_small, tmp_path_factory) -> Path:
     """train/val .beton of the small dataset."""
-    from pipeline.convert import convert
+    from pipeline.convert import run as convert
 
     out = tmp_path_factory.mktemp("ffcv")
     for split in ("train", "val"):

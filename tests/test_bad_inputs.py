@@ -14,7 +14,8 @@ from PIL import Image
 
 from conftest import require
 from pipeline import convert as conv
-from pipeline.convert import ConversionError, convert
+from pipeline.convert import ConversionError
+from pipeline.convert import run as convert
 from pipeline.data import two_view_loader
 from pipeline.sources import SourceError, decode_file, open_source
 from test_convert import RAW, make_imagefolder, no_temporaries, rand_images, read_beton

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.convert import ConversionError, SplitDataset, convert, image_fields, main, write_beton
+from pipeline.convert import ConversionError, SplitDataset, image_fields, main, write_beton
+from pipeline.convert import run as convert
 from pipeline.sources import decode_file, open_source
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -229,7 +230,7 @@ def slow(self, i):  # only the writer is slowed down, not the check pass
     time.sleep(0.05)
     return get(self, i)
 c.SplitDataset.__getitem__ = slow
-c.convert(sys.argv[1], sys.argv[2], {"write_mode": "raw", "workers": 1}, progress=False)
+c.run(sys.argv[1], sys.argv[2], {"write_mode": "raw", "workers": 1}, progress=False)
 """
 
 

@@ -70,7 +70,7 @@ def test_detection_fine_tunes_on_the_gpu(tmp_path):
 
     from pipeline import checkpoint, detect
     from pipeline.models import build_backbone
-    from pipeline.synthetic import generate
+    from pipeline.synthetic import run as generate
 
     generate(tmp_path / "synth", {"train_per_class": 1, "val_per_class": 1, "det_train_images": 8,
                                   "det_val_images": 4}, progress=False)

@@ -155,3 +155,12 @@ def test_the_readme_layout_lists_every_module():
     bench = [p.stem for p in (REPO / "pipeline" / "bench").glob("*.py") if not p.stem.startswith("__")]
     missing += [f"pipeline/bench/{b}.py" for b in bench if b not in layout]
     assert not missing, f"README's layout lacks {missing}"
+
+
+def test_every_stage_has_the_same_entry_points():
+    """`python -m pipeline.<stage>` runs main(argv), which parses and calls run(...)."""
+    import importlib
+
+    for stage in ("synthetic", "convert", "pretrain", "probe", "detect", "tables", "claims", "export"):
+        module = importlib.import_module(f"pipeline.{stage}")
+        assert callable(module.run) and callable(module.main), stage

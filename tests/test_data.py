@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline import augment
-from pipeline.convert import convert
+from pipeline.convert import run as convert
 from pipeline.data import LOADERS, converted_source, eval_loader, two_view_loader
 
 from test_convert import make_cifar, make_imagefolder, make_stl10

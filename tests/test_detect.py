@@ -16,7 +16,7 @@ from conftest import REPO
 from pipeline import checkpoint, detect
 from pipeline.detection_data import VOC_CLASSES, DetectionSplit, load_splits, write_voc
 from pipeline.models import build_backbone
-from pipeline.synthetic import generate
+from pipeline.synthetic import run as generate
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
 TINY = {"epochs": 1, "batch_size": 4, "lr": 0.01, "image_size": 64, "fpn_channels": 16,

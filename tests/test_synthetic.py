@@ -2,7 +2,8 @@
 import hashlib
 import json
 
-from pipeline.synthetic import CLASSES, generate
+from pipeline.synthetic import CLASSES
+from pipeline.synthetic import run as generate
 
 SMALL = {"train_per_class": 2, "val_per_class": 1, "det_train_images": 3, "det_val_images": 2,
          "det_image_size": 48}

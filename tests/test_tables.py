@@ -13,7 +13,8 @@ from conftest import require, REPO, run
 from pipeline.config import merge
 from pipeline.detect import summarize_trials
 from pipeline.grid import parse_cell_id
-from pipeline.tables import latex, write_tables
+from pipeline.tables import latex
+from pipeline.tables import run as write_tables
 from pipeline.layout import STUDY_NAMES
 
 BASE = {"method": "moco", "variant": "v2", "backbone": "resnet18", "width": 16, "K": 4096, "m": 0.99, "T": 0.2,

@@ -190,6 +190,15 @@ def test_submitit_launcher_accepts_what_the_loader_reads(tmp_path):
         check("ffcv")
 
 
+def test_submitit_launcher_checks_the_job_with_pretrains_own_parser(tmp_path, capsys):
+    """A flag pipeline.pretrain does not know fails before anything is queued."""
+    from pipeline.launch import check_pretrain_args
+
+    with pytest.raises(SystemExit):
+        check_pretrain_args(["--config", "{}", "--data", str(tmp_path), "--out", str(tmp_path), "--epochs", "3"])
+    assert "unrecognized arguments: --epochs 3" in capsys.readouterr().err
+
+
 def test_detection_trials_are_separate_jobs(tmp_path):
     """detect.trials: 3 -> three fine-tuning jobs per cell (parallel on a cluster), one summary;
     detect.ranks: 2 -> each job starts 2 processes with torchrun."""

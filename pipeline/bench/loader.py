@@ -55,7 +55,7 @@ def make_images(folder: Path, n: int, size: int, quality: int, workers: int) -> 
 
 
 def make_beton(images: Path, out: Path, mode: str, size: int, workers: int) -> dict:
-    from pipeline.convert import convert
+    from pipeline.convert import run as convert
 
     report = out.with_suffix(".json")
     if out.is_file() and report.is_file():
