@@ -26,7 +26,10 @@ setup-test:
 dag: setup
 	snakemake --dag | dot -Tsvg > results/dag.svg
 
-lint: setup
+lint: setup-test
+	ruff check .
+	ruff format --check .
+	snakefmt --check Snakefile workflow/rules
 	snakemake --lint
 
 tables: setup

@@ -10,7 +10,9 @@
 from pipeline.config import ConfigError, read_command_line_values, validate
 from pipeline.grid import claims_cells, grid_cells  # (not `expand`: that is Snakemake's)
 
+
 configfile: "workflow/config/config.yaml"
+
 
 read_command_line_values(config)  # --config pretrain='{epochs: 50}': 50, not '50'
 validate(config)  # schema + cross-field rules, with the key and the allowed range on error
@@ -19,6 +21,7 @@ try:  # `snakemake claims` only; a config whose claims cannot run fails that tar
     CLAIMS_CELLS, CLAIMS_ERROR = claims_cells(config), None
 except ConfigError as err:
     CLAIMS_CELLS, CLAIMS_ERROR = {}, err
+
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"

@@ -3,6 +3,7 @@
 The geometric part (random resized crop + flip) is fused with decoding in the loader; what
 is here runs on the training device on uint8 NCHW batches and returns normalised floats.
 """
+
 from __future__ import annotations
 
 import kornia.augmentation as K
@@ -33,13 +34,20 @@ def recipe(name: str, crop_size: int) -> nn.Module:
     if name == "v3a":
         ops = [jitter, K.RandomGrayscale(p=0.2), K.RandomGaussianBlur((k, k), sigma=(0.1, 2.0), p=1.0)]
     elif name == "v3b":
-        ops = [jitter, K.RandomGrayscale(p=0.2), K.RandomGaussianBlur((k, k), sigma=(0.1, 2.0), p=0.1),
-               K.RandomSolarize(thresholds=0.0, additions=0.0, p=0.2)]
+        ops = [
+            jitter,
+            K.RandomGrayscale(p=0.2),
+            K.RandomGaussianBlur((k, k), sigma=(0.1, 2.0), p=0.1),
+            K.RandomSolarize(thresholds=0.0, additions=0.0, p=0.2),
+        ]
     elif name == "v1":
         ops = [K.RandomGrayscale(p=0.2), K.ColorJitter(0.4, 0.4, 0.4, 0.4, p=1.0)]
     elif name == "v2":
-        ops = [K.ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8), K.RandomGrayscale(p=0.2),
-               K.RandomGaussianBlur((k, k), sigma=(0.1, 2.0), p=0.5)]
+        ops = [
+            K.ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8),
+            K.RandomGrayscale(p=0.2),
+            K.RandomGaussianBlur((k, k), sigma=(0.1, 2.0), p=0.5),
+        ]
     elif name == "none":
         ops = []
     else:
@@ -62,7 +70,8 @@ class DeviceCrop(nn.Module):
     def __init__(self, crop_size: int, scale_min: float):
         super().__init__()
         self.ops = K.AugmentationSequential(
-            K.RandomResizedCrop((crop_size, crop_size), scale=(scale_min, 1.0)), K.RandomHorizontalFlip())
+            K.RandomResizedCrop((crop_size, crop_size), scale=(scale_min, 1.0)), K.RandomHorizontalFlip()
+        )
 
     @torch.no_grad()
     def forward(self, images: torch.Tensor) -> torch.Tensor:

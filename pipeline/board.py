@@ -1,5 +1,6 @@
 """TensorBoard scalars of each cell's pretraining and probe, beside log.csv and probe.json:
 `tensorboard --logdir results/cells` shows every cell (runs <cell>/tensorboard/<stage>)."""
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,12 @@ class Board:
 
     def add(self, row: dict, step: int, skip=("epoch",)) -> None:
         for key, value in row.items():
-            if key not in skip and isinstance(value, (int, float)) and not isinstance(value, bool) \
-                    and math.isfinite(value):
+            if (
+                key not in skip
+                and isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            ):
                 self.writer.add_scalar(f"{self.stage}/{key}", value, step)
         self.writer.flush()
 

@@ -7,6 +7,7 @@ state), "model", "optimizer", "epoch", "step", "rng", "log", "config"}. The resu
 per rank, the RNG streams, the epoch's partial sums and the BN statistics, and the method's
 diagnostics state.
 """
+
 from __future__ import annotations
 
 import random
@@ -28,16 +29,21 @@ class CheckpointError(RuntimeError):
 
 def rng_state() -> dict:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(keys.astype(np.int64)),
-            "numpy_pos": int(pos), "numpy_gauss": [int(has_gauss), float(cached)],
-            "python": random.getstate()}
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": torch.from_numpy(keys.astype(np.int64)),
+        "numpy_pos": int(pos),
+        "numpy_gauss": [int(has_gauss), float(cached)],
+        "python": random.getstate(),
+    }
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     has_gauss, cached = state["numpy_gauss"]
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"],
-                         int(has_gauss), cached))
+    np.random.set_state(
+        ("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], int(has_gauss), cached)
+    )
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
 
@@ -55,8 +61,15 @@ class EpochStats:
 
     def __init__(self, device, state: dict | None = None):
         # a new epoch; a saved one (states written before "candidates" existed lack it)
-        state = {"loss": torch.zeros((), dtype=torch.float64), "correct": torch.zeros((), dtype=torch.float64),
-                 "seen": 0, "seconds": 0.0, "lr": 0.0, "candidates": 0, **(state or {})}
+        state = {
+            "loss": torch.zeros((), dtype=torch.float64),
+            "correct": torch.zeros((), dtype=torch.float64),
+            "seen": 0,
+            "seconds": 0.0,
+            "lr": 0.0,
+            "candidates": 0,
+            **(state or {}),
+        }
         self.loss, self.correct = state["loss"].to(device), state["correct"].to(device)
         self.seen, self.seconds = state["seen"], state["seconds"]
         self.lr = state["lr"]  # of the last step: the epoch's row reports it
@@ -70,8 +83,14 @@ class EpochStats:
         self.candidates = logits.shape[1]
 
     def state(self) -> dict:
-        return {"loss": self.loss, "correct": self.correct, "seen": self.seen, "seconds": self.seconds,
-                "lr": self.lr, "candidates": self.candidates}
+        return {
+            "loss": self.loss,
+            "correct": self.correct,
+            "seen": self.seen,
+            "seconds": self.seconds,
+            "lr": self.lr,
+            "candidates": self.candidates,
+        }
 
 
 class Resumed(NamedTuple):
@@ -90,8 +109,17 @@ def save_resume_state(path: Path, model, optimizer, stats: EpochStats, env, **fi
     sums = distributed.gather_objects({k: v.cpu() if torch.is_tensor(v) else v for k, v in stats.state().items()})
     bn = distributed.gather_objects({k: v.cpu() for k, v in distributed.bn_statistics(model).items()})
     if env.is_main:
-        save(path, model=model.state_dict(), optimizer=optimizer.state_dict(), stats=sums, rng=rngs, bn=bn,
-             world_size=env.world_size, diagnostics=model.diagnostics_state(), **fields)
+        save(
+            path,
+            model=model.state_dict(),
+            optimizer=optimizer.state_dict(),
+            stats=sums,
+            rng=rngs,
+            bn=bn,
+            world_size=env.world_size,
+            diagnostics=model.diagnostics_state(),
+            **fields,
+        )
     distributed.barrier()
 
 
@@ -102,8 +130,10 @@ def load_resume_state(path: Path, model, optimizer, env, device) -> Resumed | No
         return None
     state = load(path)
     if state["world_size"] != env.world_size and state["step_in_epoch"]:
-        raise CheckpointError(f"{path} was written mid-epoch by {state['world_size']} ranks; resume it with the "
-                              f"same number of ranks (now {env.world_size})")
+        raise CheckpointError(
+            f"{path} was written mid-epoch by {state['world_size']} ranks; resume it with the "
+            f"same number of ranks (now {env.world_size})"
+        )
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     mine = min(env.rank, len(state["rng"]) - 1)
@@ -112,8 +142,13 @@ def load_resume_state(path: Path, model, optimizer, env, device) -> Resumed | No
             buf.copy_(state["bn"][mine][name])
     if state.get("diagnostics"):
         model.load_diagnostics_state(state["diagnostics"])
-    return Resumed(state["epoch"], state["step_in_epoch"], list(state["log"]),
-                   EpochStats(device, state["stats"][mine]), state["rng"][mine])
+    return Resumed(
+        state["epoch"],
+        state["step_in_epoch"],
+        list(state["log"]),
+        EpochStats(device, state["stats"][mine]),
+        state["rng"][mine],
+    )
 
 
 def save(path: str | Path, **fields) -> None:
@@ -143,5 +178,6 @@ def load_backbone_state(module: torch.nn.Module, state: dict, source: str) -> No
         raise CheckpointError(
             f"{source}: backbone weights do not match the model: missing {missing[:5]}"
             f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
-            f"{'...' if len(unexpected) > 5 else ''}, wrong shape {shapes[:5]}")
+            f"{'...' if len(unexpected) > 5 else ''}, wrong shape {shapes[:5]}"
+        )
     module.load_state_dict(state, strict=True)

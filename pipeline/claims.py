@@ -12,6 +12,7 @@ Writes ``<results>/tables/claims.{md,csv,tex}`` (the claims) and, as the studies
 A claim is judged by the direction of the difference only; with one seed per cell there is no
 noise estimate, which the table's footnote says.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,10 +25,21 @@ import pandas as pd
 
 from pipeline.config import DEFAULT_CONFIG, ConfigError, merge, section
 from pipeline.grid import cell_id, claims_cells, claims_overrides, format_value, group_id
-from pipeline.io import atomic_write_text
 from pipeline.layout import QUEUE_POLICIES
-from pipeline.studies import QUEUE_METRICS, Group, Row, Table, Value, collect, groups, momentum, \
-    provenance_factory, value, _metric_table, _row
+from pipeline.studies import (
+    QUEUE_METRICS,
+    Group,
+    Row,
+    Table,
+    Value,
+    _metric_table,
+    _row,
+    collect,
+    groups,
+    momentum,
+    provenance_factory,
+    value,
+)
 from pipeline.tables import load_configs, markdown, write_table
 
 HOLDS, FAILS, NOT_RUN = "holds", "does not hold", "not run"
@@ -50,8 +62,10 @@ class Cells:
         self.gs = groups(df)
         base = cfg["pretrain"]
         self.claims, typed_base = section("claims", cfg["claims"]), section("pretrain", base)
-        self.ids = {role: group_id(cell_id(base, merge(base, o)))
-                    for role, o in claims_overrides(self.claims, typed_base).items()}
+        self.ids = {
+            role: group_id(cell_id(base, merge(base, o)))
+            for role, o in claims_overrides(self.claims, typed_base).items()
+        }
         self.batch = typed_base.batch_size
 
     def group(self, role: str) -> Group | None:
@@ -119,9 +133,11 @@ def fifo_bound(c: Cells) -> Claim:
         fifo, rand = (c.final(f"K={k},{p}", "queue_age_max") for p in QUEUE_POLICIES)
         drift = [c.final(f"K={k},{p}", "negative_drift_max") for p in QUEUE_POLICIES]
         holds &= fifo == span and rand > span
-        parts.append(f"K={k} (K/B={span}): max age FIFO {fifo:.0f}, random {rand:.0f}; negatives' max drift "
-                     f"{_num(drift[0])}% vs {_num(drift[1])}%; top-1 "
-                     f"{pct(c.top1(f'K={k},fifo'))} vs {pct(c.top1(f'K={k},random'))}")
+        parts.append(
+            f"K={k} (K/B={span}): max age FIFO {fifo:.0f}, random {rand:.0f}; negatives' max drift "
+            f"{_num(drift[0])}% vs {_num(drift[1])}%; top-1 "
+            f"{pct(c.top1(f'K={k},fifo'))} vs {pct(c.top1(f'K={k},random'))}"
+        )
     return Claim(text, SEED_NOTES, "; ".join(parts), verdict(holds), c.cells(*roles))
 
 
@@ -140,8 +156,9 @@ def low_momentum(c: Cells) -> Claim:
     best = max(high, key=lambda m: -math.inf if vals[m].mean is None else vals[m].mean)
     gaps = ", ".join(f"m={format_value(m)}: {c.shown(f'm={m}')}" for m in low)
     holds = all(better(vals[best], vals[m]) for m in low)
-    return Claim(text, SEED_NOTES, f"top-1 {gaps} vs m={format_value(best)}: {pct(vals[best])}",
-                 verdict(holds), c.cells(*roles))
+    return Claim(
+        text, SEED_NOTES, f"top-1 {gaps} vs m={format_value(best)}: {pct(vals[best])}", verdict(holds), c.cells(*roles)
+    )
 
 
 def zero_momentum(c: Cells) -> Claim:
@@ -156,16 +173,25 @@ def zero_momentum(c: Cells) -> Claim:
 
 def key_encoder(c: Cells) -> Claim:
     text = "The key encoder never receives gradients and has no optimizer state; it is the EMA of the query encoder"
-    records = [(cell, rec) for g in c.gs.values() if g.id in c.ids.values()
-               for cell, rec in zip(g.cells["cell"], g.cells["key_encoder"]) if isinstance(rec, dict)]
+    records = [
+        (cell, rec)
+        for g in c.gs.values()
+        if g.id in c.ids.values()
+        for cell, rec in zip(g.cells["cell"], g.cells["key_encoder"])
+        if isinstance(rec, dict)
+    ]
     if not records:
         return Claim(text, SEED_NOTES, "", NOT_RUN, [])
     held = sum(bool(r["holds"]) for _, r in records)
     errors = [r["ema_replay"]["max_relative_error"] for _, r in records]
-    grads = sum(r["key_parameters_with_grad"] + r["key_parameters_with_optimizer_state"]
-                + r["key_parameters_in_optimizer"] for _, r in records)
-    measured = (f"{held} of {len(records)} trained runs: key parameters in the optimizer, with state or with "
-                f"gradients: {grads}; the last steps replayed as the EMA: max relative error {max(errors):.1e}")
+    grads = sum(
+        r["key_parameters_with_grad"] + r["key_parameters_with_optimizer_state"] + r["key_parameters_in_optimizer"]
+        for _, r in records
+    )
+    measured = (
+        f"{held} of {len(records)} trained runs: key parameters in the optimizer, with state or with "
+        f"gradients: {grads}; the last steps replayed as the EMA: max relative error {max(errors):.1e}"
+    )
     return Claim(text, SEED_NOTES, measured, verdict(held == len(records)), [c for c, _ in records])
 
 
@@ -188,8 +214,13 @@ def slow_momentum(c: Cells) -> Claim:
     fast, slow = c.top1("m=0.999"), c.top1("m=0.9999")
     if not ran(fast, slow):
         return Claim(text, SEED_BLOG, "", NOT_RUN, c.cells("m=0.999", "m=0.9999"))
-    return Claim(text, SEED_BLOG, f"top-1 m=0.9999: {pct(slow)} vs m=0.999: {pct(fast)}",
-                 verdict(better(fast, slow)), c.cells("m=0.999", "m=0.9999"))
+    return Claim(
+        text,
+        SEED_BLOG,
+        f"top-1 m=0.9999: {pct(slow)} vs m=0.999: {pct(fast)}",
+        verdict(better(fast, slow)),
+        c.cells("m=0.999", "m=0.9999"),
+    )
 
 
 def longer_schedule(c: Cells) -> Claim:
@@ -199,8 +230,13 @@ def longer_schedule(c: Cells) -> Claim:
     if not ran(short, long):
         return Claim(text, SEED_BLOG, "", NOT_RUN, cells)
     e, le = c.claims.epochs, c.claims.long_epochs
-    return Claim(text, SEED_BLOG, f"top-1 {le} epochs: {pct(long)} vs {e} epochs: {pct(short)}",
-                 verdict(better(long, short)), cells)
+    return Claim(
+        text,
+        SEED_BLOG,
+        f"top-1 {le} epochs: {pct(long)} vs {e} epochs: {pct(short)}",
+        verdict(better(long, short)),
+        cells,
+    )
 
 
 def memory_bank(c: Cells) -> Claim:
@@ -209,12 +245,25 @@ def memory_bank(c: Cells) -> Claim:
     cells = c.cells("reference", "memory_bank")
     if not ran(moco, bank):
         return Claim(text, PAPER + ", Figure 3", "", NOT_RUN, cells)
-    return Claim(text, PAPER + ", Figure 3", f"top-1 MoCo: {pct(moco)} vs memory bank: {c.shown('memory_bank')}",
-                 verdict(better(moco, bank)), cells)
+    return Claim(
+        text,
+        PAPER + ", Figure 3",
+        f"top-1 MoCo: {pct(moco)} vs memory bank: {c.shown('memory_bank')}",
+        verdict(better(moco, bank)),
+        cells,
+    )
 
 
-CLAIMS = [fifo_bound, low_momentum, zero_momentum, key_encoder, larger_queue, slow_momentum, longer_schedule,
-          memory_bank]
+CLAIMS = [
+    fifo_bound,
+    low_momentum,
+    zero_momentum,
+    key_encoder,
+    larger_queue,
+    slow_momentum,
+    longer_schedule,
+    memory_bank,
+]
 
 
 # --- tables -------------------------------------------------------------------------------------
@@ -222,37 +271,63 @@ def claims_table(c: Cells, cfg: dict, prov) -> Table:
     rows = [claim(c) for claim in CLAIMS]
     e, le = c.claims.epochs, c.claims.long_epochs
     seeds = section("grid", cfg.get("grid")).seeds
-    notes = [f"Cells: the base cell trained {e} epochs (the schedule claim: {le}), varied one setting at a "
-             f"time; {seeds} seed{'s' * (seeds > 1)} per cell; accuracy is the linear probe's top-1.",
-             "holds / does not hold: the direction of the measured difference only. "
-             + ("With one seed per cell the noise is unknown: differences of a point or two may be seed noise."
-                if seeds == 1 else "Means over the seeds; compare the differences with the ± of claims_momentum."),
-             "not run: a cell the claim needs has no result yet (snakemake claims computes them)."]
-    return Table("claims", "The seeds' claims, measured", ["claim", "source", "measured", "verdict"], [], [],
-                 [Row([r.text, r.source, r.measured or "—", r.verdict], [], r.cells) for r in rows],
-                 prov([g for g in (c.group(r) for r in c.ids) if g is not None], vary=set()), notes=notes)
+    notes = [
+        f"Cells: the base cell trained {e} epochs (the schedule claim: {le}), varied one setting at a "
+        f"time; {seeds} seed{'s' * (seeds > 1)} per cell; accuracy is the linear probe's top-1.",
+        "holds / does not hold: the direction of the measured difference only. "
+        + (
+            "With one seed per cell the noise is unknown: differences of a point or two may be seed noise."
+            if seeds == 1
+            else "Means over the seeds; compare the differences with the ± of claims_momentum."
+        ),
+        "not run: a cell the claim needs has no result yet (snakemake claims computes them).",
+    ]
+    return Table(
+        "claims",
+        "The seeds' claims, measured",
+        ["claim", "source", "measured", "verdict"],
+        [],
+        [],
+        [Row([r.text, r.source, r.measured or "—", r.verdict], [], r.cells) for r in rows],
+        prov([g for g in (c.group(r) for r in c.ids) if g is not None], vary=set()),
+        notes=notes,
+    )
 
 
 def queue_table(c: Cells, prov) -> Table:
     metrics = [*QUEUE_METRICS, "top1", "knn_top1"]
     rows = []
     for k in c.claims.K:
-        rows += [_row([str(k), policy, str(k // c.batch)], c.group(f"K={k},{policy}"), metrics)
-                 for policy in QUEUE_POLICIES]
+        rows += [
+            _row([str(k), policy, str(k // c.batch)], c.group(f"K={k},{policy}"), metrics) for policy in QUEUE_POLICIES
+        ]
     roles = [f"K={k},{p}" for k in c.claims.K for p in QUEUE_POLICIES]
-    table = _metric_table("claims_queue", "FIFO vs random replacement: the age of the queue's keys and how far "
-                          "the key encoder moved since they were encoded", ["K", "queue policy", "K/B (steps)"],
-                          rows, metrics, prov([c.group(r) for r in roles if c.group(r)], vary={"K", "queue_policy"}))
-    table.notes.append("Ages and drifts at the end of training; drift = ||θk(now) − θk(when encoded)|| / "
-                       "||θk(now)|| over the keys in the queue (a count sketch of the parameters, ~2% error).")
+    table = _metric_table(
+        "claims_queue",
+        "FIFO vs random replacement: the age of the queue's keys and how far "
+        "the key encoder moved since they were encoded",
+        ["K", "queue policy", "K/B (steps)"],
+        rows,
+        metrics,
+        prov([c.group(r) for r in roles if c.group(r)], vary={"K", "queue_policy"}),
+    )
+    table.notes.append(
+        "Ages and drifts at the end of training; drift = ||θk(now) − θk(when encoded)|| / "
+        "||θk(now)|| over the keys in the queue (a count sketch of the parameters, ~2% error)."
+    )
     return table
 
 
 def claims_tables(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
     c = Cells(df, cfg)
     prov = provenance_factory(df, cfg, results)
-    mom = momentum(c.gs, prov, reference=c.ids["reference"], name="claims_momentum",
-                   metrics=["top1", "knn_top1", "drift", "negative_drift_mean"])
+    mom = momentum(
+        c.gs,
+        prov,
+        reference=c.ids["reference"],
+        name="claims_momentum",
+        metrics=["top1", "knn_top1", "drift", "negative_drift_mean"],
+    )
     return [claims_table(c, cfg, prov), mom, queue_table(c, prov)]
 
 
@@ -270,8 +345,12 @@ def run(results: Path, cfg: dict) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="?", default="results", help="the results folder")
-    ap.add_argument("--config", action="append", default=[],
-                    help="workflow config with pretrain, grid and claims (file or inline JSON; repeat to overlay)")
+    ap.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        help="workflow config with pretrain, grid and claims (file or inline JSON; repeat to overlay)",
+    )
     args = ap.parse_args(argv)
     results = Path(args.results)
     if not results.is_dir():

@@ -3,6 +3,7 @@
 The Snakefile validates the whole config at DAG build; each stage validates the sections it
 was given when run by hand. Errors name the key, the value and what is allowed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,8 +27,17 @@ class ConfigError(ValueError):
 
 
 # --- typed sections (pipeline.sections) ------------------------------------------------------
-SECTION_TYPES = {"dataset": Dataset, "convert": Convert, "data": Data, "pretrain": Pretrain, "grid": Grid,
-                 "claims": Claims, "probe": Probe, "detect": Detect, "launch": Launch}
+SECTION_TYPES = {
+    "dataset": Dataset,
+    "convert": Convert,
+    "data": Data,
+    "pretrain": Pretrain,
+    "grid": Grid,
+    "claims": Claims,
+    "probe": Probe,
+    "detect": Detect,
+    "launch": Launch,
+}
 
 
 def build(cls, values: dict | None = None):
@@ -77,8 +87,7 @@ def typed_sections(cfg: dict) -> dict:
     return {name: section(name, values) for name, values in cfg.items() if name in SECTION_TYPES}
 
 
-def pretrain_cell(base: Pretrain, override: dict, where: str = "pretrain",
-                  num_samples: int | None = None) -> Pretrain:
+def pretrain_cell(base: Pretrain, override: dict, where: str = "pretrain", num_samples: int | None = None) -> Pretrain:
     """One grid cell: the base cell with ``override``'s values, validated as a pretrain section
     (schema and cross-field rules)."""
     fields = {f.name: f for f in dataclasses.fields(Pretrain)}
@@ -130,7 +139,9 @@ def _schema_error(err: jsonschema.ValidationError, prefix: str = "") -> ConfigEr
 _Validator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
     type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
-        "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool)))
+        "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool)
+    ),
+)
 
 
 def validate_schema(instance: dict, schema: dict, prefix: str = "") -> None:
@@ -139,8 +150,9 @@ def validate_schema(instance: dict, schema: dict, prefix: str = "") -> None:
         raise _schema_error(errors[0], prefix)
     for path, value in _non_finite(instance):
         key = ".".join([prefix] * bool(prefix) + [str(k) for k in path])
-        raise ConfigError(f"config key '{key}': {value} is not a finite number "
-                          "(a range check cannot catch .inf or .nan)")
+        raise ConfigError(
+            f"config key '{key}': {value} is not a finite number (a range check cannot catch .inf or .nan)"
+        )
 
 
 def _non_finite(value, path=()):
@@ -166,18 +178,20 @@ def check_pretrain(p: Pretrain | dict, where: str = "pretrain", num_samples: int
     if p.variant == "v3" and p.mechanism != "moco":
         raise ConfigError(f"{where}: mechanism {p.mechanism} applies to v1/v2, not v3")
     if p.mechanism == "memory_bank" and num_samples is not None and p.K >= num_samples:
-        raise ConfigError(f"{where}: memory bank K={p.K} negatives need a larger training set "
-                          f"({num_samples} images)")
+        raise ConfigError(f"{where}: memory bank K={p.K} negatives need a larger training set ({num_samples} images)")
     if p.bn_splits and p.batch_size % p.bn_splits:
-        raise ConfigError(f"{where}: bn_splits={p.bn_splits} does not divide the batch size {p.batch_size} "
-                          f"(BatchNorm normalises each rank's batch in that many equal sub-batches)")
+        raise ConfigError(
+            f"{where}: bn_splits={p.bn_splits} does not divide the batch size {p.batch_size} "
+            f"(BatchNorm normalises each rank's batch in that many equal sub-batches)"
+        )
     if p.variant == "v3" or p.mechanism != "moco":
         return  # no queue
     if p.K % p.batch_size != 0:
         raise ConfigError(
             f"{where}: K={p.K} is not a multiple of the global batch size "
             f"{p.batch_size} (the queue is refilled whole batches at a time); "
-            f"use e.g. K={max(1, p.K // p.batch_size) * p.batch_size}")
+            f"use e.g. K={max(1, p.K // p.batch_size) * p.batch_size}"
+        )
 
 
 def pretrain_warnings(p: Pretrain | dict, num_samples: int | None) -> list[str]:
@@ -185,8 +199,10 @@ def pretrain_warnings(p: Pretrain | dict, num_samples: int | None) -> list[str]:
     p = as_section(Pretrain, p)
     queue = p.method == "moco" and p.variant != "v3" and p.mechanism == "moco"
     if queue and num_samples and p.K >= num_samples and not p.mask_same_source:
-        return [f"K={p.K} >= {num_samples} training images: the queue holds keys of the query's own image "
-                "as negatives; lower K or set mask_same_source: true"]
+        return [
+            f"K={p.K} >= {num_samples} training images: the queue holds keys of the query's own image "
+            "as negatives; lower K or set mask_same_source: true"
+        ]
     return []
 
 
@@ -204,8 +220,10 @@ def check_detect(det: dict, dataset: dict) -> None:
     if not det.enabled:
         return
     if det.root is None and dataset["source"] != "synthetic":
-        raise ConfigError("detect.root: required (a COCO folder or a VOCdevkit) unless dataset.source is "
-                          "'synthetic', or set detect.enabled: false")
+        raise ConfigError(
+            "detect.root: required (a COCO folder or a VOCdevkit) unless dataset.source is "
+            "'synthetic', or set detect.enabled: false"
+        )
     if det.root is not None and not Path(det.root).expanduser().is_dir():
         raise ConfigError(f"detect.root: folder not found: {det.root}")
     check_detector(det)
@@ -226,11 +244,13 @@ def check_detector(det: Detect | dict) -> None:
         raise ConfigError(f"detect.lr_steps={steps} reach beyond detect.iterations={det.iterations}")
     cap = det.max_image_size or det.image_size
     if any(s > cap for s in det.train_sizes or []):
-        raise ConfigError(f"detect.train_sizes={list(det.train_sizes)} exceed the longer side's cap {cap} "
-                          "(detect.max_image_size)")
+        raise ConfigError(
+            f"detect.train_sizes={list(det.train_sizes)} exceed the longer side's cap {cap} (detect.max_image_size)"
+        )
     if det.anchor_sizes and det.head == "fpn" and len(det.anchor_sizes) != 5:
-        raise ConfigError(f"detect.anchor_sizes: the FPN head needs one size per pyramid level (5), "
-                          f"not {len(det.anchor_sizes)}")
+        raise ConfigError(
+            f"detect.anchor_sizes: the FPN head needs one size per pyramid level (5), not {len(det.anchor_sizes)}"
+        )
 
 
 _NULLS = ("null", "Null", "NULL", "~", "")
@@ -275,8 +295,10 @@ def read_command_line_values(cfg: dict, schema: dict | None = None) -> dict:
 def check_claims(claims: Claims | dict) -> None:
     claims = as_section(Claims, claims)
     if claims.long_epochs <= claims.epochs:
-        raise ConfigError(f"claims.long_epochs={claims.long_epochs} must exceed claims.epochs={claims.epochs} "
-                          "(the claim compares a longer schedule with a shorter one)")
+        raise ConfigError(
+            f"claims.long_epochs={claims.long_epochs} must exceed claims.epochs={claims.epochs} "
+            "(the claim compares a longer schedule with a shorter one)"
+        )
 
 
 def validate(cfg: dict) -> dict:

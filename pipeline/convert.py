@@ -12,6 +12,7 @@ class, skipped files and why, resolution statistics and sizes.
         --split train --out results/data/ffcv/train.beton [--config '{"max_resolution": 64}'] [--strict]
     python -m pipeline.convert --source cifar10 --root ~/torchvision-data --split val --out ffcv/val.beton
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,14 +67,15 @@ _PROBE: tuple = (None, None)  # (source, max_side), set before the pool forks: n
 
 
 class Checked(NamedTuple):
-    good: list[int]                    # positions of the readable items
-    shapes: list[tuple[int, int]]      # their (h, w) as displayed
-    digests: list[str | None]          # their content's SHA-1 (None: not computed)
-    skipped: list[dict]                # the unreadable ones, with reasons
+    good: list[int]  # positions of the readable items
+    shapes: list[tuple[int, int]]  # their (h, w) as displayed
+    digests: list[str | None]  # their content's SHA-1 (None: not computed)
+    skipped: list[dict]  # the unreadable ones, with reasons
 
 
-def check_images(source: Source, strict: bool, workers: int = 1, progress: bool = True,
-                 max_side: int | None = None) -> Checked:
+def check_images(
+    source: Source, strict: bool, workers: int = 1, progress: bool = True, max_side: int | None = None
+) -> Checked:
     """Each image decoded as the writer will decode it (see decode_file)."""
     from tqdm import tqdm
 
@@ -114,9 +116,14 @@ def duplicate_content(source: Source, checked: Checked) -> list[dict]:
     for digest, items in groups.items():
         if len(items) > 1:
             labels = sorted({source.labels[i] for i in items})
-            out.append({"sha1": digest, "paths": [source.key(i) for i in items],
-                        "classes": [source.classes[k] if k != UNLABELED else None for k in labels],
-                        "across_classes": len(labels) > 1})
+            out.append(
+                {
+                    "sha1": digest,
+                    "paths": [source.key(i) for i in items],
+                    "classes": [source.classes[k] if k != UNLABELED else None for k in labels],
+                    "across_classes": len(labels) > 1,
+                }
+            )
     return out
 
 
@@ -246,8 +253,9 @@ def page_size_for(max_sample_bytes: int, total_bytes: int) -> int:
     return size
 
 
-def write_beton(dataset, out: Path, fields: dict, workers: int = 1, page_size: int = MIN_PAGE,
-                chunksize: int = 64) -> None:
+def write_beton(
+    dataset, out: Path, fields: dict, workers: int = 1, page_size: int = MIN_PAGE, chunksize: int = 64
+) -> None:
     """Write ``dataset`` (items: one value per field) to ``out`` atomically: on any failure
     the temporary file is removed and ``out`` is left as it was."""
     from pipeline import ffcv_runtime
@@ -300,16 +308,21 @@ def require_writable(folder: Path) -> None:
 def require_space(folder: Path, needed: int) -> None:
     free = shutil.disk_usage(folder).free
     if free < needed:
-        raise ConversionError(f"{folder}: the .beton needs at least {needed / 2**20:.1f} MiB, only "
-                              f"{free / 2**20:.1f} MiB are free: free space or choose another results folder")
+        raise ConversionError(
+            f"{folder}: the .beton needs at least {needed / 2**20:.1f} MiB, only "
+            f"{free / 2**20:.1f} MiB are free: free space or choose another results folder"
+        )
 
 
 def least_bytes(opts: Convert, stored: np.ndarray, writers: int, page: int) -> int:
     """A lower bound of the .beton's size: the pixels stored raw (JPEG sizes are unknown
     before encoding) and a page per writer."""
     raw = stored[:, 0] * stored[:, 1] * 3
-    raw_share = {"raw": raw.sum(), "proportion": (1 - opts.compress_probability) * raw.sum(),
-                 "smart": raw[raw <= opts.smart_threshold].sum()}.get(opts.write_mode, 0)
+    raw_share = {
+        "raw": raw.sum(),
+        "proportion": (1 - opts.compress_probability) * raw.sum(),
+        "smart": raw[raw <= opts.smart_threshold].sum(),
+    }.get(opts.write_mode, 0)
     return int(raw_share) + min(writers, len(stored)) * page
 
 
@@ -343,9 +356,13 @@ def image_fields(opts: Convert | dict) -> dict:
     from ffcv.fields import IntField, RGBImageField
 
     return {
-        "image": RGBImageField(write_mode=opts.write_mode, max_resolution=opts.max_resolution,
-                               jpeg_quality=opts.jpeg_quality, smart_threshold=opts.smart_threshold,
-                               compress_probability=opts.compress_probability),
+        "image": RGBImageField(
+            write_mode=opts.write_mode,
+            max_resolution=opts.max_resolution,
+            jpeg_quality=opts.jpeg_quality,
+            smart_threshold=opts.smart_threshold,
+            compress_probability=opts.compress_probability,
+        ),
         "label": IntField(),
         "index": IntField(),
     }
@@ -363,8 +380,11 @@ def stored_shape(hw, max_resolution: int | None) -> tuple[int, int]:
 
 
 def _hw_stats(shapes: np.ndarray) -> dict:
-    return {"min_hw": shapes.min(0).tolist(), "max_hw": shapes.max(0).tolist(),
-            "mean_hw": [round(float(v), 1) for v in shapes.mean(0)]}
+    return {
+        "min_hw": shapes.min(0).tolist(),
+        "max_hw": shapes.max(0).tolist(),
+        "mean_hw": [round(float(v), 1) for v in shapes.mean(0)],
+    }
 
 
 def resolve_write_mode(opts: Convert, raw_bytes: int) -> tuple[str, str]:
@@ -381,8 +401,15 @@ def remove_stale_temporaries(out: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def run(root, out, opts: Convert | dict | None = None, source: str = "imagefolder", split: str | None = None,
-            progress: bool = True, beton: bool = True) -> dict:
+def run(
+    root,
+    out,
+    opts: Convert | dict | None = None,
+    source: str = "imagefolder",
+    split: str | None = None,
+    progress: bool = True,
+    beton: bool = True,
+) -> dict:
     """Convert one split; returns the report (also written next to ``out`` as .json).
 
     ``beton=False`` checks the images and writes only the report (enough for the torchvision
@@ -402,15 +429,19 @@ def run(root, out, opts: Convert | dict | None = None, source: str = "imagefolde
         log(f"note: {note}")
     duplicates = src.duplicates
     if duplicates:
-        log(f"note: {len(duplicates)} file(s) or folder(s) reached twice through links were taken once "
-            f"(e.g. {duplicates[0]['path']} = {duplicates[0]['same_as']}; report: duplicates)")
+        log(
+            f"note: {len(duplicates)} file(s) or folder(s) reached twice through links were taken once "
+            f"(e.g. {duplicates[0]['path']} = {duplicates[0]['same_as']}; report: duplicates)"
+        )
     checked = check_images(src, opts.strict, opts.workers, progress, opts.max_resolution)
     good, shapes, skipped = checked.good, checked.shapes, checked.skipped
     same_content = duplicate_content(src, checked)
     conflicts = [g for g in same_content if g["across_classes"]]
     if conflicts:
-        log(f"warning: {len(conflicts)} image(s) stored under two or more classes with identical bytes "
-            f"(a labelling error?), e.g. {' = '.join(conflicts[0]['paths'][:2])}; report: duplicate_content")
+        log(
+            f"warning: {len(conflicts)} image(s) stored under two or more classes with identical bytes "
+            f"(a labelling error?), e.g. {' = '.join(conflicts[0]['paths'][:2])}; report: duplicate_content"
+        )
     if not good:
         raise ConversionError(f"{src.root}: no readable images in split '{split}' ({len(skipped)} skipped)")
     kept = src.select(good)
@@ -456,11 +487,18 @@ def run(root, out, opts: Convert | dict | None = None, source: str = "imagefolde
         "resolution": {"source": _hw_stats(hw), "stored": _hw_stats(stored)},
         "bytes": out.stat().st_size if beton else 0,
         "raw_pixel_bytes": raw_bytes,
-        "options": {"max_resolution": opts.max_resolution, "jpeg_quality": opts.jpeg_quality,
-                    "write_mode": mode, "write_mode_reason": why,
-                    "compress_probability": opts.compress_probability, "smart_threshold": opts.smart_threshold,
-                    "page_size": page, "workers": opts.workers, "writers": writers if beton else 0,
-                    "strict": opts.strict},
+        "options": {
+            "max_resolution": opts.max_resolution,
+            "jpeg_quality": opts.jpeg_quality,
+            "write_mode": mode,
+            "write_mode_reason": why,
+            "compress_probability": opts.compress_probability,
+            "smart_threshold": opts.smart_threshold,
+            "page_size": page,
+            "workers": opts.workers,
+            "writers": writers if beton else 0,
+            "strict": opts.strict,
+        },
         "fields": {"image": "RGBImageField", "label": "IntField", "index": "IntField (position in this file)"},
         "seconds": {"check": round(t_check, 2), "write": round(t_write, 2)},
     }
@@ -482,27 +520,38 @@ def validate_options(opts: dict) -> Convert:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--source", default="imagefolder", choices=KINDS, help="dataset layout (pipeline.sources)")
-    ap.add_argument("--root", required=True,
-                    help="imagefolder/unlabeled: the split's folder; cifar10/cifar100/stl10: torchvision's root")
-    ap.add_argument("--split", default=None, help="split name (default: the output's stem); "
-                    "cifar: train | val; stl10: train | val | unlabeled | train+unlabeled")
+    ap.add_argument(
+        "--root",
+        required=True,
+        help="imagefolder/unlabeled: the split's folder; cifar10/cifar100/stl10: torchvision's root",
+    )
+    ap.add_argument(
+        "--split",
+        default=None,
+        help="split name (default: the output's stem); "
+        "cifar: train | val; stl10: train | val | unlabeled | train+unlabeled",
+    )
     ap.add_argument("--out", required=True, help="output .beton path (report written next to it)")
     ap.add_argument("--config", default="{}", help="JSON with keys of the convert section")
     ap.add_argument("--strict", action="store_true", help="fail on the first unreadable image")
-    ap.add_argument("--report-only", action="store_true",
-                    help="check the images and write only the report (torchvision loader without FFCV)")
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="check the images and write only the report (torchvision loader without FFCV)",
+    )
     args = ap.parse_args(argv)
     try:
         opts = validate_options(json.loads(args.config))
         if args.strict:
             opts = dataclasses.replace(opts, strict=True)
-        report = run(args.root, args.out, opts, source=args.source, split=args.split,
-                         beton=not args.report_only)
+        report = run(args.root, args.out, opts, source=args.source, split=args.split, beton=not args.report_only)
     except ConversionError as err:
-        raise SystemExit(f"[convert] error: {err}")
-    log(f"{report['num_samples']} images, {len(report['classes'])} classes, {len(report['skipped'])} skipped, "
+        raise SystemExit(f"[convert] error: {err}") from None
+    log(
+        f"{report['num_samples']} images, {len(report['classes'])} classes, {len(report['skipped'])} skipped, "
         f"{len(report['ignored'])} ignored -> {args.out} ({report['bytes'] / 1e6:.1f} MB, "
-        f"{report['options']['write_mode']})")
+        f"{report['options']['write_mode']})"
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Measured with ``python -m pipeline.bench cores`` (AMD EPYC, AVX2, no AVX-512, 2 
 single-thread pretraining jobs together train 1.78x the steps per second of one job on two
 threads, so the demo runs its jobs on one thread each, as many at once as there are cores.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Threads:
-    torch: int   # torch.set_num_threads
+    torch: int  # torch.set_num_threads
     loader: int  # FFCV num_workers / DataLoader processes
 
 

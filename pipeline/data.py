@@ -15,6 +15,7 @@ FFCV's batches are views into reused buffers: clone what you keep. Photometric a
 and normalisation happen on the training device (pipeline.augment), never in the loader: on
 CPU FFCV's normalisation hangs (FFCV issue #396).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,36 +30,70 @@ RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop (as torchvisi
 
 
 # --- factories -----------------------------------------------------------------------------
-def two_view_loader(path, batch_size: int, crop_size: int, scale_min: float = 0.2, workers: int = 2,
-                    seed: int = 0, distributed: bool = False, threads: int | None = None, drop_last: bool = True,
-                    crop: str = "loader", loader: str = "ffcv", flip: bool = True, ratio=RATIO):
+def two_view_loader(
+    path,
+    batch_size: int,
+    crop_size: int,
+    scale_min: float = 0.2,
+    workers: int = 2,
+    seed: int = 0,
+    distributed: bool = False,
+    threads: int | None = None,
+    drop_last: bool = True,
+    crop: str = "loader",
+    loader: str = "ffcv",
+    flip: bool = True,
+    ratio=RATIO,
+):
     """Yields (view1, view2, label, index); each view is its own random resized crop + flip.
 
     path: the split's ``.beton`` (its report ``.json`` next to it is what the torchvision
     loader reads). crop="loader": crops drawn while decoding (fastest); with FFCV they are
     drawn from (seed, view, batch, sample) (pipeline.seeded_crop), so every run of a config,
     and every resumed run, sees the same views. crop="device": the loader yields whole centre
-    views and the crops are drawn from torch's RNG on the device. scale_min=1, ratio=(1, 1), flip=False: no geometric augmentation
+    views and the crops are drawn from torch's RNG on the device. scale_min=1, ratio=(1, 1),
+    flip=False: no geometric augmentation
     (both views equal the evaluation view).
     """
     _check_choice(loader, crop)
     if crop == "device":
         from pipeline.augment import DeviceCrop
 
-        base = eval_loader(path, batch_size, crop_size, workers, threads=threads, distributed=distributed,
-                           order="random", seed=seed, drop_last=drop_last, loader=loader)
+        base = eval_loader(
+            path,
+            batch_size,
+            crop_size,
+            workers,
+            threads=threads,
+            distributed=distributed,
+            order="random",
+            seed=seed,
+            drop_last=drop_last,
+            loader=loader,
+        )
         return TwoViewLoader(base, DeviceCrop(crop_size, scale_min))
     scale = (scale_min, 1.0)
     if loader == "torchvision":
         dataset = TwoViewDataset(converted_source(path), crop_size, scale, ratio, flip)
         return TwoViewLoader(TorchLoader(dataset, batch_size, workers, seed, True, distributed, drop_last))
-    return TwoViewLoader(_ffcv_two_view(path, batch_size, crop_size, scale, ratio, flip, workers, seed,
-                                        distributed, threads, drop_last))
+    return TwoViewLoader(
+        _ffcv_two_view(path, batch_size, crop_size, scale, ratio, flip, workers, seed, distributed, threads, drop_last)
+    )
 
 
-def eval_loader(path, batch_size: int, crop_size: int, workers: int = 2, crop_ratio: float = 1.0,
-                threads: int | None = None, distributed: bool = False, order: str = "sequential",
-                seed: int = 0, drop_last: bool = False, loader: str = "ffcv"):
+def eval_loader(
+    path,
+    batch_size: int,
+    crop_size: int,
+    workers: int = 2,
+    crop_ratio: float = 1.0,
+    threads: int | None = None,
+    distributed: bool = False,
+    order: str = "sequential",
+    seed: int = 0,
+    drop_last: bool = False,
+    loader: str = "ffcv",
+):
     """Yields (image, label, index): the centre crop (side crop_ratio x the shorter side,
     resized to crop_size), in file order (every sample once) unless order="random"."""
     _check_choice(loader, "loader")
@@ -156,11 +191,23 @@ def _ffcv_two_view(path, batch_size, crop_size, scale, ratio, flip, workers, see
     def view(number):  # crop + flip fused with decoding, drawn from (seed, view, batch, sample)
         return SeededRandomResizedCrop((crop_size, crop_size), scale, ratio, seed=seed, view=number, flip=flip)
 
-    pipelines = {"image": [view(1), ToTensor(), ToTorchImage()], "label": _int_pipeline(), "index": _int_pipeline(),
-                 "image2": PipelineSpec("image", decoder=view(2), transforms=[ToTensor(), ToTorchImage()])}
+    pipelines = {
+        "image": [view(1), ToTensor(), ToTorchImage()],
+        "label": _int_pipeline(),
+        "index": _int_pipeline(),
+        "image2": PipelineSpec("image", decoder=view(2), transforms=[ToTensor(), ToTorchImage()]),
+    }
     # RANDOM, not QUASI_RANDOM: the latter raises NotImplementedError with distributed=True.
-    loader = Loader(path, batch_size=batch_size, num_workers=workers, order=OrderOption.RANDOM, seed=seed,
-                    distributed=distributed, drop_last=drop_last, pipelines=pipelines)
+    loader = Loader(
+        path,
+        batch_size=batch_size,
+        num_workers=workers,
+        order=OrderOption.RANDOM,
+        seed=seed,
+        distributed=distributed,
+        drop_last=drop_last,
+        pipelines=pipelines,
+    )
     _restore_threads(threads)
     return loader
 
@@ -176,9 +223,16 @@ def _ffcv_eval(path, batch_size, crop_size, workers, crop_ratio, threads, distri
         "label": _int_pipeline(),
         "index": _int_pipeline(),
     }
-    loader = Loader(path, batch_size=batch_size, num_workers=workers,
-                    order=OrderOption.RANDOM if order == "random" else OrderOption.SEQUENTIAL, seed=seed,
-                    distributed=distributed, drop_last=drop_last, pipelines=pipelines)
+    loader = Loader(
+        path,
+        batch_size=batch_size,
+        num_workers=workers,
+        order=OrderOption.RANDOM if order == "random" else OrderOption.SEQUENTIAL,
+        seed=seed,
+        distributed=distributed,
+        drop_last=drop_last,
+        pipelines=pipelines,
+    )
     _restore_threads(threads)
     return loader
 
@@ -203,8 +257,10 @@ def converted_source(path):
     src = src.select([i for i in range(len(src)) if src.key(i) not in skipped])
     expected = report.get("sample_keys_sha1")
     if len(src) != report["num_samples"] or (expected and src.digest() != expected):
-        raise RuntimeError(f"{report['source']['root']} changed since it was converted ({len(src)} images now, "
-                           f"{report['num_samples']} then): rerun the convert stage")
+        raise RuntimeError(
+            f"{report['source']['root']} changed since it was converted ({len(src)} images now, "
+            f"{report['num_samples']} then): rerun the convert stage"
+        )
     return src
 
 
@@ -245,8 +301,9 @@ class CentreViewDataset(torch.utils.data.Dataset):
         image = _as_chw(self.source.load(i))
         h, w = image.shape[1:]
         side = int(self.crop_ratio * min(h, w))
-        image = F.resized_crop(image, (h - side) // 2, (w - side) // 2, side, side,
-                               [self.crop_size, self.crop_size], antialias=True)
+        image = F.resized_crop(
+            image, (h - side) // 2, (w - side) // 2, side, side, [self.crop_size, self.crop_size], antialias=True
+        )
         return image.contiguous(), self.source.labels[i], i
 
 
@@ -278,18 +335,35 @@ class TorchLoader:
     ``next_epoch`` is the epoch the next iteration draws its order from (then incremented),
     as in FFCV's Loader. Workers persist across epochs (no start-up cost per epoch)."""
 
-    def __init__(self, dataset, batch_size: int, workers: int, seed: int, shuffle: bool,
-                 distributed: bool = False, drop_last: bool = True):
+    def __init__(
+        self,
+        dataset,
+        batch_size: int,
+        workers: int,
+        seed: int,
+        shuffle: bool,
+        distributed: bool = False,
+        drop_last: bool = True,
+    ):
         from torch.utils.data import DataLoader, DistributedSampler
 
         self.dataset, self.batch_size, self.seed, self.shuffle = dataset, batch_size, seed, shuffle
         self.drop_last, self.next_epoch = drop_last, 0
         # Sharding like FFCV's (which uses a DistributedSampler with drop_last=False inside).
-        self.shard = DistributedSampler(range(len(dataset)), shuffle=shuffle, seed=seed,
-                                        drop_last=False) if distributed else None
+        self.shard = (
+            DistributedSampler(range(len(dataset)), shuffle=shuffle, seed=seed, drop_last=False)
+            if distributed
+            else None
+        )
         self.sampler = _ListSampler()
-        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, num_workers=workers,
-                                 drop_last=drop_last, persistent_workers=workers > 0)
+        self.loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=self.sampler,
+            num_workers=workers,
+            drop_last=drop_last,
+            persistent_workers=workers > 0,
+        )
         n = len(self.shard) if self.shard is not None else len(dataset)
         self._len = n // batch_size if drop_last else math.ceil(n / batch_size)
 
@@ -302,5 +376,5 @@ class TorchLoader:
     def iter_from(self, skip: int = 0):
         order = epoch_order(len(self.dataset), self.next_epoch, self.seed, self.shuffle, self.shard)
         self.next_epoch += 1
-        self.sampler.indices = order[skip * self.batch_size: self._len * self.batch_size].tolist()
+        self.sampler.indices = order[skip * self.batch_size : self._len * self.batch_size].tolist()
         return iter(self.loader)

@@ -23,6 +23,7 @@ over N ranks; rank 0 scores the val split and writes the metrics.
         --checkpoint results/cells/base/pretrain/checkpoint.pt --data results/data/synthetic/det \
         --out results/cells/base/detect.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,20 +42,19 @@ from PIL import Image
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import nn
+from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.models.detection import FasterRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, FastRCNNPredictor, TwoMLPHead
-from torchvision.models._utils import IntermediateLayerGetter
 from torchvision.ops import FrozenBatchNorm2d, MultiScaleRoIAlign
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 from torchvision.transforms.functional import pil_to_tensor
 from tqdm import tqdm
 
-from pipeline import checkpoint
+from pipeline import checkpoint, cpus, distributed, voc_eval
 from pipeline.augment import MEAN, STD
 from pipeline.config import ConfigError, as_section, load_stage_config, to_dict
-from pipeline import cpus, distributed, voc_eval
 from pipeline.detection_data import DetectionDataError, DetectionSplit, load_splits
 from pipeline.io import atomic_write_json
 from pipeline.models import build_backbone, group_norm
@@ -159,8 +159,10 @@ def new_layer_norm(dc: Detect):
 def check_norm(arch: dict, dc: Detect, source: str) -> None:
     backbone_norm = arch.get("norm", "bn")  # the checkpoint's record: older ones have no norm
     if dc.norm == "gn" and backbone_norm != "gn":
-        raise ConfigError(f"detect.norm: gn needs a backbone pretrained with GroupNorm (pretrain.norm: gn); "
-                          f"{source} holds a BatchNorm backbone: use frozen_bn or bn")
+        raise ConfigError(
+            f"detect.norm: gn needs a backbone pretrained with GroupNorm (pretrain.norm: gn); "
+            f"{source} holds a BatchNorm backbone: use frozen_bn or bn"
+        )
 
 
 def build_detector(ckpt: dict, dc: Detect | dict, num_classes: int, source: str = "checkpoint") -> FasterRCNN:
@@ -177,27 +179,49 @@ def build_detector(ckpt: dict, dc: Detect | dict, num_classes: int, source: str 
     if dc.head == "c4":
         body = IntermediateLayerGetter(backbone, {"layer3": "0"})  # stem, layer1..layer3
         body.out_channels = backbone.stage_channels[2]
-        parts = dict(rpn_anchor_generator=AnchorGenerator((tuple(sizes),), ((0.5, 1.0, 2.0),)),
-                     box_roi_pool=MultiScaleRoIAlign(["0"], output_size=14, sampling_ratio=0),
-                     box_head=Res5Head(backbone.layer4, backbone.stage_channels[3], norm),
-                     box_predictor=FastRCNNPredictor(backbone.stage_channels[3], num_classes))
+        parts = dict(
+            rpn_anchor_generator=AnchorGenerator((tuple(sizes),), ((0.5, 1.0, 2.0),)),
+            box_roi_pool=MultiScaleRoIAlign(["0"], output_size=14, sampling_ratio=0),
+            box_head=Res5Head(backbone.layer4, backbone.stage_channels[3], norm),
+            box_predictor=FastRCNNPredictor(backbone.stage_channels[3], num_classes),
+        )
     else:
         channels = dc.fpn_channels
-        body = BackboneWithFPN(backbone, {f"layer{k}": str(k - 1) for k in range(1, 5)}, backbone.stage_channels,
-                               channels, extra_blocks=LastLevelMaxPool(), norm_layer=norm)
+        body = BackboneWithFPN(
+            backbone,
+            {f"layer{k}": str(k - 1) for k in range(1, 5)},
+            backbone.stage_channels,
+            channels,
+            extra_blocks=LastLevelMaxPool(),
+            norm_layer=norm,
+        )
         # With a norm the box head is 4conv1fc (torchvision's v2 and Detectron2's GN/SyncBN head).
-        head = TwoMLPHead(channels * 7 * 7, BOX_HEAD_DIM) if norm is None else \
-            FastRCNNConvFCHead((channels, 7, 7), [channels] * 4, [BOX_HEAD_DIM], norm_layer=norm)
-        parts = dict(rpn_anchor_generator=AnchorGenerator(tuple((s,) for s in sizes), ((0.5, 1.0, 2.0),) * len(sizes)),
-                     box_head=head, box_predictor=FastRCNNPredictor(BOX_HEAD_DIM, num_classes))
+        head = (
+            TwoMLPHead(channels * 7 * 7, BOX_HEAD_DIM)
+            if norm is None
+            else FastRCNNConvFCHead((channels, 7, 7), [channels] * 4, [BOX_HEAD_DIM], norm_layer=norm)
+        )
+        parts = dict(
+            rpn_anchor_generator=AnchorGenerator(tuple((s,) for s in sizes), ((0.5, 1.0, 2.0),) * len(sizes)),
+            box_head=head,
+            box_predictor=FastRCNNPredictor(BOX_HEAD_DIM, num_classes),
+        )
     rpn = dc.rpn
     # training draws each image's shorter side from train_sizes (multi-scale); test: image_size
     train_sizes = tuple(dc.train_sizes or (size,))
-    return FasterRCNN(body, min_size=train_sizes, max_size=dc.max_image_size or size,
-                      image_mean=MEAN, image_std=STD,
-                      rpn_pre_nms_top_n_train=rpn.pre_nms_train, rpn_post_nms_top_n_train=rpn.post_nms_train,
-                      rpn_pre_nms_top_n_test=rpn.pre_nms_test, rpn_post_nms_top_n_test=rpn.post_nms_test,
-                      box_batch_size_per_image=dc.roi_per_image, **parts)
+    return FasterRCNN(
+        body,
+        min_size=train_sizes,
+        max_size=dc.max_image_size or size,
+        image_mean=MEAN,
+        image_std=STD,
+        rpn_pre_nms_top_n_train=rpn.pre_nms_train,
+        rpn_post_nms_top_n_train=rpn.post_nms_train,
+        rpn_pre_nms_top_n_test=rpn.pre_nms_test,
+        rpn_post_nms_top_n_test=rpn.post_nms_test,
+        box_batch_size_per_image=dc.roi_per_image,
+        **parts,
+    )
 
 
 def test_scale(detector: FasterRCNN, dc: Detect | dict) -> None:
@@ -223,7 +247,8 @@ def verify_backbone(detector: FasterRCNN, state: dict, source: str = "checkpoint
     if missing or differ:
         raise checkpoint.CheckpointError(
             f"{source}: detector backbone does not hold the pretrained weights: "
-            f"missing {missing[:5]}, different {differ[:5]}")
+            f"missing {missing[:5]}, different {differ[:5]}"
+        )
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str = "cosine", lr_steps=()) -> float:
@@ -242,8 +267,10 @@ def iterations(dc: Detect, steps_per_epoch: int) -> int:
 
 
 def to_device(images, targets, device) -> tuple[list, list]:
-    return ([im.to(device, non_blocking=True) for im in images],
-            [{k: v.to(device) if torch.is_tensor(v) else v for k, v in t.items()} for t in targets])
+    return (
+        [im.to(device, non_blocking=True) for im in images],
+        [{k: v.to(device) if torch.is_tensor(v) else v for k, v in t.items()} for t in targets],
+    )
 
 
 def train(detector: nn.Module, loader, dc: Detect) -> list[float]:
@@ -257,8 +284,10 @@ def train(detector: nn.Module, loader, dc: Detect) -> list[float]:
     warmup = max(1, min(100, total // 4))  # random heads give huge first gradients (NaN at 2x lr)
     schedule, lr_steps = dc.schedule, dc.lr_steps or ()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, schedule, lr_steps))
-    curve, bar = [], tqdm(total=total, desc="[detect] train", file=sys.stderr, mininterval=5, leave=False,
-                          disable=not is_main())
+    curve, bar = (
+        [],
+        tqdm(total=total, desc="[detect] train", file=sys.stderr, mininterval=5, leave=False, disable=not is_main()),
+    )
     detector.train()
     done = 0
     for epoch in range(epochs):
@@ -271,8 +300,9 @@ def train(detector: nn.Module, loader, dc: Detect) -> list[float]:
             images, targets = to_device(images, targets, device)
             loss = sum(detector(images, targets).values())
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"loss is not finite at epoch {epoch + 1} step {step + 1}; "
-                                         f"lower detect.lr (now {dc.lr})")
+                raise FloatingPointError(
+                    f"loss is not finite at epoch {epoch + 1} step {step + 1}; lower detect.lr (now {dc.lr})"
+                )
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -281,8 +311,10 @@ def train(detector: nn.Module, loader, dc: Detect) -> list[float]:
             bar.update()
             done += 1
         curve.append(round(sum(losses) / len(losses), 5))
-        log(f"epoch {epoch + 1}/{epochs} loss {curve[-1]:.4f} lr {opt.param_groups[0]['lr']:.5f} "
-            f"({time.time() - start:.1f} s)")
+        log(
+            f"epoch {epoch + 1}/{epochs} loss {curve[-1]:.4f} lr {opt.param_groups[0]['lr']:.5f} "
+            f"({time.time() - start:.1f} s)"
+        )
     bar.close()
     return curve
 
@@ -295,11 +327,17 @@ def predict(detector: FasterRCNN, dataset: CocoBoxes, batch_size: int) -> list[d
     device, results = next(detector.parameters()).device, []
     for images, targets in loader:
         for out, target in zip(detector([im.to(device) for im in images]), targets):
-            for (x0, y0, x1, y1), label, score in zip(out["boxes"].tolist(), out["labels"].tolist(),
-                                                      out["scores"].tolist()):
-                results.append({"image_id": target["image_id"], "category_id": label,
-                                "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)],
-                                "score": round(score, 5)})
+            for (x0, y0, x1, y1), label, score in zip(
+                out["boxes"].tolist(), out["labels"].tolist(), out["scores"].tolist()
+            ):
+                results.append(
+                    {
+                        "image_id": target["image_id"],
+                        "category_id": label,
+                        "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)],
+                        "score": round(score, 5),
+                    }
+                )
     return results
 
 
@@ -322,8 +360,11 @@ def coco_evaluate(gt: str | Path | dict, detections: list[dict]) -> dict:
     coco_gt = coco_from_dict(gt)
     with contextlib.redirect_stdout(io.StringIO()):
         # loadRes rejects an empty list: evaluate against an empty result set instead
-        coco_dt = coco_gt.loadRes(detections) if detections else \
-            coco_from_dict({"images": gt["images"], "annotations": [], "categories": gt["categories"]})
+        coco_dt = (
+            coco_gt.loadRes(detections)
+            if detections
+            else coco_from_dict({"images": gt["images"], "annotations": [], "categories": gt["categories"]})
+        )
         evaluator = COCOeval(coco_gt, coco_dt, iouType="bbox")
         evaluator.evaluate()
         evaluator.accumulate()
@@ -350,9 +391,17 @@ def evaluate(split: DetectionSplit, detections: list[dict], dc: Detect | dict) -
     metric = voc_metric(split, dc)
     voc = voc_eval.evaluate(split.coco, detections, metric)
     log(f"VOC ({metric}) AP50={voc['AP50']} AP={voc['AP']} AP75={voc['AP75']}")
-    return {"AP": voc["AP"], "AP50": voc["AP50"], "AP75": voc["AP75"], "APs": None, "APm": None, "APl": None,
-            "protocol": f"VOC {metric} AP (AP over IoU 0.50:0.95, as Detectron2's VOC evaluator)",
-            "per_class_AP50": voc["per_class_AP50"], "coco_style": coco}
+    return {
+        "AP": voc["AP"],
+        "AP50": voc["AP50"],
+        "AP75": voc["AP75"],
+        "APs": None,
+        "APm": None,
+        "APl": None,
+        "protocol": f"VOC {metric} AP (AP over IoU 0.50:0.95, as Detectron2's VOC evaluator)",
+        "per_class_AP50": voc["per_class_AP50"],
+        "coco_style": coco,
+    }
 
 
 def normalisation(dc: Detect, synced: bool, world_size: int) -> str:
@@ -391,21 +440,37 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
     if dc.batch_size % env.world_size:
         raise ConfigError(f"detect.batch_size={dc.batch_size} is not a multiple of the {env.world_size} ranks")
     per_rank = dc.batch_size // env.world_size
-    sampler = torch.utils.data.DistributedSampler(train_set, env.world_size, env.rank, shuffle=True, seed=seed,
-                                                  drop_last=True) if env.world_size > 1 else None
+    sampler = (
+        torch.utils.data.DistributedSampler(
+            train_set, env.world_size, env.rank, shuffle=True, seed=seed, drop_last=True
+        )
+        if env.world_size > 1
+        else None
+    )
     loader = torch.utils.data.DataLoader(
-        train_set, batch_size=per_rank, sampler=sampler, shuffle=sampler is None, collate_fn=collate,
-        num_workers=dc.workers, pin_memory=device.type == "cuda",
+        train_set,
+        batch_size=per_rank,
+        sampler=sampler,
+        shuffle=sampler is None,
+        collate_fn=collate,
+        num_workers=dc.workers,
+        pin_memory=device.type == "cuda",
         drop_last=len(train_set) > dc.batch_size,  # equal-sized steps, unless one batch is all there is
-        generator=torch.Generator().manual_seed(seed))
+        generator=torch.Generator().manual_seed(seed),
+    )
     head, norm_text, total = dc.head, normalisation(dc, synced, env.world_size), iterations(dc, len(loader))
-    log(f"{train_split.name}: {len(train_set)} train / {val_split.name}: {len(val_set)} val images, "
+    log(
+        f"{train_split.name}: {len(train_set)} train / {val_split.name}: {len(val_set)} val images, "
         f"{num_classes - 1} classes, {ckpt['arch']}, head {head}, {norm_text}, "
-        f"{total} iterations, seed {seed}, {env.world_size} rank(s) on {device}")
+        f"{total} iterations, seed {seed}, {env.world_size} rank(s) on {device}"
+    )
     start = time.time()
     watch.mark("setup")
-    model = nn.parallel.DistributedDataParallel(detector, device_ids=[device.index] if device.type == "cuda" else None) \
-        if env.world_size > 1 else detector
+    model = (
+        nn.parallel.DistributedDataParallel(detector, device_ids=[device.index] if device.type == "cuda" else None)
+        if env.world_size > 1
+        else detector
+    )
     with watch.phase("fine_tune"):
         curve = train(model, loader, dc)
     check_ranks_agree(detector)
@@ -414,14 +479,30 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
         with watch.phase("evaluate"):
             test_scale(detector, dc)
             metrics = evaluate(val_split, predict(detector, val_set, per_rank), dc)
-        metrics.update({"epochs": len(curve), "iterations": total, "train_loss": curve,
-                        "seconds": round(time.time() - start, 1), "arch": ckpt["arch"], "method": ckpt.get("method"),
-                        "head": head, "norm": dc.norm, "sync_bn": synced, "ranks": env.world_size,
-                        "batch_size": dc.batch_size, "normalisation": norm_text,
-                        "seed": seed, "checkpoint": str(ckpt_path),
-                        "train_set": train_split.name, "val_set": val_split.name,
-                        "num_train_images": len(train_set), "num_val_images": len(val_set), "config": cfg,
-                        "timing": watch.report()})
+        metrics.update(
+            {
+                "epochs": len(curve),
+                "iterations": total,
+                "train_loss": curve,
+                "seconds": round(time.time() - start, 1),
+                "arch": ckpt["arch"],
+                "method": ckpt.get("method"),
+                "head": head,
+                "norm": dc.norm,
+                "sync_bn": synced,
+                "ranks": env.world_size,
+                "batch_size": dc.batch_size,
+                "normalisation": norm_text,
+                "seed": seed,
+                "checkpoint": str(ckpt_path),
+                "train_set": train_split.name,
+                "val_set": val_split.name,
+                "num_train_images": len(train_set),
+                "num_val_images": len(val_set),
+                "config": cfg,
+                "timing": watch.report(),
+            }
+        )
         atomic_write_json(metrics, out)
     if env.world_size > 1:
         distributed.barrier()
@@ -452,36 +533,65 @@ def summarize_trials(paths: list, out: Path) -> dict:
         mean[key] = round(statistics.fmean(vals), 3) if vals else None
         std[key] = round(statistics.stdev(vals), 3) if len(vals) > 1 else None  # sample std
     first = trials[0]
-    shared = {k: first[k] for k in ("epochs", "iterations", "arch", "method", "head", "norm", "batch_size",
-                                    "normalisation", "protocol", "checkpoint", "train_set", "val_set",
-                                    "num_train_images", "num_val_images", "config") if k in first}
-    summary = {**mean, "std": std, "n": len(trials), **shared,
-               "seconds": round(sum(t.get("seconds", 0) for t in trials), 1),
-               "trials": [{k: t.get(k) for k in (*AP_KEYS, "seed", "train_loss", "seconds")} for t in trials]}
+    shared = {
+        k: first[k]
+        for k in (
+            "epochs",
+            "iterations",
+            "arch",
+            "method",
+            "head",
+            "norm",
+            "batch_size",
+            "normalisation",
+            "protocol",
+            "checkpoint",
+            "train_set",
+            "val_set",
+            "num_train_images",
+            "num_val_images",
+            "config",
+        )
+        if k in first
+    }
+    summary = {
+        **mean,
+        "std": std,
+        "n": len(trials),
+        **shared,
+        "seconds": round(sum(t.get("seconds", 0) for t in trials), 1),
+        "trials": [{k: t.get(k) for k in (*AP_KEYS, "seed", "train_loss", "seconds")} for t in trials],
+    }
     atomic_write_json(summary, out)
-    log(" ".join(f"{k}={mean[k]}" + (f"±{std[k]}" if std[k] is not None else "") for k in ("AP", "AP50", "AP75"))
-        + f" over {len(trials)} trial(s) -> {out}")
+    log(
+        " ".join(f"{k}={mean[k]}" + (f"±{std[k]}" if std[k] is not None else "") for k in ("AP", "AP50", "AP75"))
+        + f" over {len(trials)} trial(s) -> {out}"
+    )
     return summary
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["summarize"]:
-        ap = argparse.ArgumentParser(prog="python -m pipeline.detect summarize",
-                                     description="mean and std of a cell's detection trials")
+        ap = argparse.ArgumentParser(
+            prog="python -m pipeline.detect summarize", description="mean and std of a cell's detection trials"
+        )
         ap.add_argument("--out", required=True, help="the cell's detect.json")
         ap.add_argument("trials", nargs="+", help="trial metrics JSONs")
         args = ap.parse_args(argv[1:])
         try:
             summarize_trials(args.trials, Path(args.out))
         except FileNotFoundError as err:
-            raise SystemExit(f"[detect] error: {err}")
+            raise SystemExit(f"[detect] error: {err}") from None
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="inline JSON or a YAML file with a 'detect' section")
     ap.add_argument("--checkpoint", required=True, help="pretraining checkpoint.pt")
-    ap.add_argument("--data", required=True, help="COCO folder (instances_{train,val}.json + images, or the "
-                    "2017 layout) or VOCdevkit (VOC2007/, VOC2012/)")
+    ap.add_argument(
+        "--data",
+        required=True,
+        help="COCO folder (instances_{train,val}.json + images, or the 2017 layout) or VOCdevkit (VOC2007/, VOC2012/)",
+    )
     ap.add_argument("--out", required=True, help="metrics JSON")
     ap.add_argument("--seed", type=int, default=None, help="this trial's seed (default: detect.seed)")
     args = ap.parse_args(argv)
@@ -489,7 +599,7 @@ def main(argv=None) -> None:
         cfg = load_stage_config(args.config, SECTIONS)
         m = run(cfg, Path(args.checkpoint), Path(args.data), Path(args.out), args.seed)
     except (ConfigError, checkpoint.CheckpointError, FileNotFoundError, FloatingPointError) as err:
-        raise SystemExit(f"[detect] error: {err}")
+        raise SystemExit(f"[detect] error: {err}") from None
     if m is not None:
         log(f"AP={m['AP']} AP50={m['AP50']} AP75={m['AP75']} in {m['seconds']} s -> {args.out}")
 

@@ -11,6 +11,7 @@
 
 ``dataset: auto`` picks the layout from what ``root`` holds.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,28 @@ from pathlib import Path
 from pipeline.config import as_section
 from pipeline.sections import Voc
 
-VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
-               "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa",
-               "train", "tvmonitor")
+VOC_CLASSES = (
+    "aeroplane",
+    "bicycle",
+    "bird",
+    "boat",
+    "bottle",
+    "bus",
+    "car",
+    "cat",
+    "chair",
+    "cow",
+    "diningtable",
+    "dog",
+    "horse",
+    "motorbike",
+    "person",
+    "pottedplant",
+    "sheep",
+    "sofa",
+    "train",
+    "tvmonitor",
+)
 
 
 class DetectionDataError(FileNotFoundError):
@@ -32,9 +52,9 @@ class DetectionDataError(FileNotFoundError):
 
 @dataclass
 class DetectionSplit:
-    coco: dict          # COCO-format: images, annotations, categories
-    image_root: Path    # file_name is relative to this folder
-    name: str           # what it is, for logs and metrics
+    coco: dict  # COCO-format: images, annotations, categories
+    image_root: Path  # file_name is relative to this folder
+    name: str  # what it is, for logs and metrics
     kind: str = "coco"  # coco | voc: the evaluation protocol of its own benchmark
     year: str | None = None  # VOC: the year of its image sets (2007's test set: the 11-point metric)
 
@@ -49,8 +69,10 @@ def detect_layout(root: Path) -> str:
         return "coco"
     if (root / "VOC2007").is_dir() or (root / "VOC2012").is_dir():
         return "voc"
-    raise DetectionDataError(f"{root}: neither a COCO folder (instances_train.json, or "
-                             "annotations/instances_train2017.json) nor a VOCdevkit (VOC2007/, VOC2012/)")
+    raise DetectionDataError(
+        f"{root}: neither a COCO folder (instances_train.json, or "
+        "annotations/instances_train2017.json) nor a VOCdevkit (VOC2007/, VOC2012/)"
+    )
 
 
 def load_splits(root, dataset: str = "auto", voc: Voc | dict | None = None) -> tuple[DetectionSplit, DetectionSplit]:
@@ -105,15 +127,29 @@ def voc_split(devkit: Path, sets: list[str]) -> DetectionSplit:
         for stem in listing.read_text().split():
             image_id = len(images) + 1
             width, height, objects = _voc_annotation(folder / "Annotations" / f"{stem}.xml", class_id)
-            images.append({"id": image_id, "file_name": f"VOC{year}/JPEGImages/{stem}.jpg",
-                           "width": width, "height": height})
+            images.append(
+                {"id": image_id, "file_name": f"VOC{year}/JPEGImages/{stem}.jpg", "width": width, "height": height}
+            )
             for label, (x0, y0, x1, y1), difficult in objects:
-                annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": label,
-                                    "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0),
-                                    "iscrowd": int(difficult), "difficult": int(difficult)})
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": image_id,
+                        "category_id": label,
+                        "bbox": [x0, y0, x1 - x0, y1 - y0],
+                        "area": (x1 - x0) * (y1 - y0),
+                        "iscrowd": int(difficult),
+                        "difficult": int(difficult),
+                    }
+                )
     years = {item.partition("/")[0] for item in sets}
-    return DetectionSplit({"images": images, "annotations": annotations, "categories": categories},
-                          devkit, "VOC " + "+".join(sets), kind="voc", year=years.pop() if len(years) == 1 else None)
+    return DetectionSplit(
+        {"images": images, "annotations": annotations, "categories": categories},
+        devkit,
+        "VOC " + "+".join(sets),
+        kind="voc",
+        year=years.pop() if len(years) == 1 else None,
+    )
 
 
 def write_voc(split: DetectionSplit, devkit: Path, year: str, image_set: str, difficult=frozenset()) -> None:
@@ -134,16 +170,20 @@ def write_voc(split: DetectionSplit, devkit: Path, year: str, image_set: str, di
     for img in split.coco["images"]:
         stem = f"{image_set}_{img['id']:06d}"
         Image.open(split.image_root / img["file_name"]).convert("RGB").save(
-            folder / "JPEGImages" / f"{stem}.jpg", quality=95)
+            folder / "JPEGImages" / f"{stem}.jpg", quality=95
+        )
         objects = "".join(
             f"<object><name>{VOC_CLASSES[a['category_id'] - 1]}</name>"
             f"<difficult>{int(a['id'] in difficult)}</difficult><bndbox>"
             f"<xmin>{a['bbox'][0] + 1:g}</xmin><ymin>{a['bbox'][1] + 1:g}</ymin>"
             f"<xmax>{a['bbox'][0] + a['bbox'][2]:g}</xmax><ymax>{a['bbox'][1] + a['bbox'][3]:g}</ymax>"
-            "</bndbox></object>" for a in by_image.get(img["id"], []))
+            "</bndbox></object>"
+            for a in by_image.get(img["id"], [])
+        )
         (folder / "Annotations" / f"{stem}.xml").write_text(
             f"<annotation><size><width>{img['width']}</width><height>{img['height']}</height><depth>3</depth>"
-            f"</size>{objects}</annotation>")
+            f"</size>{objects}</annotation>"
+        )
         stems.append(stem)
     (folder / "ImageSets" / "Main" / f"{image_set}.txt").write_text("\n".join(stems) + "\n")
 
@@ -159,15 +199,17 @@ def to_voc(coco_root: Path, devkit: Path) -> None:
 def main(argv=None) -> None:
     import argparse
 
-    ap = argparse.ArgumentParser(description="Write a COCO-layout detection folder (e.g. the embedded scenes) "
-                                 "as a VOCdevkit: train -> VOC2007 trainval, val -> VOC2007 test")
+    ap = argparse.ArgumentParser(
+        description="Write a COCO-layout detection folder (e.g. the embedded scenes) "
+        "as a VOCdevkit: train -> VOC2007 trainval, val -> VOC2007 test"
+    )
     ap.add_argument("--coco", required=True, help="folder with instances_{train,val}.json and the images")
     ap.add_argument("--out", required=True, help="the VOCdevkit folder to write")
     args = ap.parse_args(argv)
     try:
         to_voc(Path(args.coco), Path(args.out))
     except DetectionDataError as err:
-        raise SystemExit(f"[detection_data] error: {err}")
+        raise SystemExit(f"[detection_data] error: {err}") from None
     print(f"[detection_data] {args.coco} -> {args.out} (VOC2007 trainval / test)")
 
 

@@ -1,4 +1,5 @@
 """Process-group setup from torchrun's or SLURM's environment; one code path for all."""
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,10 @@ def init() -> DistEnv:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl" and local >= torch.cuda.device_count():
-        raise RuntimeError(f"local rank {local} has no GPU: this node's job sees {torch.cuda.device_count()} "
-                           "GPU(s), one per rank is needed (the profile's gres for this rule, e.g. gpu:<ranks>)")
+        raise RuntimeError(
+            f"local rank {local} has no GPU: this node's job sees {torch.cuda.device_count()} "
+            "GPU(s), one per rank is needed (the profile's gres for this rule, e.g. gpu:<ranks>)"
+        )
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
     if backend == "nccl":

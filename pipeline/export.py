@@ -12,6 +12,7 @@ how to load it).
     python -m pipeline.export --checkpoint results/cells/base/pretrain/checkpoint.pt \\
         --probe results/cells/base/probe.json --cell base --out results/cells/base/export/export.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,32 +27,44 @@ from pipeline import checkpoint
 from pipeline.io import atomic_path, atomic_write_json
 from pipeline.layout import VITS, is_resnet
 
-TIMM_NAMES = {"vit_tiny": "vit_tiny_patch16_224", "vit_small": "vit_small_patch16_224", "vit_base": "vit_base_patch16_224"}
+TIMM_NAMES = {
+    "vit_tiny": "vit_tiny_patch16_224",
+    "vit_small": "vit_small_patch16_224",
+    "vit_base": "vit_base_patch16_224",
+}
 
 
 def torchvision_loading(arch: dict) -> str:
     """Python that builds the torchvision model the state dict loads into (strict=True)."""
     name, width = arch["backbone"], arch.get("width", 64)
     if width != 64:
-        return (f"# width {width} is not a torchvision ResNet: build it with "
-                f"pipeline.models.build_backbone({arch!r}) and load_state_dict(state, strict=True)")
+        return (
+            f"# width {width} is not a torchvision ResNet: build it with "
+            f"pipeline.models.build_backbone({arch!r}) and load_state_dict(state, strict=True)"
+        )
     lines = [f"model = torchvision.models.{name}()"]
     if arch.get("norm") == "gn":
         lines = [f"model = torchvision.models.{name}(norm_layer=lambda c: torch.nn.GroupNorm(math.gcd(32, c), c))"]
     if arch.get("cifar_stem"):
-        lines += ["model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)  # CIFAR stem: 3x3, stride 1",
-                  "model.maxpool = torch.nn.Identity()"]
-    lines += ["model.fc = torch.nn.Identity()  # fc is not exported: it was never pretrained",
-              "model.load_state_dict(torch.load(path), strict=True)"]
+        lines += [
+            "model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)  # CIFAR stem: 3x3, stride 1",
+            "model.maxpool = torch.nn.Identity()",
+        ]
+    lines += [
+        "model.fc = torch.nn.Identity()  # fc is not exported: it was never pretrained",
+        "model.load_state_dict(torch.load(path), strict=True)",
+    ]
     return "\n".join(lines)
 
 
 def timm_loading(arch: dict) -> str:
     size, patch = arch.get("image_size", 224), arch.get("patch_size", 16)
     depth = f", depth={arch['depth']}" if arch.get("depth") else ""
-    return (f"model = timm.create_model({TIMM_NAMES[arch['backbone']]!r}, pretrained=False, num_classes=0, "
-            f"img_size={size}, patch_size={patch}{depth}, global_pool='token')\n"
-            "model.load_state_dict(torch.load(path), strict=True)")
+    return (
+        f"model = timm.create_model({TIMM_NAMES[arch['backbone']]!r}, pretrained=False, num_classes=0, "
+        f"img_size={size}, patch_size={patch}{depth}, global_pool='token')\n"
+        "model.load_state_dict(torch.load(path), strict=True)"
+    )
 
 
 def detectron2_name(key: str) -> str:
@@ -66,8 +79,11 @@ def detectron2_name(key: str) -> str:
 
 
 def detectron2_weights(state: dict) -> dict:
-    return {"model": {detectron2_name(k): v.numpy() for k, v in state.items() if not k.endswith("num_batches_tracked")},
-            "__author__": "moco-pipeline", "matching_heuristics": True}
+    return {
+        "model": {detectron2_name(k): v.numpy() for k, v in state.items() if not k.endswith("num_batches_tracked")},
+        "__author__": "moco-pipeline",
+        "matching_heuristics": True,
+    }
 
 
 def sha256(path: Path) -> str:
@@ -92,20 +108,36 @@ def run(ckpt_path: Path, out: Path, probe: Path | None = None, cell: str | None 
         files[name] = {"what": what, "sha256": sha256(path), "load": loading}
 
     if is_resnet(arch):
-        save("torchvision.pth", lambda p: torch.save(state, p), torchvision_loading(arch),
-             "torchvision ResNet state dict, fc excluded (not pretrained)")
-        save("detectron2.pkl", lambda p: p.write_bytes(pickle.dumps(detectron2_weights(state))),
-             "MODEL.WEIGHTS: <this file>, MODEL.RESNETS.STRIDE_IN_1X1: False, INPUT.FORMAT: RGB, "
-             "MODEL.PIXEL_MEAN/STD: ImageNet's in 0-255 (as the MoCo detection configs)",
-             "Detectron2 checkpoint (stem, res2..res5), BN statistics included")
+        save(
+            "torchvision.pth",
+            lambda p: torch.save(state, p),
+            torchvision_loading(arch),
+            "torchvision ResNet state dict, fc excluded (not pretrained)",
+        )
+        save(
+            "detectron2.pkl",
+            lambda p: p.write_bytes(pickle.dumps(detectron2_weights(state))),
+            "MODEL.WEIGHTS: <this file>, MODEL.RESNETS.STRIDE_IN_1X1: False, INPUT.FORMAT: RGB, "
+            "MODEL.PIXEL_MEAN/STD: ImageNet's in 0-255 (as the MoCo detection configs)",
+            "Detectron2 checkpoint (stem, res2..res5), BN statistics included",
+        )
     elif arch["backbone"] in VITS:
-        save("timm.pth", lambda p: torch.save(state, p), timm_loading(arch),
-             "timm VisionTransformer state dict, no head")
+        save(
+            "timm.pth", lambda p: torch.save(state, p), timm_loading(arch), "timm VisionTransformer state dict, no head"
+        )
     config = ckpt.get("config") or {}
     probe_record = json.loads(Path(probe).read_text()) if probe and Path(probe).is_file() else {}
-    sidecar = {"cell": cell, "method": ckpt.get("method"), "arch": arch, "params": config.get("pretrain"),
-               "probe_top1": probe_record.get("top1"), "knn_top1": probe_record.get("knn_top1"),
-               "checkpoint": str(ckpt_path), "checkpoint_sha256": sha256(Path(ckpt_path)), "files": files}
+    sidecar = {
+        "cell": cell,
+        "method": ckpt.get("method"),
+        "arch": arch,
+        "params": config.get("pretrain"),
+        "probe_top1": probe_record.get("top1"),
+        "knn_top1": probe_record.get("knn_top1"),
+        "checkpoint": str(ckpt_path),
+        "checkpoint_sha256": sha256(Path(ckpt_path)),
+        "files": files,
+    }
     atomic_write_json(sidecar, out)
     return sidecar
 
@@ -120,7 +152,7 @@ def main(argv=None) -> None:
     try:
         sidecar = run(Path(args.checkpoint), Path(args.out), args.probe, args.cell)
     except checkpoint.CheckpointError as err:
-        raise SystemExit(f"[export] error: {err}")
+        raise SystemExit(f"[export] error: {err}") from None
     print(f"[export] {', '.join(sidecar['files'])} -> {Path(args.out).parent}")
 
 

@@ -1,4 +1,5 @@
 """Frozen-backbone feature extraction over an FFCV split (evaluation view, no augmentation)."""
+
 from __future__ import annotations
 
 import torch
@@ -7,8 +8,16 @@ from pipeline.augment import normalize
 from pipeline.data import eval_loader
 
 
-def extract(backbone: torch.nn.Module, beton, crop_size: int, workers: int = 2, batch_size: int = 512,
-            threads: int | None = None, device=None, loader: str = "ffcv") -> tuple[torch.Tensor, torch.Tensor]:
+def extract(
+    backbone: torch.nn.Module,
+    beton,
+    crop_size: int,
+    workers: int = 2,
+    batch_size: int = 512,
+    threads: int | None = None,
+    device=None,
+    loader: str = "ffcv",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(features N x D, labels N) in file order, on ``device`` (default: the backbone's)."""
     batches = eval_loader(beton, batch_size, crop_size, workers=workers, threads=threads, loader=loader)
     return features_of(backbone, batches, device)

@@ -13,6 +13,7 @@ in every job of the workflow:
   that call FFCV's C library through ctypes cannot be cached (numba says "dynamic globals")
   and still compile in each process.
 """
+
 from __future__ import annotations
 
 import sys
@@ -45,10 +46,9 @@ def _import_without_typed_dict() -> None:
 
 
 def _cache_compilations() -> None:
+    from ffcv.pipeline.compiler import Compiler
     from numba import njit
     from numba.core.errors import NumbaWarning
-
-    from ffcv.pipeline.compiler import Compiler
 
     # ctypes calls make some pipeline functions uncacheable; that is expected, not a user error
     warnings.filterwarnings("ignore", message="Cannot cache compiled function", category=NumbaWarning)
@@ -57,8 +57,9 @@ def _cache_compilations() -> None:
         if not Compiler.is_enabled:
             return code
         parallel = getattr(code, "is_parallel", False) and Compiler.num_threads > 1
-        dispatcher = njit(signature, fastmath=True, nogil=True, error_model="numpy", parallel=parallel,
-                          cache=True)(code)
+        dispatcher = njit(signature, fastmath=True, nogil=True, error_model="numpy", parallel=parallel, cache=True)(
+            code
+        )
         COMPILED.append(dispatcher)
         return dispatcher
 

@@ -11,6 +11,7 @@
 A figure without data yet still exists (it says so), so the set of files is fixed.
 Called by pipeline.tables; ``write_figures(collect(results), results)`` alone works too.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,6 @@ from pipeline.grid import format_value
 from pipeline.io import atomic_path
 from pipeline.layout import FIGURE_FORMATS, FIGURES, cell_file
 from pipeline.studies import MECHANISMS, groups, mechanism_groups, shuffle_bn_groups, value
-
 
 
 def pyplot():
@@ -39,8 +39,13 @@ def save(fig, path: Path) -> None:
     """path without suffix -> path.png and path.pdf (atomic; PDFs without a creation date)."""
     for ext in FIGURE_FORMATS:
         with atomic_path(path.with_name(f"{path.name}.{ext}")) as tmp:
-            fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight",
-                        metadata={"CreationDate": None} if ext == "pdf" else {"Software": None})
+            fig.savefig(
+                tmp,
+                format=ext,
+                dpi=150,
+                bbox_inches="tight",
+                metadata={"CreationDate": None} if ext == "pdf" else {"Software": None},
+            )
     pyplot().close(fig)
 
 
@@ -52,15 +57,24 @@ def _plot_values(ax, xs, vals, **kw):
     """Points with a mean (error bars for seeds); diverged ones as red crosses on the x axis."""
     ok = [(x, v) for x, v in zip(xs, vals) if v.status == "ok"]
     if ok:
-        ax.errorbar([x for x, _ in ok], [v.mean for _, v in ok], yerr=[v.std or 0 for _, v in ok],
-                    marker="o", capsize=3, **kw)
+        ax.errorbar(
+            [x for x, _ in ok], [v.mean for _, v in ok], yerr=[v.std or 0 for _, v in ok], marker="o", capsize=3, **kw
+        )
     return [x for x, v in zip(xs, vals) if v.status == "fail"]
 
 
 def _mark_fails(ax, xs) -> None:
     if xs:
-        ax.plot(xs, [0.02] * len(xs), "x", color="tab:red", ms=9, mew=2, transform=ax.get_xaxis_transform(),
-                label="fail (diverged)")
+        ax.plot(
+            xs,
+            [0.02] * len(xs),
+            "x",
+            color="tab:red",
+            ms=9,
+            mew=2,
+            transform=ax.get_xaxis_transform(),
+            label="fail (diverged)",
+        )
 
 
 def accuracy_vs_k(gs):
@@ -74,8 +88,9 @@ def accuracy_vs_k(gs):
         color = f"C{i}"
         cells = [sel[(mech, k)].cells for k in sizes]
         fails += _plot_values(ax, sizes, [value(c, "top1") for c in cells], color=color, label=f"{label} (linear)")
-        _plot_values(ax, sizes, [value(c, "knn_top1") for c in cells], color=color, ls="--", mfc="white",
-                     label=f"{label} (kNN)")
+        _plot_values(
+            ax, sizes, [value(c, "knn_top1") for c in cells], color=color, ls="--", mfc="white", label=f"{label} (kNN)"
+        )
     _mark_fails(ax, fails)
     if sel:
         from matplotlib.ticker import ScalarFormatter
@@ -85,8 +100,11 @@ def accuracy_vs_k(gs):
         ax.legend(fontsize=7)
     else:
         _no_data(ax)
-    ax.set(xlabel="K (negatives; batch size for end-to-end)", ylabel="top-1 accuracy (%)",
-           title="Accuracy vs K per mechanism")
+    ax.set(
+        xlabel="K (negatives; batch size for end-to-end)",
+        ylabel="top-1 accuracy (%)",
+        title="Accuracy vs K per mechanism",
+    )
     ax.grid(alpha=0.3)
     return fig
 
@@ -123,12 +141,18 @@ def staleness(results: Path, cells: list[str]):
         log = read_log(results, cell)
         if log.empty or "queue_age_mean" not in log or log["queue_age_mean"].isna().all():
             continue
-        line, = ax.plot(log["epoch"], log["queue_age_mean"], label=cell)
+        (line,) = ax.plot(log["epoch"], log["queue_age_mean"], label=cell)
         ax.plot(log["epoch"], log["queue_age_max"], ls="--", color=line.get_color())
         n += 1
     if n:
-        ax.legend(fontsize=6, ncol=max(1, n // 12), title="mean (solid), max (dashed)", title_fontsize=6,
-                  loc="center left", bbox_to_anchor=(1.01, 0.5))
+        ax.legend(
+            fontsize=6,
+            ncol=max(1, n // 12),
+            title="mean (solid), max (dashed)",
+            title_fontsize=6,
+            loc="center left",
+            bbox_to_anchor=(1.01, 0.5),
+        )
     else:
         _no_data(ax, "no cell with a queue yet")
     _epoch_axes(ax, "age of queued keys (steps)", "Queue staleness")
@@ -214,8 +238,12 @@ def write_figures(df: pd.DataFrame, results: Path) -> list[Path]:
     (out / "curves").mkdir(parents=True, exist_ok=True)
     gs = groups(df) if not df.empty else {}
     cells = list(df["cell"]) if not df.empty else []
-    figs = {"accuracy_vs_K": lambda: accuracy_vs_k(gs), "accuracy_vs_m": lambda: accuracy_vs_m(gs),
-            "staleness": lambda: staleness(results, cells), "bn_leak": lambda: bn_leak(results, gs)}
+    figs = {
+        "accuracy_vs_K": lambda: accuracy_vs_k(gs),
+        "accuracy_vs_m": lambda: accuracy_vs_m(gs),
+        "staleness": lambda: staleness(results, cells),
+        "bn_leak": lambda: bn_leak(results, gs),
+    }
     assert list(figs) == FIGURES
     written = []
     for name, make in figs.items():

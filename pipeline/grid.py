@@ -4,6 +4,7 @@ A cell id lists only the parameters that differ from the base, in a fixed axis o
 ``base``, ``K=1024``, ``K=1024,m=0.9`` or ``method=random``. Identical cells reached from
 different sweeps get the same id, so they are one job.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -15,8 +16,24 @@ from pipeline.config import ConfigError, as_section, check_pretrain, load_schema
 from pipeline.layout import QUEUE_POLICIES
 from pipeline.sections import Claims, Grid, Pretrain, Resources
 
-AXES = ["method", "variant", "mechanism", "backbone", "width", "K", "m", "T", "epochs", "batch_size",
-        "lr", "aug", "shuffle_bn", "dim", "queue_policy", "seed"]
+AXES = [
+    "method",
+    "variant",
+    "mechanism",
+    "backbone",
+    "width",
+    "K",
+    "m",
+    "T",
+    "epochs",
+    "batch_size",
+    "lr",
+    "aug",
+    "shuffle_bn",
+    "dim",
+    "queue_policy",
+    "seed",
+]
 BASE_ID = "base"
 
 
@@ -29,8 +46,9 @@ def format_value(value) -> str:
 
 
 def cell_id(base: dict, params: dict) -> str:
-    diffs = [f"{axis}={format_value(params[axis])}" for axis in AXES
-             if axis in params and params[axis] != base.get(axis)]
+    diffs = [
+        f"{axis}={format_value(params[axis])}" for axis in AXES if axis in params and params[axis] != base.get(axis)
+    ]
     return ",".join(diffs) or BASE_ID
 
 
@@ -73,8 +91,11 @@ def _sweep_overrides(grid: Grid) -> list[dict]:
 
 def _replicates(overrides: list[dict], seeds: int, base: dict) -> list[dict]:
     """``grid.seeds``: every cell N times, seeds seed, seed+1, ... (its own seed or the base's)."""
-    return [{**o, "seed": as_section(Pretrain, merge(base, o)).seed + i} if i else o
-            for o in overrides for i in range(seeds)]
+    return [
+        {**o, "seed": as_section(Pretrain, merge(base, o)).seed + i} if i else o
+        for o in overrides
+        for i in range(seeds)
+    ]
 
 
 def training_set_size(cfg: dict) -> int | None:
@@ -90,8 +111,7 @@ def training_set_size(cfg: dict) -> int | None:
 def check_cell(cid: str, params: dict, schema: dict | None = None, num_samples: int | None = None) -> None:
     schema = schema or load_schema()
     try:
-        validate_schema(params, {**schema["$defs"]["pretrain"], "$defs": schema["$defs"]},
-                        prefix="pretrain")
+        validate_schema(params, {**schema["$defs"]["pretrain"], "$defs": schema["$defs"]}, prefix="pretrain")
         check_pretrain(params, where="pretrain", num_samples=num_samples)
     except ConfigError as err:
         raise ConfigError(f"ablation cell '{cid}' is impossible: {err}") from None
@@ -112,9 +132,13 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
     def policy(name):  # the base's own policy (unset: FIFO) is the same cell as the base's
         return {} if name == base.queue_policy else {"queue_policy": name}
 
-    return {"reference": short, **{f"m={m}": {**short, "m": m} for m in claims.m},
-            **{f"K={k},{p}": {**short, "K": k, **policy(p)} for k in claims.K for p in QUEUE_POLICIES},
-            "memory_bank": {**short, "mechanism": "memory_bank"}, "long": {"epochs": claims.long_epochs}}
+    return {
+        "reference": short,
+        **{f"m={m}": {**short, "m": m} for m in claims.m},
+        **{f"K={k},{p}": {**short, "K": k, **policy(p)} for k in claims.K for p in QUEUE_POLICIES},
+        "memory_bank": {**short, "mechanism": "memory_bank"},
+        "long": {"epochs": claims.long_epochs},
+    }
 
 
 def claims_cells(cfg: dict) -> dict[str, dict]:
@@ -123,8 +147,10 @@ def claims_cells(cfg: dict) -> dict[str, dict]:
     if "claims" not in cfg:
         raise ConfigError("the config has no 'claims' section (workflow/config/config.yaml has one)")
     if base.method != "moco" or base.variant == "v3" or base.mechanism != "moco":
-        raise ConfigError("claims: the claims vary the queue and the momentum of MoCo v1/v2; the base cell "
-                          f"(pretrain) is method={base.method} variant={base.variant} mechanism={base.mechanism}")
+        raise ConfigError(
+            "claims: the claims vary the queue and the momentum of MoCo v1/v2; the base cell "
+            f"(pretrain) is method={base.method} variant={base.variant} mechanism={base.mechanism}"
+        )
     return _cells(cfg, list(claims_overrides(section("claims", cfg["claims"]), base).values()))
 
 

@@ -1,4 +1,5 @@
 """Atomic file writes: a killed job never leaves a file that looks complete."""
+
 from __future__ import annotations
 
 import json

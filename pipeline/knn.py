@@ -1,5 +1,6 @@
 """Weighted kNN classifier on frozen features (InstDisc's monitor): cosine similarity,
 k nearest training samples vote with weight exp(sim / T)."""
+
 from __future__ import annotations
 
 import torch
@@ -7,14 +8,21 @@ from torch.nn import functional as F
 
 
 @torch.no_grad()
-def knn_predict(train_feats: torch.Tensor, train_labels: torch.Tensor, query_feats: torch.Tensor,
-                num_classes: int, k: int = 200, T: float = 0.07, chunk: int = 1024) -> torch.Tensor:
+def knn_predict(
+    train_feats: torch.Tensor,
+    train_labels: torch.Tensor,
+    query_feats: torch.Tensor,
+    num_classes: int,
+    k: int = 200,
+    T: float = 0.07,
+    chunk: int = 1024,
+) -> torch.Tensor:
     """Class scores (N_query x num_classes) for each query feature."""
     bank = F.normalize(train_feats.float(), dim=1)
     k = min(k, bank.shape[0])
     scores = []
     for start in range(0, query_feats.shape[0], chunk):
-        q = F.normalize(query_feats[start:start + chunk].float(), dim=1)
+        q = F.normalize(query_feats[start : start + chunk].float(), dim=1)
         sim, idx = (q @ bank.T).topk(k, dim=1)
         weights = (sim / T).exp()
         votes = torch.zeros(q.shape[0], num_classes, device=q.device)

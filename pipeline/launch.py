@@ -19,6 +19,7 @@ the launcher gives up.
 
 Everything after ``--`` is passed to ``python -m pipeline.pretrain`` (see its --help).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,15 +28,13 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from pipeline.config import as_section
 from pipeline.sections import Launch
 
-FINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-                "TIMEOUT"}
+FINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
 RANK_WAIT_S = 120  # a rank other than 0 that stopped for a requeue waits this long to be killed
 
 
@@ -134,8 +133,9 @@ class Pretraining:
 def slurm_state(job_id: str) -> str | None:
     """The job's state from squeue (None once SLURM forgot it, after MinJobAge)."""
     try:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "--states=all", "-o", "%T"], capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "--states=all", "-o", "%T"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "UNKNOWN"
     if out.returncode != 0:
@@ -178,15 +178,16 @@ def check_pretrain_args(argv: list[str]) -> None:
     try:
         cfg = load_typed_stage_config(args.config, SECTIONS)
     except (ConfigError, ValueError) as err:
-        raise SystemExit(f"[launch] error: {err}")
+        raise SystemExit(f"[launch] error: {err}") from None
     loader = cfg["data"].loader
     if not is_converted(Path(args.data) / "train.beton", loader):  # torchvision reads only the report
         raise SystemExit(f"[launch] error: {args.data} holds no converted train split for data.loader: {loader}")
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.launch", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nodes", type=int, default=1)
     ap.add_argument("--tasks-per-node", type=int, default=1, help="ranks per node: one per GPU")
     ap.add_argument("--gpus-per-node", type=int, default=0)
@@ -195,8 +196,12 @@ def main(argv=None) -> None:
     ap.add_argument("--timeout-min", type=int, default=60, help="time limit of one run (requeued after it)")
     ap.add_argument("--partition", help="default: the cluster's default partition")
     ap.add_argument("--account")
-    ap.add_argument("--signal-delay-s", type=int, default=120,
-                    help="SIGUSR2 this long before the time limit: save, checkpoint, requeue")
+    ap.add_argument(
+        "--signal-delay-s",
+        type=int,
+        default=120,
+        help="SIGUSR2 this long before the time limit: save, checkpoint, requeue",
+    )
     ap.add_argument("--max-requeues", type=int, default=3, help="time-limit requeues before giving up")
     ap.add_argument("--folder", required=True, help="submitit's folder: job scripts, pickles, per-rank logs")
     ap.add_argument("--cluster", choices=["slurm", "local"], help="default: slurm when sbatch exists, else local")
@@ -209,16 +214,28 @@ def main(argv=None) -> None:
 
     folder = Path(args.folder)
     executor = submitit.AutoExecutor(folder=folder, cluster=args.cluster, slurm_max_num_timeout=args.max_requeues)
-    params = dict(name="moco-pretrain", nodes=args.nodes, tasks_per_node=args.tasks_per_node,
-                  cpus_per_task=args.cpus_per_task, timeout_min=args.timeout_min,
-                  slurm_signal_delay_s=args.signal_delay_s, slurm_stderr_to_stdout=True)
-    optional = dict(gpus_per_node=args.gpus_per_node or None, mem_gb=args.mem_gb, slurm_partition=args.partition,
-                    slurm_account=args.account)
+    params = dict(
+        name="moco-pretrain",
+        nodes=args.nodes,
+        tasks_per_node=args.tasks_per_node,
+        cpus_per_task=args.cpus_per_task,
+        timeout_min=args.timeout_min,
+        slurm_signal_delay_s=args.signal_delay_s,
+        slurm_stderr_to_stdout=True,
+    )
+    optional = dict(
+        gpus_per_node=args.gpus_per_node or None,
+        mem_gb=args.mem_gb,
+        slurm_partition=args.partition,
+        slurm_account=args.account,
+    )
     executor.update_parameters(**params, **{k: v for k, v in optional.items() if v is not None})
     job = executor.submit(Pretraining(pretrain_args))
     on_slurm = executor.cluster == "slurm"
-    log(f"submitted {executor.cluster} job {job.job_id}: {args.nodes} node(s) x {args.tasks_per_node} task(s); "
-        f"logs {folder}/{job.job_id}_<task>_log.out")
+    log(
+        f"submitted {executor.cluster} job {job.job_id}: {args.nodes} node(s) x {args.tasks_per_node} task(s); "
+        f"logs {folder}/{job.job_id}_<task>_log.out"
+    )
 
     def cancel(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -230,10 +247,10 @@ def main(argv=None) -> None:
     except KeyboardInterrupt as why:
         log(f"interrupted ({why}): cancelling job {job.job_id}")
         job.cancel(check=False)
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     except Exception as err:  # the job failed: its ranks' logs say why
         print_logs(folder, job.job_id)
-        raise SystemExit(f"[launch] error: job {job.job_id} failed: {err}")
+        raise SystemExit(f"[launch] error: job {job.job_id} failed: {err}") from None
     print_logs(folder, job.job_id)
     log(f"job {job.job_id} done: {results}")
 

@@ -5,6 +5,7 @@ One registry per list (backbones, studies, table formats, figures) and where eac
 under the results folder; pipeline.models, pipeline.studies, pipeline.tables and
 pipeline.figures take theirs from here, and a test holds the config schema to them.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,13 +13,26 @@ import json
 RESNETS = ("resnet18", "resnet50")
 VITS = ("vit_tiny", "vit_small", "vit_base")
 QUEUE_POLICIES = ("fifo", "random")  # the queue's replacement rules (pipeline.moco.queue)
-BACKBONE_LABELS = {"resnet18": "ResNet-18", "resnet50": "ResNet-50", "vit_tiny": "ViT-Ti",
-                   "vit_small": "ViT-S", "vit_base": "ViT-B"}
+BACKBONE_LABELS = {
+    "resnet18": "ResNet-18",
+    "resnet50": "ResNet-50",
+    "vit_tiny": "ViT-Ti",
+    "vit_small": "ViT-S",
+    "vit_base": "ViT-B",
+}
 
 # tables always written (outputs of the `tables` rule); ablation_<axis> tables of other
 # single-axis sweeps are written when such cells exist
-STUDY_NAMES = ["methods", "ablation_K", "ablation_m", "ablation_epochs", "mechanisms", "shuffle_bn", "detection",
-               "grid"]
+STUDY_NAMES = [
+    "methods",
+    "ablation_K",
+    "ablation_m",
+    "ablation_epochs",
+    "mechanisms",
+    "shuffle_bn",
+    "detection",
+    "grid",
+]
 TABLE_FORMATS = {"md": "Markdown", "csv": "CSV", "tex": "LaTeX"}
 # written by `snakemake claims` (pipeline.claims), not by the default target
 CLAIMS_TABLES = ["claims", "claims_momentum", "claims_queue"]
@@ -31,9 +45,16 @@ def is_resnet(arch: dict) -> bool:
 
 
 # what each cell's jobs write, under <results>/cells/<cell>/
-CELL_FILES = {"checkpoint": "pretrain/checkpoint.pt", "log": "pretrain/log.csv", "summary": "pretrain/summary.json",
-              "config": "pretrain/config.json", "probe": "probe.json", "detect": "detect.json",
-              "detect_trial": "detect/trial{trial}.json", "export": "export/export.json"}
+CELL_FILES = {
+    "checkpoint": "pretrain/checkpoint.pt",
+    "log": "pretrain/log.csv",
+    "summary": "pretrain/summary.json",
+    "config": "pretrain/config.json",
+    "probe": "probe.json",
+    "detect": "detect.json",
+    "detect_trial": "detect/trial{trial}.json",
+    "export": "export/export.json",
+}
 
 
 def cell_file(results, cell: str, what: str) -> str:

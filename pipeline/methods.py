@@ -3,6 +3,7 @@
 Every model has ``encoder_q.backbone`` (what transfers) and
 ``forward(x1, x2, index, labels) -> (loss, logits, target)``.
 """
+
 from __future__ import annotations
 
 from torch import nn
@@ -10,12 +11,12 @@ from torch.nn import functional as F
 
 from pipeline.config import ConfigError, as_section
 from pipeline.layout import RESNETS
-from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, projection_head
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd, MemoryBank
 from pipeline.moco.method import Method
 from pipeline.moco.split_bn import SplitBatchNorm2d, default_splits, has_batch_norm, split_batch_norm
 from pipeline.moco.v3 import MoCoV3
+from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, projection_head
 from pipeline.sections import Pretrain
 
 
@@ -23,8 +24,13 @@ def arch_of(p: Pretrain | dict, image_size: int | None = None) -> dict:
     """The backbone record stored in checkpoints (enough to rebuild it)."""
     p = as_section(Pretrain, p)
     if p.backbone in VITS:
-        return {"backbone": p.backbone, "patch_size": p.patch_size, "image_size": image_size or 224,
-                "depth": p.depth, "heads": VITS[p.backbone][2]}
+        return {
+            "backbone": p.backbone,
+            "patch_size": p.patch_size,
+            "image_size": image_size or 224,
+            "depth": p.depth,
+            "heads": VITS[p.backbone][2],
+        }
     return {"backbone": p.backbone, "width": p.width, "cifar_stem": p.cifar_stem, "norm": p.norm}
 
 
@@ -57,9 +63,11 @@ def guarded_encoder(encoder: Encoder, p: Pretrain, world_size: int) -> Encoder:
         return encoder  # GroupNorm / LayerNorm: nothing can leak through batch statistics
     splits = bn_splits(p, world_size)
     if p.shuffle_bn and world_size == 1 and splits == 1:
-        raise ConfigError("pretrain.shuffle_bn: in one process the BN-leak guard needs bn_splits >= 2 "
-                          f"(the batch of {p.batch_size} is one BN batch otherwise); set bn_splits, "
-                          "or shuffle_bn: false to train without the guard")
+        raise ConfigError(
+            "pretrain.shuffle_bn: in one process the BN-leak guard needs bn_splits >= 2 "
+            f"(the batch of {p.batch_size} is one BN batch otherwise); set bn_splits, "
+            "or shuffle_bn: false to train without the guard"
+        )
     return split_batch_norm(encoder, splits)
 
 
@@ -75,8 +83,9 @@ def bn_guard_text(model: nn.Module, world_size: int) -> str:
     return "keys shuffled across " + " x ".join(where)
 
 
-def build_model(p: Pretrain | dict, image_size: int, num_classes: int, num_samples: int,
-                world_size: int = 1) -> nn.Module:
+def build_model(
+    p: Pretrain | dict, image_size: int, num_classes: int, num_samples: int, world_size: int = 1
+) -> nn.Module:
     p = as_section(Pretrain, p)
     resnet = p.backbone in RESNETS
     v3_resnet = p.method == "moco" and p.variant == "v3" and resnet
@@ -98,7 +107,15 @@ def build_model(p: Pretrain | dict, image_size: int, num_classes: int, num_sampl
     encoder = guarded_encoder(encoder, p, world_size)
     if p.mechanism == "end_to_end":
         return EndToEnd(encoder, T=p.T, shuffle_bn=p.shuffle_bn)
-    return MoCo(encoder, dim=dim, K=p.K, m=p.m, T=p.T, shuffle_bn=p.shuffle_bn, mask_same_source=p.mask_same_source,
-                queue_policy=p.queue_policy, seed=p.seed, batch_size=p.batch_size)
-
-
+    return MoCo(
+        encoder,
+        dim=dim,
+        K=p.K,
+        m=p.m,
+        T=p.T,
+        shuffle_bn=p.shuffle_bn,
+        mask_same_source=p.mask_same_source,
+        queue_policy=p.queue_policy,
+        seed=p.seed,
+        batch_size=p.batch_size,
+    )

@@ -5,6 +5,7 @@ patch projection).
 ResNet layer names follow torchvision (conv1, bn1, layer1..layer4), so the detection stage
 can hand the same modules to torchvision's detection heads.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,14 @@ class ResNetBackbone(ResNet):
     replaces the 7x7/2 conv + max-pool by a 3x3/1 conv, as is usual for 32 px images.
     """
 
-    def __init__(self, arch: str = "resnet18", width: int = 64, cifar_stem: bool = False,
-                 norm_layer=None, zero_init_residual: bool = False):
+    def __init__(
+        self,
+        arch: str = "resnet18",
+        width: int = 64,
+        cifar_stem: bool = False,
+        norm_layer=None,
+        zero_init_residual: bool = False,
+    ):
         if arch not in ARCHS:
             raise ValueError(f"unknown backbone '{arch}' (known: {', '.join([*ARCHS, *VITS])})")
         block, layers = ARCHS[arch]
@@ -59,8 +66,13 @@ class ResNetBackbone(ResNet):
                 nn.init.zeros_(mod.bias)
         if zero_init_residual:  # each block starts as the identity (torchvision's option)
             for block in self.modules():
-                last_norm = getattr(block, "bn3", None) if isinstance(block, Bottleneck) else \
-                    getattr(block, "bn2", None) if isinstance(block, BasicBlock) else None
+                last_norm = (
+                    getattr(block, "bn3", None)
+                    if isinstance(block, Bottleneck)
+                    else getattr(block, "bn2", None)
+                    if isinstance(block, BasicBlock)
+                    else None
+                )
                 if last_norm is not None:
                     nn.init.zeros_(last_norm.weight)
 
@@ -74,8 +86,9 @@ def sincos_2d(grid: int, dim: int, temperature: float = 10000.0) -> torch.Tensor
     """Fixed 2D sin-cos position embedding (1 x grid*grid x dim), as in MoCo v3."""
     if dim % 4 != 0:
         raise ValueError(f"embedding dim {dim} must be a multiple of 4 for 2D sin-cos")
-    y, x = torch.meshgrid(torch.arange(grid, dtype=torch.float32),
-                          torch.arange(grid, dtype=torch.float32), indexing="ij")
+    y, x = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32), indexing="ij"
+    )
     omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
     out_x, out_y = x.flatten()[:, None] * omega, y.flatten()[:, None] * omega
     return torch.cat([out_x.sin(), out_x.cos(), out_y.sin(), out_y.cos()], dim=1)[None]
@@ -114,8 +127,16 @@ def vit_backbone(arch: dict) -> nn.Module:
     dim, depth, heads = VITS[arch["backbone"]]
     depth, heads = arch.get("depth") or depth, arch.get("heads") or heads
     patch, size = arch.get("patch_size", 16), arch.get("image_size", 224)
-    vit = VisionTransformer(img_size=size, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads,
-                            num_classes=0, global_pool="token", norm_layer=partial(nn.LayerNorm, eps=1e-6))
+    vit = VisionTransformer(
+        img_size=size,
+        patch_size=patch,
+        embed_dim=dim,
+        depth=depth,
+        num_heads=heads,
+        num_classes=0,
+        global_pool="token",
+        norm_layer=partial(nn.LayerNorm, eps=1e-6),
+    )
     init_vit_as_moco_v3(vit)
     grid = size // patch
     pos = torch.cat([torch.zeros(1, 1, dim), sincos_2d(grid, dim)], dim=1)  # class token: zeros
@@ -136,8 +157,13 @@ def build_backbone(arch: dict, zero_init_residual: bool = False) -> nn.Module:
     if name in VITS:
         return vit_backbone(arch)
     norm = group_norm if arch.get("norm", "bn") == "gn" else None
-    return ResNetBackbone(name, arch.get("width", 64), arch.get("cifar_stem", False), norm_layer=norm,
-                          zero_init_residual=zero_init_residual)
+    return ResNetBackbone(
+        name,
+        arch.get("width", 64),
+        arch.get("cifar_stem", False),
+        norm_layer=norm,
+        zero_init_residual=zero_init_residual,
+    )
 
 
 def projection_head(in_dim: int, out_dim: int, mlp: bool) -> nn.Module:

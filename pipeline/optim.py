@@ -1,5 +1,6 @@
 """Optimisers and schedules of the MoCo recipes: SGD (v1/v2), LARS (v3 ResNet), AdamW (v3 ViT);
 linear warmup then cosine (or x0.1 at 60% and 80%)."""
+
 from __future__ import annotations
 
 import math
@@ -15,10 +16,12 @@ class LARS(torch.optim.Optimizer):
     weight decay and adaptation apply to weight matrices and kernels only (ndim > 1), never
     to biases or normalisation parameters."""
 
-    def __init__(self, params, lr: float, weight_decay: float = 0.0, momentum: float = 0.9,
-                 trust_coefficient: float = 0.001):
-        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
-                                      trust_coefficient=trust_coefficient))
+    def __init__(
+        self, params, lr: float, weight_decay: float = 0.0, momentum: float = 0.9, trust_coefficient: float = 0.001
+    ):
+        super().__init__(
+            params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, trust_coefficient=trust_coefficient)
+        )
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -30,8 +33,11 @@ class LARS(torch.optim.Optimizer):
                 if p.ndim > 1:
                     update = update.add(p, alpha=group["weight_decay"])
                     w_norm, u_norm = p.norm(), update.norm()
-                    ratio = torch.where((w_norm > 0) & (u_norm > 0),
-                                        group["trust_coefficient"] * w_norm / u_norm, torch.ones_like(w_norm))
+                    ratio = torch.where(
+                        (w_norm > 0) & (u_norm > 0),
+                        group["trust_coefficient"] * w_norm / u_norm,
+                        torch.ones_like(w_norm),
+                    )
                     update = update.mul(ratio)
                 buf = self.state[p].get("momentum_buffer")
                 if buf is None:

@@ -6,6 +6,7 @@ checks it after each step, writes its resume state, and then, for USR1/USR2 unde
 job is requeued (``scontrol requeue``); otherwise (SIGTERM, i.e. scancel, or outside SLURM)
 it exits with status 75 (EX_TEMPFAIL). The restarted run resumes from the state it wrote.
 """
+
 from __future__ import annotations
 
 import os

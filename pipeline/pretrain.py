@@ -9,6 +9,7 @@ written at every epoch end and every ``checkpoint_every`` steps.
     python -m pipeline.pretrain --config workflow/config/config.yaml \\
         --data results/data/ffcv --out results/cells/base/pretrain --state results/state/base
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,24 +28,37 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline import checkpoint, cpus, distributed, preempt
-from pipeline.stopwatch import Stopwatch
 from pipeline.augment import view_recipes
+from pipeline.board import Board, board_dir
 from pipeline.config import ConfigError, load_stage_config, pretrain_warnings, section
 from pipeline.data import eval_loader, is_converted, two_view_loader
 from pipeline.features import features_of
 from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.knn import knn_accuracy
-from pipeline.methods import arch_of, bn_guard_text, build_model
-from pipeline.board import Board, board_dir
 from pipeline.layout import is_resnet
-from pipeline.models import build_backbone
+from pipeline.methods import arch_of, bn_guard_text, build_model
 from pipeline.moco.ema_check import EmaRecord
+from pipeline.models import build_backbone
 from pipeline.optim import build_optimizer, lr_at
+from pipeline.stopwatch import Stopwatch
 
 SECTIONS = ["data", "pretrain"]
 PREEMPT_SYNC_STEPS = 10
-LOG_COLUMNS = ["epoch", "loss", "inst_acc", "knn", "lr", "m", "queue_age_mean", "queue_age_p99", "queue_age_max",
-               "drift", "negative_drift_mean", "negative_drift_max", "seconds"]
+LOG_COLUMNS = [
+    "epoch",
+    "loss",
+    "inst_acc",
+    "knn",
+    "lr",
+    "m",
+    "queue_age_mean",
+    "queue_age_p99",
+    "queue_age_max",
+    "drift",
+    "negative_drift_mean",
+    "negative_drift_max",
+    "seconds",
+]
 # A pretext loss this close to ln(candidates) means every logit is alike: the encoder tells the
 # positive from no negative any more (the paper's "training fails" at m = 0)
 CHANCE_LOSS_FRACTION = 0.99
@@ -66,9 +80,15 @@ def queue_checksum(model: nn.Module) -> str:
 
 
 class Trainer:
-    def __init__(self, cfg: dict, data_dir: Path, state_dir: Path, env, progress: bool = True,
-                 watch: Stopwatch | None = None):
-        self.cfg, self.p, self.d, self.env = cfg, section("pretrain", cfg["pretrain"]), section("data", cfg["data"]), env
+    def __init__(
+        self, cfg: dict, data_dir: Path, state_dir: Path, env, progress: bool = True, watch: Stopwatch | None = None
+    ):
+        self.cfg, self.p, self.d, self.env = (
+            cfg,
+            section("pretrain", cfg["pretrain"]),
+            section("data", cfg["data"]),
+            env,
+        )
         self.watch = watch or Stopwatch()
         self.state_path = state_dir / "last.pt"
         self.progress = progress and env.is_main
@@ -77,12 +97,10 @@ class Trainer:
         info = {"num_samples": 0, "classes": [], **(json.loads(report.read_text()) if report.is_file() else {})}
         self.num_samples = info["num_samples"]
         if p.batch_size % env.world_size:
-            raise ConfigError(f"pretrain.batch_size={p.batch_size} is not divisible by the world size "
-                              f"{env.world_size}")
+            raise ConfigError(f"pretrain.batch_size={p.batch_size} is not divisible by the world size {env.world_size}")
         for warning in pretrain_warnings(p, self.num_samples):
             log(f"warning: {warning}")
-        self.model = build_model(p, d.crop_size, len(info["classes"]) or 1, self.num_samples,
-                                 env.world_size)
+        self.model = build_model(p, d.crop_size, len(info["classes"]) or 1, self.num_samples, env.world_size)
         self.bn_guard = bn_guard_text(self.model, env.world_size)
         log(f"BN-leak guard: {self.bn_guard}")
         self.device = distributed.rank_device(env.local_rank)
@@ -102,12 +120,21 @@ class Trainer:
         if p.compile:
             self.net = torch.compile(self.net)
         self.loader = two_view_loader(
-            data_dir / "train.beton", p.batch_size // env.world_size, d.crop_size,
-            scale_min=p.crop_scale_min, workers=self.threads.loader, seed=p.seed,
-            distributed=env.world_size > 1, threads=self.threads.torch, crop=d.crop, loader=d.loader)
+            data_dir / "train.beton",
+            p.batch_size // env.world_size,
+            d.crop_size,
+            scale_min=p.crop_scale_min,
+            workers=self.threads.loader,
+            seed=p.seed,
+            distributed=env.world_size > 1,
+            threads=self.threads.torch,
+            crop=d.crop,
+            loader=d.loader,
+        )
         if len(self.loader) == 0:
-            raise ConfigError(f"pretrain.batch_size={p.batch_size} exceeds the training set "
-                              f"({self.num_samples} images)")
+            raise ConfigError(
+                f"pretrain.batch_size={p.batch_size} exceeds the training set ({self.num_samples} images)"
+            )
         self.aug1, self.aug2 = (a.to(self.device) for a in view_recipes(p.aug, d.crop_size))
         self.data_dir = data_dir
         self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], checkpoint.EpochStats(self.device)
@@ -120,9 +147,17 @@ class Trainer:
     def save_state(self) -> None:
         with self.watch.phase("checkpoints"):
             checkpoint.save_resume_state(
-                self.state_path, self.model, self.optimizer, self.stats, self.env,
-                arch=arch_of(self.p, self.d.crop_size), method=self.p.method, epoch=self.epoch,
-                step_in_epoch=self.step_in_epoch, log=self.log_rows)
+                self.state_path,
+                self.model,
+                self.optimizer,
+                self.stats,
+                self.env,
+                arch=arch_of(self.p, self.d.crop_size),
+                method=self.p.method,
+                epoch=self.epoch,
+                step_in_epoch=self.step_in_epoch,
+                log=self.log_rows,
+            )
 
     def load_state(self) -> bool:
         resumed = checkpoint.load_resume_state(self.state_path, self.model, self.optimizer, self.env, self.device)
@@ -170,8 +205,15 @@ class Trainer:
         self.loader.set_epoch(self.epoch)
         self.model.train()
         t0 = time.time()
-        bar = tqdm(total=len(self.loader), initial=skip, mininterval=5, leave=False,
-                   desc=f"epoch {self.epoch + 1}/{p.epochs}", disable=not self.progress, file=sys.stderr)
+        bar = tqdm(
+            total=len(self.loader),
+            initial=skip,
+            mininterval=5,
+            leave=False,
+            desc=f"epoch {self.epoch + 1}/{p.epochs}",
+            disable=not self.progress,
+            file=sys.stderr,
+        )
         batches = iter(self.loader.batches(skip))
         while True:
             # the first batch a process loads waits for FFCV's pipeline compilation
@@ -196,7 +238,11 @@ class Trainer:
     def knn_due(self) -> bool:
         every = self.p.knn_every
         last = self.epoch + 1 == self.p.epochs
-        return bool(every) and ((self.epoch + 1) % every == 0 or last) and is_converted(self.data_dir / "val.beton", self.d.loader)
+        return (
+            bool(every)
+            and ((self.epoch + 1) % every == 0 or last)
+            and is_converted(self.data_dir / "val.beton", self.d.loader)
+        )
 
     @torch.no_grad()
     def knn_monitor(self) -> float:
@@ -217,8 +263,13 @@ class Trainer:
         """The split's evaluation loader, built once per job (the kNN monitor reuses it)."""
         if split not in self.eval_loaders:
             self.eval_loaders[split] = eval_loader(
-                self.data_dir / f"{split}.beton", 512, self.d.crop_size, workers=self.threads.loader,
-                threads=self.threads.torch, loader=self.d.loader)
+                self.data_dir / f"{split}.beton",
+                512,
+                self.d.crop_size,
+                workers=self.threads.loader,
+                threads=self.threads.torch,
+                loader=self.d.loader,
+            )
         return self.eval_loaders[split]
 
     def stop_requested(self) -> bool:
@@ -281,9 +332,13 @@ class Trainer:
         if self.env.world_size > 1:
             torch.distributed.all_reduce(loss)
             torch.distributed.all_reduce(correct)
-        row = {"epoch": self.epoch + 1, "loss": round(float(loss) / seen, 5),
-               "inst_acc": round(100.0 * float(correct) / seen, 3), "lr": round(s.lr, 6),
-               "seconds": round(s.seconds, 2)}
+        row = {
+            "epoch": self.epoch + 1,
+            "loss": round(float(loss) / seen, 5),
+            "inst_acc": round(100.0 * float(correct) / seen, 3),
+            "lr": round(s.lr, 6),
+            "seconds": round(s.seconds, 2),
+        }
         row.update(model.diagnostics())  # m, drifts, queue ages: whatever the method reports
         row["chance_loss"] = round(math.log(max(s.candidates, 1)), 5)
         return row
@@ -295,12 +350,23 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
     env = distributed.init()
     cpus.use(p.threads)  # the Trainer sets it again once it knows its device
     seed_everything(p.seed)  # identical initial weights on every rank
-    log(f"rank {env.rank}/{env.world_size} on {env.host}: method={p.method} variant={p.variant} "
-        f"mechanism={p.mechanism} backbone={p.backbone} K={p.K} m={p.m} T={p.T}")
+    log(
+        f"rank {env.rank}/{env.world_size} on {env.host}: method={p.method} variant={p.variant} "
+        f"mechanism={p.mechanism} backbone={p.backbone} K={p.K} m={p.m} T={p.T}"
+    )
     if p.method == "random":  # the random-init baseline: same backbone, no training
         backbone = build_backbone(arch_of(p, crop_size))
-        return finish(cfg, out_dir, backbone.state_dict(), [], env, diverged=False, model_state={},
-                      bn_guard="not applicable (no training)", watch=watch)
+        return finish(
+            cfg,
+            out_dir,
+            backbone.state_dict(),
+            [],
+            env,
+            diverged=False,
+            model_state={},
+            bn_guard="not applicable (no training)",
+            watch=watch,
+        )
     trainer = Trainer(cfg, data_dir, state_dir, env, progress, watch)
     if env.is_main:  # loss, instance accuracy, lr, m, kNN, queue age, drift per epoch
         trainer.board = Board(board_dir(out_dir.parent, "pretrain"), "pretrain")
@@ -315,9 +381,19 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
     failed = failure(trainer.log_rows)
     if failed and ok:
         log(f"warning: training failed ({failed}); the cell is reported as failed")
-    return finish(cfg, out_dir, trainer.model.encoder_q.backbone.state_dict(), trainer.log_rows, env,
-                  diverged=not ok, model_state=trainer.model.state_dict(), bn_guard=trainer.bn_guard, watch=watch,
-                  key_encoder=key_encoder, failure=failed)
+    return finish(
+        cfg,
+        out_dir,
+        trainer.model.encoder_q.backbone.state_dict(),
+        trainer.log_rows,
+        env,
+        diverged=not ok,
+        model_state=trainer.model.state_dict(),
+        bn_guard=trainer.bn_guard,
+        watch=watch,
+        key_encoder=key_encoder,
+        failure=failed,
+    )
 
 
 def failure(log_rows: list[dict]) -> str | None:
@@ -334,19 +410,45 @@ def failure(log_rows: list[dict]) -> str | None:
     return None
 
 
-def finish(cfg, out_dir: Path, backbone_state, log_rows, env, diverged: bool, model_state, bn_guard: str,
-           watch: Stopwatch, key_encoder: dict | None = None, failure: str | None = None) -> dict:
+def finish(
+    cfg,
+    out_dir: Path,
+    backbone_state,
+    log_rows,
+    env,
+    diverged: bool,
+    model_state,
+    bn_guard: str,
+    watch: Stopwatch,
+    key_encoder: dict | None = None,
+    failure: str | None = None,
+) -> dict:
     """Write the stage's outputs (rank 0): checkpoint, per-epoch CSV log, summary (with where
     this process's time went: ``timing``, seconds)."""
     p = section("pretrain", cfg["pretrain"])
     arch = arch_of(p, section("data", cfg["data"]).crop_size)
-    summary = {"method": p.method, "arch": arch, "world_size": env.world_size, "epochs_run": len(log_rows),
-               "diverged": diverged, "failure": failure, "bn_guard": bn_guard, "final": log_rows[-1] if log_rows else {},
-               "key_encoder": key_encoder}  # no optimizer entry, no gradient, EMA replayed (ema_check)
+    summary = {
+        "method": p.method,
+        "arch": arch,
+        "world_size": env.world_size,
+        "epochs_run": len(log_rows),
+        "diverged": diverged,
+        "failure": failure,
+        "bn_guard": bn_guard,
+        "final": log_rows[-1] if log_rows else {},
+        "key_encoder": key_encoder,
+    }  # no optimizer entry, no gradient, EMA replayed (ema_check)
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.save(out_dir / "checkpoint.pt", arch=arch, method=p.method, backbone=backbone_state,
-                        model=model_state, log=log_rows, config=cfg)
+        checkpoint.save(
+            out_dir / "checkpoint.pt",
+            arch=arch,
+            method=p.method,
+            backbone=backbone_state,
+            model=model_state,
+            log=log_rows,
+            config=cfg,
+        )
         atomic_write_text(rows_to_csv(log_rows), out_dir / "log.csv")
         summary["timing"] = watch.report()
         atomic_write_json(summary, out_dir / "summary.json")
@@ -365,8 +467,9 @@ def rows_to_csv(rows: list[dict]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The stage's arguments; pipeline.launch checks a job's arguments with this same parser."""
-    ap = argparse.ArgumentParser(prog="python -m pipeline.pretrain", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.pretrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--config", required=True, help="inline JSON or a YAML file with 'data' and 'pretrain'")
     ap.add_argument("--data", required=True, help="folder with train.beton (and train.json)")
     ap.add_argument("--out", required=True, help="output folder: checkpoint.pt, log.csv, summary.json")
@@ -380,10 +483,15 @@ def main(argv=None) -> None:
     try:
         cfg = load_stage_config(args.config, SECTIONS)
         out = Path(args.out)
-        summary = run(cfg, Path(args.data), out, Path(args.state) if args.state else out.parent / "state",
-                        progress=not args.no_progress)
+        summary = run(
+            cfg,
+            Path(args.data),
+            out,
+            Path(args.state) if args.state else out.parent / "state",
+            progress=not args.no_progress,
+        )
     except (ConfigError, checkpoint.CheckpointError, FileNotFoundError, ValueError) as err:
-        raise SystemExit(f"[pretrain] error: {err}")
+        raise SystemExit(f"[pretrain] error: {err}") from None
     log(f"done: {json.dumps(summary['final'])}")
     distributed.shutdown()
 

@@ -13,6 +13,7 @@ frozen entirely (BN statistics included, eval mode) and verified bit-identical a
         --checkpoint results/cells/base/pretrain/checkpoint.pt --data results/data/ffcv \\
         --out results/cells/base/probe.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,13 +27,13 @@ from tqdm import tqdm
 
 from pipeline import checkpoint, cpus
 from pipeline.augment import DeviceCrop, normalize
+from pipeline.board import Board, board_dir
 from pipeline.config import ConfigError, as_section, load_stage_config
 from pipeline.data import eval_loader
 from pipeline.distributed import rank_device
 from pipeline.features import extract
 from pipeline.io import atomic_write_json
 from pipeline.knn import knn_accuracy
-from pipeline.board import Board, board_dir
 from pipeline.layout import is_resnet
 from pipeline.models import build_backbone
 from pipeline.sections import Data, Probe
@@ -111,12 +112,20 @@ def make_classifier(dim: int, num_classes: int, standardize: bool) -> nn.Module:
 class LinearProbe:
     """SGD on a linear classifier; batches come from cached features or a frozen backbone."""
 
-    def __init__(self, dim: int, num_classes: int, s: dict, standardize: bool, steps_per_epoch: int,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        dim: int,
+        num_classes: int,
+        s: dict,
+        standardize: bool,
+        steps_per_epoch: int,
+        device: torch.device | str = "cpu",
+    ):
         self.s, self.steps = s, max(1, steps_per_epoch * s["epochs"])
         self.classifier = make_classifier(dim, num_classes, standardize).to(device)
-        self.opt = torch.optim.SGD(self.classifier.parameters(), lr=s["lr"], momentum=0.9,
-                                   weight_decay=s["weight_decay"])
+        self.opt = torch.optim.SGD(
+            self.classifier.parameters(), lr=s["lr"], momentum=0.9, weight_decay=s["weight_decay"]
+        )
         self.step = 0
 
     def train_batch(self, feats: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -141,18 +150,26 @@ def train_cached(probe: LinearProbe, train_x, train_y, val_x, val_y, seed: int) 
     bs, curve = probe.s["batch_size"], []
     for epoch in range(probe.s["epochs"]):
         perm = torch.randperm(len(train_x), generator=g)
-        total = sum(float(probe.train_batch(train_x[i], train_y[i])) * len(i)
-                    for i in perm.split(bs))
+        total = sum(float(probe.train_batch(train_x[i], train_y[i])) * len(i) for i in perm.split(bs))
         curve.append(curve_point(probe, epoch, total / len(train_x), val_x, val_y))
     return curve
 
 
-def train_augmented(probe: LinearProbe, backbone, data_dir: Path, d: Data, pc: Probe, val_x, val_y,
-                    threads: cpus.Threads) -> list:
+def train_augmented(
+    probe: LinearProbe, backbone, data_dir: Path, d: Data, pc: Probe, val_x, val_y, threads: cpus.Threads
+) -> list:
     crop = d.crop_size
-    loader = eval_loader(data_dir / "train.beton", probe.s["batch_size"], crop, threads.loader,
-                         threads=threads.torch, order="random", seed=pc.seed, drop_last=False,
-                         loader=d.loader)
+    loader = eval_loader(
+        data_dir / "train.beton",
+        probe.s["batch_size"],
+        crop,
+        threads.loader,
+        threads=threads.torch,
+        order="random",
+        seed=pc.seed,
+        drop_last=False,
+        loader=d.loader,
+    )
     random_crop = DeviceCrop(crop, scale_min=0.08)  # RandomResizedCrop + flip, as the papers
     curve = []
     for epoch in tqdm(range(probe.s["epochs"]), desc="probe", mininterval=10):
@@ -194,11 +211,14 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     train_x, train_y = train_x[labelled], train_y[labelled]
     if len(train_y) == 0:
         raise ConfigError(f"{data_dir / 'train.beton'} has no labelled images: a probe needs labels")
-    log(f"features: train {tuple(train_x.shape)}, val {tuple(val_x.shape)}; mode {mode}, "
-        f"protocol {pc.protocol}, on {device}")
+    log(
+        f"features: train {tuple(train_x.shape)}, val {tuple(val_x.shape)}; mode {mode}, "
+        f"protocol {pc.protocol}, on {device}"
+    )
     s = settings(pc, ckpt["arch"])
-    probe = LinearProbe(train_x.shape[1], len(classes), s, pc.standardize,
-                        math.ceil(len(train_x) / s["batch_size"]), device)
+    probe = LinearProbe(
+        train_x.shape[1], len(classes), s, pc.standardize, math.ceil(len(train_x) / s["batch_size"]), device
+    )
     with watch.phase("fit"):
         if mode == "cached":
             curve = train_cached(probe, train_x, train_y, val_x, val_y, pc.seed)
@@ -206,16 +226,30 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
             curve = train_augmented(probe, backbone, data_dir, d, pc, val_x, val_y, threads)
     logits = probe.predict(val_x)
     acc, pred = topk_accuracy(logits, val_y), logits.argmax(1)
-    per_class = {name: round(100.0 * float((pred[val_y == c] == c).float().mean()), 2)
-                 for c, name in enumerate(classes) if bool((val_y == c).any())}
+    per_class = {
+        name: round(100.0 * float((pred[val_y == c] == c).float().mean()), 2)
+        for c, name in enumerate(classes)
+        if bool((val_y == c).any())
+    }
     with watch.phase("knn"):
         knn = knn_accuracy(train_x, train_y, val_x, val_y, len(classes), k=pc.knn_k, T=pc.knn_t)
     assert_unchanged(backbone, before)  # fail loudly if anything touched the frozen encoder
-    metrics = {"mode": mode, "protocol": pc.protocol, "top1": round(acc["top1"], 3),
-               "top5": round(acc["top5"], 3), "knn_top1": round(knn, 3), "per_class_top1": per_class,
-               "curve": curve, "settings": s, "checkpoint": str(ckpt_path), "method": ckpt.get("method"),
-               "arch": ckpt["arch"], "feature_dim": int(train_x.shape[1]), "config": cfg,
-               "timing": watch.report()}
+    metrics = {
+        "mode": mode,
+        "protocol": pc.protocol,
+        "top1": round(acc["top1"], 3),
+        "top5": round(acc["top5"], 3),
+        "knn_top1": round(knn, 3),
+        "per_class_top1": per_class,
+        "curve": curve,
+        "settings": s,
+        "checkpoint": str(ckpt_path),
+        "method": ckpt.get("method"),
+        "arch": ckpt["arch"],
+        "feature_dim": int(train_x.shape[1]),
+        "config": cfg,
+        "timing": watch.report(),
+    }
     atomic_write_json(metrics, out)
     board = Board(board_dir(out.parent, "probe"), "probe")  # the training curve
     for point in curve:
@@ -235,7 +269,7 @@ def main(argv=None) -> None:
         cfg = load_stage_config(args.config, SECTIONS)
         m = run(cfg, Path(args.checkpoint), Path(args.data), Path(args.out))
     except (ConfigError, checkpoint.CheckpointError, FileNotFoundError) as err:
-        raise SystemExit(f"[probe] error: {err}")
+        raise SystemExit(f"[probe] error: {err}") from None
     log(f"top1={m['top1']} top5={m['top5']} knn={m['knn_top1']} ({m['mode']}, {m['protocol']})")
 
 

@@ -6,6 +6,7 @@ equal) and the defaults are config.yaml's values (a test holds those equal too).
 tuples here, so that a section cannot change once built; pipeline.config builds the sections
 from validated dicts and turns them back into dicts.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True, kw_only=True)
 class Synthetic:
     """dataset.synthetic: the embedded dataset, generated deterministically."""
+
     seed: int = 0
     image_size: int = 32
     train_per_class: int = 260
@@ -53,6 +55,7 @@ class Data:
 @dataclass(frozen=True, kw_only=True)
 class Pretrain:
     """One pretraining cell (the base cell of the grid)."""
+
     method: str = "moco"  # moco | supervised | random
     variant: str = "v2"
     mechanism: str = "moco"  # how negatives are produced: moco | end_to_end | memory_bank
@@ -108,6 +111,7 @@ class Probe:
 @dataclass(frozen=True, kw_only=True)
 class Rpn:
     """Proposals kept before / after NMS, in training and at test."""
+
     pre_nms_train: int = 1000
     post_nms_train: int = 300
     pre_nms_test: int = 500
@@ -117,6 +121,7 @@ class Rpn:
 @dataclass(frozen=True, kw_only=True)
 class Voc:
     """VOC image sets as <year>/<set>: the paper's VOC07+12 -> VOC07 test."""
+
     train: tuple[str, ...] = ("2007/trainval", "2012/trainval")
     val: str = "2007/test"
 
@@ -155,6 +160,7 @@ class Detect:
 @dataclass(frozen=True, kw_only=True)
 class LaunchSlurm:
     """The SLURM job of the submitit launcher."""
+
     nodes: int = 1
     tasks_per_node: int = 1  # one task (rank) per GPU
     gpus_per_node: int = 0
@@ -176,6 +182,7 @@ class Launch:
 @dataclass(frozen=True, kw_only=True)
 class Resources:
     """grid.resources: the size of each cell's pretraining job (pipeline.grid.cell_resources)."""
+
     minutes_per_epoch: float = 1
     overhead_minutes: float = 10
     nodes: int = 1
@@ -190,6 +197,7 @@ DESIGN = ("one_at_a_time", "product", "baselines")
 @dataclass(frozen=True, kw_only=True)
 class Grid:
     """The ablation grid around the base cell (pretrain)."""
+
     one_at_a_time: dict = field(default_factory=dict)  # axis -> values, each varied alone
     product: dict = field(default_factory=dict)  # axis -> values, every combination
     baselines: tuple = ()  # random | supervised
@@ -201,6 +209,7 @@ class Grid:
 @dataclass(frozen=True, kw_only=True)
 class Claims:
     """snakemake claims: cells around the base trained ``epochs``, and ``long_epochs`` once."""
+
     epochs: int = 5
     long_epochs: int = 10
     m: tuple = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999)

@@ -14,6 +14,7 @@ order and skips the batches it has done) gets the crops the uninterrupted run go
 The crop follows torchvision's RandomResizedCrop: up to 10 draws of (area fraction in
 ``scale``, log-uniform aspect ratio in ``ratio``), then the central crop clamped to ``ratio``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -98,8 +99,9 @@ class SeededRandomResizedCrop(ResizedCropRGBImageDecoder):
     a horizontal flip with probability 0.5, both drawn from (seed, view, batch, sample).
     Give each view of a two-view pipeline its own ``view``."""
 
-    def __init__(self, output_size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), seed: int = 0, view: int = 0,
-                 flip: bool = True):
+    def __init__(
+        self, output_size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), seed: int = 0, view: int = 0, flip: bool = True
+    ):
         super().__init__(output_size)
         self.scale, self.ratio, self.flip = np.array(scale, dtype=np.float64), np.array(ratio, dtype=np.float64), flip
         self.key = np.uint64(splitmix64(np.uint64(seed % 2**63) ^ splitmix64(np.uint64(view))))
@@ -126,7 +128,7 @@ class SeededRandomResizedCrop(ResizedCropRGBImageDecoder):
                 if field["mode"] == jpg:
                     temp_buffer = temp_storage[dst_ix]
                     imdecode_c(image_data, temp_buffer, height, width, height, width, 0, 0, 1, 1, False, False)
-                    temp_buffer = temp_buffer.reshape(-1)[:3 * height * width].reshape(height, width, 3)
+                    temp_buffer = temp_buffer.reshape(-1)[: 3 * height * width].reshape(height, width, 3)
                 else:
                     temp_buffer = image_data.reshape(height, width, 3)
                 sample = mix_c(this_batch ^ np.uint64(source_ix))
@@ -134,7 +136,7 @@ class SeededRandomResizedCrop(ResizedCropRGBImageDecoder):
                 resize_crop_c(temp_buffer, i, i + h, j, j + w, destination[dst_ix])
                 if do_flip and flip:
                     flip_c(destination[dst_ix])
-            return destination[:len(batch_indices)]
+            return destination[: len(batch_indices)]
 
         decode.is_parallel = True
         return decode

@@ -15,6 +15,7 @@ Kinds (``dataset.source``; the embedded ``synthetic`` dataset is an ``imagefolde
 For the file kinds ``root`` is the folder of the split itself; for the array kinds it is the
 torchvision root and ``split`` picks the files (``val`` means the test set).
 """
+
 from __future__ import annotations
 
 import copy
@@ -65,7 +66,7 @@ class Source:
         (EXIF orientation applied) and a digest of its content (None where not computed)."""
         raise NotImplementedError
 
-    def select(self, keep: list[int]) -> "Source":
+    def select(self, keep: list[int]) -> Source:
         """The same source restricted to the items at positions ``keep`` (in that order)."""
         out = copy.copy(self)
         out.items = [self.items[i] for i in keep]
@@ -235,14 +236,19 @@ def scan_imagefolder(root: Path, split: str) -> FileSource:
     classes = [p.name for p in entries if p.is_dir() and not p.name.startswith(".")]
     if not classes:
         raise SourceError(f"{root}: no class folders (expected {root}/<class>/<image>)")
-    walk.ignored += [{"path": str(p), "reason": "file outside the class folders"}
-                     for p in entries if p.is_file() and not p.name.startswith(".")]
+    walk.ignored += [
+        {"path": str(p), "reason": "file outside the class folders"}
+        for p in entries
+        if p.is_file() and not p.name.startswith(".")
+    ]
     items, labels = [], []
     for label, name in enumerate(classes):
         files = _split_images(walk(root / name), walk.ignored)
         if not files and walk.duplicates and walk.duplicates[-1]["path"] == str(root / name):
-            raise SourceError(f"{root / name}: class '{name}' is the folder {walk.duplicates[-1]['same_as']} "
-                              "again (a symlink); its images would carry two labels")
+            raise SourceError(
+                f"{root / name}: class '{name}' is the folder {walk.duplicates[-1]['same_as']} "
+                "again (a symlink); its images would carry two labels"
+            )
         if not files:
             raise SourceError(f"{root / name}: class '{name}' has no images (remove the folder or add images)")
         items += files
@@ -310,14 +316,20 @@ def scan_cifar(root: Path, split: str, kind: str) -> ArraySource:
     notes: list[str] = []
     ds = _torchvision_copy(cls, root, kind, notes, train=split == "train")
     data = np.asarray(ds.data)
-    src = ArraySource(kind, root, split, list(ds.classes), list(range(len(data))),
-                      [int(t) for t in ds.targets], data=data)
+    src = ArraySource(
+        kind, root, split, list(ds.classes), list(range(len(data))), [int(t) for t in ds.targets], data=data
+    )
     src.notes = notes
     return src
 
 
-STL_SPLITS = {"train": "train", "val": "test", "test": "test", "unlabeled": "unlabeled",
-              "train+unlabeled": "train+unlabeled"}
+STL_SPLITS = {
+    "train": "train",
+    "val": "test",
+    "test": "test",
+    "unlabeled": "unlabeled",
+    "train+unlabeled": "train+unlabeled",
+}
 
 
 def scan_stl10(root: Path, split: str) -> ArraySource:
@@ -329,8 +341,7 @@ def scan_stl10(root: Path, split: str) -> ArraySource:
     ds = _torchvision_copy(datasets.STL10, root, "stl10", notes, split=STL_SPLITS[split])
     classes = list(getattr(ds, "classes", [])) or [str(i) for i in range(10)]
     data = ds.data.transpose(0, 2, 3, 1)  # N x 3 x H x W (stored column-major) -> N x H x W x 3
-    src = ArraySource("stl10", root, split, classes, list(range(len(data))),
-                      [int(t) for t in ds.labels], data=data)
+    src = ArraySource("stl10", root, split, classes, list(range(len(data))), [int(t) for t in ds.labels], data=data)
     src.notes = notes
     return src
 

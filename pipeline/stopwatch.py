@@ -3,6 +3,7 @@
 Each stage keeps one Stopwatch and writes ``report()`` into its summary (``"timing"``);
 ``python -m pipeline.bench pipeline`` sets the phases beside Snakemake's wall time of the job.
 """
+
 from __future__ import annotations
 
 import os

@@ -5,6 +5,7 @@ so that a cell not computed yet still gets its row). Cells that differ only in `
 one *group*, shown as mean ± std. Each study function returns a ``Table`` (rows of key strings
 and ``Value``s) that pipeline.tables renders as Markdown, CSV and LaTeX.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,11 +21,23 @@ from pipeline.grid import AXES, BASE_ID, format_value, group_id, parse_cell_id
 from pipeline.layout import BACKBONE_LABELS, cell_file
 from pipeline.sections import Detect, Pretrain
 
-METRICS = {"inst_acc": "instance accuracy", "top1": "linear top-1", "top5": "linear top-5", "knn_top1": "kNN top-1",
-           "AP50": "AP50", "AP": "AP", "AP75": "AP75", "APs": "APs", "APm": "APm", "APl": "APl",
-           "drift": "key-encoder drift (%)", "queue_age_p99": "p99 age (steps)",
-           "queue_age_max": "max age (steps)", "negative_drift_mean": "negatives' drift, mean (%)",
-           "negative_drift_max": "negatives' drift, max (%)"}
+METRICS = {
+    "inst_acc": "instance accuracy",
+    "top1": "linear top-1",
+    "top5": "linear top-5",
+    "knn_top1": "kNN top-1",
+    "AP50": "AP50",
+    "AP": "AP",
+    "AP75": "AP75",
+    "APs": "APs",
+    "APm": "APm",
+    "APl": "APl",
+    "drift": "key-encoder drift (%)",
+    "queue_age_p99": "p99 age (steps)",
+    "queue_age_max": "max age (steps)",
+    "negative_drift_mean": "negatives' drift, mean (%)",
+    "negative_drift_max": "negatives' drift, max (%)",
+}
 DECIMALS = {"drift": 2, "negative_drift_mean": 3, "negative_drift_max": 3}  # drifts are small; the rest: 1
 # read from the last epoch of a cell's pretraining log (summary.json "final")
 QUEUE_METRICS = ["queue_age_p99", "queue_age_max", "negative_drift_mean", "negative_drift_max"]
@@ -32,7 +45,7 @@ ABLATION_METRICS = ["top1", "knn_top1", "AP50", "AP", "AP75"]
 DETECTION_METRICS = ["AP50", "AP", "AP75"]
 DETECTION_KEYS = ["AP50", "AP", "AP75", "APs", "APm", "APl"]
 SAMPLES = "_samples"  # column suffix: a metric's values per trial within the cell
-PAPER_M = [0, 0.5, 0.9, 0.99, 0.999, 0.9999]       # the MoCo paper's momentum rows, and the seeds' m = 0.5
+PAPER_M = [0, 0.5, 0.9, 0.99, 0.999, 0.9999]  # the MoCo paper's momentum rows, and the seeds' m = 0.5
 MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": "MoCo"}
 METHOD_LABELS = {"moco": "MoCo", "supervised": "supervised", "random": "random init"}
 SEPARATE = {"method", "variant", "backbone", "mechanism", "K", "m", "epochs", "seed", "shuffle_bn"}  # own study or none
@@ -64,6 +77,7 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
         parse_cell_id(cell)
     except ConfigError:
         return None  # not a cell folder
+
     def output(what):
         return _read(Path(cell_file(results, cell, what))) or {}
 
@@ -74,14 +88,23 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
     failed = bool(summary.get("diverged") or summary.get("failure"))
     done = bool(probe or det)
     final = summary.get("final") or {}
-    row = {"cell": cell, "group": group_id(cell), "status": "fail" if failed else ("ok" if done else "missing"),
-           **{a: params.get(a) for a in AXES}, "params": params,
-           "epochs_run": summary.get("epochs_run"), "loss": final.get("loss"), "inst_acc": final.get("inst_acc"),
-           # ||theta_k - theta_q|| / ||theta_q|| at the end, in percent (tables show one decimal)
-           "drift": None if final.get("drift") in (None, "") else 100 * float(final["drift"]),
-           "bn_guard": summary.get("bn_guard"), "probe_mode": probe.get("mode"),
-           "failure": summary.get("failure") or ("diverged" if summary.get("diverged") else None),
-           "key_encoder": summary.get("key_encoder"), **{k: final.get(k) for k in QUEUE_METRICS}}
+    row = {
+        "cell": cell,
+        "group": group_id(cell),
+        "status": "fail" if failed else ("ok" if done else "missing"),
+        **{a: params.get(a) for a in AXES},
+        "params": params,
+        "epochs_run": summary.get("epochs_run"),
+        "loss": final.get("loss"),
+        "inst_acc": final.get("inst_acc"),
+        # ||theta_k - theta_q|| / ||theta_q|| at the end, in percent (tables show one decimal)
+        "drift": None if final.get("drift") in (None, "") else 100 * float(final["drift"]),
+        "bn_guard": summary.get("bn_guard"),
+        "probe_mode": probe.get("mode"),
+        "failure": summary.get("failure") or ("diverged" if summary.get("diverged") else None),
+        "key_encoder": summary.get("key_encoder"),
+        **{k: final.get(k) for k in QUEUE_METRICS},
+    }
     row.update({k: probe.get(k) for k in ("top1", "top5", "knn_top1")})
     row.update({k: det.get(k) for k in DETECTION_KEYS})
     row.update(det_setup=detection_setup(det), det_protocol=detection_protocol(det))
@@ -124,10 +147,11 @@ def collect(results: Path, expected: dict[str, dict] | None = None) -> pd.DataFr
 @dataclass
 class Value:
     """One table entry: mean ± std over the group's seeds that have the metric."""
+
     mean: float | None = None
     std: float | None = None
-    n: int = 0         # seeds with a value
-    failed: int = 0    # seeds whose pretraining diverged (excluded from the mean)
+    n: int = 0  # seeds with a value
+    failed: int = 0  # seeds whose pretraining diverged (excluded from the mean)
 
     @property
     def status(self) -> str:
@@ -153,7 +177,7 @@ def value(cells: pd.DataFrame | None, metric: str) -> Value:
 @dataclass
 class Group:
     id: str
-    diff: dict          # axes that differ from the base, seed excluded
+    diff: dict  # axes that differ from the base, seed excluded
     params: dict
     cells: pd.DataFrame
 
@@ -183,11 +207,11 @@ class Row:
 
 @dataclass
 class Table:
-    name: str                   # file stem under results/tables
+    name: str  # file stem under results/tables
     title: str
-    keys: list[str]             # headers of the key columns
-    metrics: list[str]          # metric id of each value column (CSV names)
-    columns: list[str]          # headers of the value columns
+    keys: list[str]  # headers of the key columns
+    metrics: list[str]  # metric id of each value column (CSV names)
+    columns: list[str]  # headers of the value columns
     rows: list[Row]
     provenance: str = ""
     groups: list[tuple[str, list[str]]] = field(default_factory=list)  # LaTeX: spanning header, short headers
@@ -198,12 +222,18 @@ class Table:
         return [DECIMALS.get(m, 1) for m in self.metrics]
 
 
-METRIC_GROUPS = {"inst_acc": ("pretext", "instance"), "top1": ("top-1 accuracy", "linear"), "top5": ("top-5 accuracy", "linear"),
-                 "knn_top1": ("top-1 accuracy", "kNN"), **{k: ("detection", k) for k in
-                                                        ("AP50", "AP", "AP75", "APs", "APm", "APl")},
-                 "drift": ("key encoder", "drift"), "queue_age_p99": ("queue", "p99 age"),
-                 "queue_age_max": ("queue", "max age"), "negative_drift_mean": ("negatives' drift", "mean"),
-                 "negative_drift_max": ("negatives' drift", "max")}
+METRIC_GROUPS = {
+    "inst_acc": ("pretext", "instance"),
+    "top1": ("top-1 accuracy", "linear"),
+    "top5": ("top-5 accuracy", "linear"),
+    "knn_top1": ("top-1 accuracy", "kNN"),
+    **{k: ("detection", k) for k in ("AP50", "AP", "AP75", "APs", "APm", "APl")},
+    "drift": ("key encoder", "drift"),
+    "queue_age_p99": ("queue", "p99 age"),
+    "queue_age_max": ("queue", "max age"),
+    "negative_drift_mean": ("negatives' drift", "mean"),
+    "negative_drift_max": ("negatives' drift", "max"),
+}
 
 
 def column_groups(metrics) -> list[tuple[str, list[str]]]:
@@ -220,13 +250,13 @@ def column_groups(metrics) -> list[tuple[str, list[str]]]:
 
 def _row(keys, group: Group | None, metrics) -> Row:
     cells = None if group is None else group.cells
-    return Row([str(k) for k in keys], [value(cells, m) for m in metrics],
-               [] if group is None else list(group.cells["cell"]))
+    return Row(
+        [str(k) for k in keys], [value(cells, m) for m in metrics], [] if group is None else list(group.cells["cell"])
+    )
 
 
 def _metric_table(name, title, keys, rows, metrics, prov) -> Table:
-    return Table(name, title, keys, list(metrics), [METRICS[m] for m in metrics], rows, prov,
-                 column_groups(metrics))
+    return Table(name, title, keys, list(metrics), [METRICS[m] for m in metrics], rows, prov, column_groups(metrics))
 
 
 def _is_moco(g: Group) -> bool:
@@ -238,16 +268,30 @@ def differs(g: Group, reference: dict) -> set[str]:
     return {a for a in {*g.diff, *reference} if g.diff.get(a) != reference.get(a)}
 
 
-def one_axis(gs: dict[str, Group], axis: str, prov, name=None, title=None, fixed=(), metrics=ABLATION_METRICS,
-             reference: str = BASE_ID) -> Table:
+def one_axis(
+    gs: dict[str, Group],
+    axis: str,
+    prov,
+    name=None,
+    title=None,
+    fixed=(),
+    metrics=ABLATION_METRICS,
+    reference: str = BASE_ID,
+) -> Table:
     """The reference cell (the base unless given) and the MoCo cells that differ from it in
     ``axis`` only, one row per value."""
     ref = parse_cell_id(reference)
     sel = {g.params.get(axis): g for g in gs.values() if _is_moco(g) and differs(g, ref) <= {axis}}
     values = sorted({*sel, *fixed}, key=_sort_key)
     rows = [_row([format_value(v)], sel.get(v), metrics) for v in values]
-    return _metric_table(name or f"ablation_{axis}", title or f"Ablation over {axis}", [axis], rows, metrics,
-                         prov([g for g in sel.values()], vary={axis}))
+    return _metric_table(
+        name or f"ablation_{axis}",
+        title or f"Ablation over {axis}",
+        [axis],
+        rows,
+        metrics,
+        prov([g for g in sel.values()], vary={axis}),
+    )
 
 
 def half_life(m: float) -> float:
@@ -257,17 +301,21 @@ def half_life(m: float) -> float:
     return math.inf if m >= 1 else math.log(0.5) / math.log(m)
 
 
-def momentum(gs: dict[str, Group], prov, reference: str = BASE_ID, name: str = "ablation_m",
-             metrics=(*ABLATION_METRICS, "drift")) -> Table:
+def momentum(
+    gs: dict[str, Group], prov, reference: str = BASE_ID, name: str = "ablation_m", metrics=(*ABLATION_METRICS, "drift")
+) -> Table:
     """The momentum ablation (the paper's m rows), with each m's EMA half-life beside the
     queue's span K/B (how many steps its oldest key lags), and the final key-encoder drift;
     around the base cell, or around ``reference`` (the claims' shorter cell)."""
     title = "Ablation over the momentum m" + ("" if reference == BASE_ID else f" (around {reference})")
-    table = one_axis(gs, "m", prov, name=name, title=title, fixed=PAPER_M, metrics=list(metrics),
-                     reference=reference)
+    table = one_axis(gs, "m", prov, name=name, title=title, fixed=PAPER_M, metrics=list(metrics), reference=reference)
     base = gs.get(reference)
-    span = base and base.params.get("K") and base.params.get("batch_size") and \
-        base.params["K"] // base.params["batch_size"]  # K is a multiple of the batch
+    span = (
+        base
+        and base.params.get("K")
+        and base.params.get("batch_size")
+        and base.params["K"] // base.params["batch_size"]
+    )  # K is a multiple of the batch
     table.keys = ["m", "EMA half-life (steps)", "queue span K/B (steps)"]
     for row in table.rows:
         life = half_life(float(row.keys[0]))
@@ -278,8 +326,7 @@ def momentum(gs: dict[str, Group], prov, reference: str = BASE_ID, name: str = "
 
 def shuffle_bn_groups(gs: dict[str, Group]) -> dict[bool, Group]:
     """shuffle_bn -> the base group and the MoCo group differing from it in shuffle_bn only."""
-    return {g.pretrain.shuffle_bn: g for g in gs.values()
-            if _is_moco(g) and set(g.diff) <= {"shuffle_bn"}}
+    return {g.pretrain.shuffle_bn: g for g in gs.values() if _is_moco(g) and set(g.diff) <= {"shuffle_bn"}}
 
 
 def bn_leak(gs: dict[str, Group], prov) -> Table:
@@ -291,9 +338,14 @@ def bn_leak(gs: dict[str, Group], prov) -> Table:
         g = sel.get(on)
         guard = "" if g is None else next((str(x) for x in g.cells["bn_guard"] if isinstance(x, str)), "")
         rows.append(_row([format_value(on), guard], g, BN_LEAK_METRICS))
-    return _metric_table("shuffle_bn", "The BN leak: the ShuffleBN guard on and off (paper, 3.3)",
-                         ["shuffle_bn", "BN-leak guard"], rows, BN_LEAK_METRICS,
-                         prov(list(sel.values()), vary={"shuffle_bn"}))
+    return _metric_table(
+        "shuffle_bn",
+        "The BN leak: the ShuffleBN guard on and off (paper, 3.3)",
+        ["shuffle_bn", "BN-leak guard"],
+        rows,
+        BN_LEAK_METRICS,
+        prov(list(sel.values()), vary={"shuffle_bn"}),
+    )
 
 
 def _sort_key(v):
@@ -325,20 +377,33 @@ def mechanisms(gs: dict[str, Group], prov) -> Table:
             metrics.append(f"{mech}_{metric}")
             columns.append(f"{label} {METRICS[metric]}")
     for k in sizes:
-        vals = [value(sel[(mech, k)].cells if (mech, k) in sel else None, metric)
-                for metric in ("top1", "knn_top1") for mech in MECHANISMS]
+        vals = [
+            value(sel[(mech, k)].cells if (mech, k) in sel else None, metric)
+            for metric in ("top1", "knn_top1")
+            for mech in MECHANISMS
+        ]
         cells = [c for mech in MECHANISMS if (mech, k) in sel for c in sel[(mech, k)].cells["cell"]]
         rows.append(Row([str(k)], vals, cells))
-    return Table("mechanisms", "Contrastive loss mechanisms over the number of negatives K (Figure 3)",
-                 ["K"], metrics, columns, rows, prov(list(sel.values()), vary={"mechanism", "K", "batch_size"}),
-                 [(METRICS[m], list(MECHANISMS.values())) for m in ("top1", "knn_top1")])
+    return Table(
+        "mechanisms",
+        "Contrastive loss mechanisms over the number of negatives K (Figure 3)",
+        ["K"],
+        metrics,
+        columns,
+        rows,
+        prov(list(sel.values()), vary={"mechanism", "K", "batch_size"}),
+        [(METRICS[m], list(MECHANISMS.values())) for m in ("top1", "knn_top1")],
+    )
 
 
 def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
     """Rows of the method comparison: MoCo variants/backbones, then supervised, then random init.
     Keys: method, variant, backbone, other differences from the base."""
-    picked = [g for g in gs.values() if "mechanism" not in g.diff
-              and (g.id == BASE_ID or set(g.diff) & {"method", "variant", "backbone"})]
+    picked = [
+        g
+        for g in gs.values()
+        if "mechanism" not in g.diff and (g.id == BASE_ID or set(g.diff) & {"method", "variant", "backbone"})
+    ]
     base = gs[BASE_ID].params if BASE_ID in gs else {}
     for fixed in (BASE_ID, "method=supervised", "method=random"):
         if fixed not in gs:  # always a row, "—" until computed
@@ -353,7 +418,9 @@ def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
         method = g.diff.get("method") or g.get("method") or "moco"
         label = "MoCo (base cell)" if g.id == BASE_ID else METHOD_LABELS.get(method, method)
         variant = (g.get("variant") or "") if method == "moco" else ""
-        other = ", ".join(f"{a}={format_value(v)}" for a, v in g.diff.items() if a not in ("method", "variant", "backbone"))
+        other = ", ".join(
+            f"{a}={format_value(v)}" for a, v in g.diff.items() if a not in ("method", "variant", "backbone")
+        )
         rows.append(([label, variant, backbone_label(g.params), other], g if g.cells is not None else None))
     return rows
 
@@ -375,8 +442,14 @@ def _methods_like(gs, prov, name, title, metrics) -> Table:
     if not any(k[3] for k, _ in picked):
         keys, picked = keys[:3], [(k[:3], g) for k, g in picked]
     rows = [_row(k, g, metrics) for k, g in picked]
-    return _metric_table(name, title, keys, rows, metrics,
-                         prov([g for _, g in picked if g is not None], vary={"method", "variant", "backbone"}))
+    return _metric_table(
+        name,
+        title,
+        keys,
+        rows,
+        metrics,
+        prov([g for _, g in picked if g is not None], vary={"method", "variant", "backbone"}),
+    )
 
 
 def methods(gs, prov) -> Table:
@@ -410,8 +483,9 @@ def every_cell(gs, prov) -> Table:
     """Every group of the grid (product designs included), one row each."""
     order = sorted(gs.values(), key=lambda g: (g.id != BASE_ID, len(g.diff), g.id))
     rows = [_row([g.id], g, ABLATION_METRICS) for g in order]
-    return _metric_table("grid", "Every cell of the grid", ["cell"], rows, ABLATION_METRICS,
-                         prov(order, vary=set(AXES)))
+    return _metric_table(
+        "grid", "Every cell of the grid", ["cell"], rows, ABLATION_METRICS, prov(order, vary=set(AXES))
+    )
 
 
 # --- provenance ------------------------------------------------------------------------------
@@ -421,14 +495,18 @@ def dataset_text(cfg: dict, results: Path) -> str:
         from pipeline.synthetic import CLASSES, DEFAULTS
 
         s = {**DEFAULTS, **(ds.get("synthetic") or {})}
-        return (f"embedded synthetic shapes ({len(CLASSES)} classes, {s['train_per_class']} train / "
-                f"{s['val_per_class']} val images per class, {s['image_size']} px)")
+        return (
+            f"embedded synthetic shapes ({len(CLASSES)} classes, {s['train_per_class']} train / "
+            f"{s['val_per_class']} val images per class, {s['image_size']} px)"
+        )
     if ds and ds.get("root"):
         return f"{ds['source']} ({ds['root']})"
     report = _read(results / "data" / "ffcv" / "train.json")
     if report:
-        return f"{report.get('source', '?')} ({report.get('num_samples', '?')} train images, " \
-               f"{len(report.get('classes', []))} classes)"
+        return (
+            f"{report.get('source', '?')} ({report.get('num_samples', '?')} train images, "
+            f"{len(report.get('classes', []))} classes)"
+        )
     return "unknown (no dataset config or conversion report)"
 
 
@@ -444,10 +522,19 @@ def protocol_text(cfg: dict, df: pd.DataFrame, results: Path) -> str:
             if probe:
                 break
     probe = probe or {}
-    how = ", ".join(x for x in (probe.get("protocol") and f"{probe['protocol']} protocol", probe.get("mode"),
-                                probe.get("epochs") and _epochs(probe["epochs"])) if x)
-    text = (f"linear probe on frozen features{f' ({how})' if how else ''}; "
-            f"kNN top-1 (k={probe.get('knn_k', 200)}, T={probe.get('knn_t', 0.07)})")
+    how = ", ".join(
+        x
+        for x in (
+            probe.get("protocol") and f"{probe['protocol']} protocol",
+            probe.get("mode"),
+            probe.get("epochs") and _epochs(probe["epochs"]),
+        )
+        if x
+    )
+    text = (
+        f"linear probe on frozen features{f' ({how})' if how else ''}; "
+        f"kNN top-1 (k={probe.get('knn_k', 200)}, T={probe.get('knn_t', 0.07)})"
+    )
     if cfg.get("detect") is None:  # no config given: what every detection record shares
         return text + "; detection: Faster R-CNN fine-tuned, box AP"
     det = as_section(Detect, cfg["detect"])
@@ -455,8 +542,7 @@ def protocol_text(cfg: dict, df: pd.DataFrame, results: Path) -> str:
         length = f"{det.iterations} iterations" if det.iterations else _epochs(det.epochs)
         how = ", ".join(x for x in (length, det.norm, det.trials > 1 and f"mean of {det.trials} trials") if x)
         head = {"fpn": "FPN", "c4": "C4"}[det.head]
-        text += (f"; detection: Faster R-CNN + {head} fine-tuned ({how}), "
-                 f"box AP on {det.root or 'the embedded scenes'}")
+        text += f"; detection: Faster R-CNN + {head} fine-tuned ({how}), box AP on {det.root or 'the embedded scenes'}"
     return text
 
 
@@ -477,12 +563,18 @@ def provenance_factory(df: pd.DataFrame, cfg: dict, results: Path):
     def prov(gs: list[Group], vary: set) -> str:
         ps = [g.params for g in gs if g is not None and g.params] or ([base] if base else [])
         moco = [p for p in ps if p.get("method") == "moco"]
-        same = [f"{a}={format_value(base[a])}" for a in ("variant", "K", "m", "T", "batch_size", "lr")
-                if base and a in base and a not in vary]
+        same = [
+            f"{a}={format_value(base[a])}"
+            for a in ("variant", "K", "m", "T", "batch_size", "lr")
+            if base and a in base and a not in vary
+        ]
         fixed = f"; other parameters as the base cell ({', '.join(same)})" if same else ""
-        return (f"dataset: {dataset}; backbone: {_one_or_per_row(ps, backbone_label)}; "
-                f"pretraining: {_one_or_per_row([p.get('epochs') for p in (moco or ps)])} epochs{fixed}; "
-                f"protocol: {protocol}")
+        return (
+            f"dataset: {dataset}; backbone: {_one_or_per_row(ps, backbone_label)}; "
+            f"pretraining: {_one_or_per_row([p.get('epochs') for p in (moco or ps)])} epochs{fixed}; "
+            f"protocol: {protocol}"
+        )
+
     return prov
 
 
@@ -490,10 +582,15 @@ def studies(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
     """The paper's tables, in order; then one table per other single-axis sweep found."""
     gs = groups(df)
     prov = provenance_factory(df, cfg, results)
-    out = [methods(gs, prov),
-           one_axis(gs, "K", prov, title="Ablation over the queue size K"),
-           momentum(gs, prov),
-           one_axis(gs, "epochs", prov, title="Ablation over the pretraining epochs"),
-           mechanisms(gs, prov), bn_leak(gs, prov), detection(gs, prov), every_cell(gs, prov)]
+    out = [
+        methods(gs, prov),
+        one_axis(gs, "K", prov, title="Ablation over the queue size K"),
+        momentum(gs, prov),
+        one_axis(gs, "epochs", prov, title="Ablation over the pretraining epochs"),
+        mechanisms(gs, prov),
+        bn_leak(gs, prov),
+        detection(gs, prov),
+        every_cell(gs, prov),
+    ]
     extra_axes = sorted({a for g in gs.values() if len(g.diff) == 1 for a in g.diff} - SEPARATE, key=AXES.index)
     return out + [one_axis(gs, a, prov) for a in extra_axes]

@@ -10,6 +10,7 @@ byte-identical files whatever the order or the number of processes that write th
 
     python -m pipeline.synthetic --out results/data/synthetic --config '{"seed": 0, ...}'
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,11 +23,10 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from pipeline.config import ConfigError, as_section, to_dict
-from pipeline.io import atomic_write_json, atomic_save_png
+from pipeline.io import atomic_save_png, atomic_write_json
 from pipeline.sections import Synthetic
 
-CLASSES = ["disk", "square", "triangle", "diamond", "ring", "frame", "plus", "cross",
-           "bars", "checker"]
+CLASSES = ["disk", "square", "triangle", "diamond", "ring", "frame", "plus", "cross", "bars", "checker"]
 SPLIT_IDS = {"train": 0, "val": 1}
 SUPERSAMPLE = 4  # draw at 4x and downsample: smooth edges, still deterministic
 
@@ -54,7 +54,7 @@ def _background(rng, size: int) -> tuple[np.ndarray, tuple]:
     c0, c1 = np.array(_rgb(rng), float), np.array(_rgb(rng), float)
     angle = rng.uniform(0, 2 * math.pi)
     yy, xx = np.mgrid[0:size, 0:size] / max(size - 1, 1)
-    t = (np.cos(angle) * xx + np.sin(angle) * yy)
+    t = np.cos(angle) * xx + np.sin(angle) * yy
     t = (t - t.min()) / max(t.max() - t.min(), 1e-6)
     img = c0 * (1 - t[..., None]) + c1 * t[..., None]
     img += rng.normal(0, 12, size=img.shape)
@@ -63,8 +63,9 @@ def _background(rng, size: int) -> tuple[np.ndarray, tuple]:
 
 
 def _polygon(cx, cy, r, n, rot):
-    return [(cx + r * math.cos(rot + 2 * math.pi * k / n), cy + r * math.sin(rot + 2 * math.pi * k / n))
-            for k in range(n)]
+    return [
+        (cx + r * math.cos(rot + 2 * math.pi * k / n), cy + r * math.sin(rot + 2 * math.pi * k / n)) for k in range(n)
+    ]
 
 
 def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx, cy, r, rot, colour) -> None:
@@ -157,8 +158,10 @@ def detection_scene(seed: int, split: str, index: int, size: int):
         boxes.append((label, cx, cy, r, rng.uniform(0, 2 * math.pi)))
     shapes = [(CLASSES[label], cx, cy, r, rot) for label, cx, cy, r, rot in boxes]
     img, tight = render(shapes, size, rng)
-    ann = [(label, round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2))
-           for (label, *_), (x0, y0, x1, y1) in zip(boxes, tight)]
+    ann = [
+        (label, round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2))
+        for (label, *_), (x0, y0, x1, y1) in zip(boxes, tight)
+    ]
     return img, ann
 
 
@@ -175,8 +178,12 @@ def run(out: str | Path, cfg: Synthetic | dict | None = None, progress: bool = T
     out = Path(out)
     counts = {}
     size, seed = cfg.image_size, cfg.seed
-    jobs = [(split, label, i) for split, n in (("train", cfg.train_per_class), ("val", cfg.val_per_class))
-            for label in range(len(CLASSES)) for i in range(n)]
+    jobs = [
+        (split, label, i)
+        for split, n in (("train", cfg.train_per_class), ("val", cfg.val_per_class))
+        for label in range(len(CLASSES))
+        for i in range(n)
+    ]
     for split, label, i in tqdm(jobs, desc="synthetic: classification", disable=not progress, mininterval=2):
         path = out / "cls" / split / CLASSES[label] / f"{i:05d}.png"
         atomic_save_png(classification_image(seed, split, label, i, size), path)
@@ -191,10 +198,20 @@ def run(out: str | Path, cfg: Synthetic | dict | None = None, progress: bool = T
             atomic_save_png(img, out / "det" / name)
             images.append({"id": i + 1, "file_name": name, "width": dsize, "height": dsize})
             for label, x, y, w, h in boxes:
-                annotations.append({"id": len(annotations) + 1, "image_id": i + 1, "category_id": label + 1,
-                                    "bbox": [x, y, w, h], "area": round(w * h, 2), "iscrowd": 0})
-        atomic_write_json({"images": images, "annotations": annotations, "categories": coco_categories()},
-                          out / "det" / f"instances_{split}.json")
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": i + 1,
+                        "category_id": label + 1,
+                        "bbox": [x, y, w, h],
+                        "area": round(w * h, 2),
+                        "iscrowd": 0,
+                    }
+                )
+        atomic_write_json(
+            {"images": images, "annotations": annotations, "categories": coco_categories()},
+            out / "det" / f"instances_{split}.json",
+        )
         counts[f"det/{split}"] = n
     manifest = {"generator": "pipeline.synthetic", "config": to_dict(cfg), "classes": CLASSES, "counts": counts}
     atomic_write_json(manifest, out / "manifest.json")
@@ -209,7 +226,7 @@ def main(argv=None) -> None:
     try:
         cfg = as_section(Synthetic, json.loads(args.config))
     except ConfigError as err:
-        raise SystemExit(f"[synthetic] error: {err}")
+        raise SystemExit(f"[synthetic] error: {err}") from None
     manifest = run(args.out, cfg)
     print(f"[synthetic] wrote {manifest['counts']} to {args.out}")
 

@@ -16,6 +16,7 @@ thresholds); classes without a (non-difficult) ground-truth object are left out 
 Boxes are continuous [x0, y0, x1, y1] (pipeline.detection_data turns VOC's 1-based inclusive
 pixels into these), so widths need no VOC "+1".
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,8 +34,8 @@ def average_precision(recall: np.ndarray, precision: np.ndarray, metric: str = "
         raise ValueError(f"VOC metric must be one of {METRICS}, not {metric!r}")
     r = np.concatenate([[0.0], recall, [1.0]])
     p = np.concatenate([[0.0], precision, [0.0]])
-    p = np.maximum.accumulate(p[::-1])[::-1]   # the precision envelope, right to left
-    step = np.flatnonzero(r[1:] != r[:-1])     # where recall changes
+    p = np.maximum.accumulate(p[::-1])[::-1]  # the precision envelope, right to left
+    step = np.flatnonzero(r[1:] != r[:-1])  # where recall changes
     return float(np.sum((r[step + 1] - r[step]) * p[step + 1]))
 
 
@@ -82,8 +83,10 @@ def evaluate(gt: dict, detections: list[dict], metric: str = "11point") -> dict:
         boxes, difficult = truth[a["category_id"]].setdefault(a["image_id"], ([], []))
         boxes.append([x, y, x + w, y + h])
         difficult.append(bool(a.get("difficult", 0)))
-    truth = {c: {img: (np.array(b, float).reshape(-1, 4), np.array(d, bool)) for img, (b, d) in per.items()}
-             for c, per in truth.items()}
+    truth = {
+        c: {img: (np.array(b, float).reshape(-1, 4), np.array(d, bool)) for img, (b, d) in per.items()}
+        for c, per in truth.items()
+    }
     dets = {c: [] for c in truth}
     for d in detections:
         x, y, w, h = d["bbox"]
@@ -97,7 +100,12 @@ def evaluate(gt: dict, detections: list[dict], metric: str = "11point") -> dict:
         per_threshold[t] = float(np.mean(list(aps.values()))) if aps else 0.0
         if t == 0.5:
             per_class_ap50 = {names[c]: round(100 * ap, 3) for c, ap in aps.items()}
-    return {"AP": round(100 * float(np.mean(list(per_threshold.values()))), 3),
-            "AP50": round(100 * per_threshold[0.5], 3), "AP75": round(100 * per_threshold[0.75], 3),
-            "metric": metric, "per_class_AP50": per_class_ap50,
-            "classes_scored": len(scored), "classes": len(truth)}
+    return {
+        "AP": round(100 * float(np.mean(list(per_threshold.values()))), 3),
+        "AP50": round(100 * per_threshold[0.5], 3),
+        "AP75": round(100 * per_threshold[0.75], 3),
+        "metric": metric,
+        "per_class_AP50": per_class_ap50,
+        "classes_scored": len(scored),
+        "classes": len(truth),
+    }

@@ -30,8 +30,11 @@ def synthetic_small(tmp_path_factory) -> Path:
     from pipeline.synthetic import run as generate
 
     out = tmp_path_factory.mktemp("synthetic")
-    generate(out, {"train_per_class": 8, "val_per_class": 4, "det_train_images": 6,
-                   "det_val_images": 4, "det_image_size": 64}, progress=False)
+    generate(
+        out,
+        {"train_per_class": 8, "val_per_class": 4, "det_train_images": 6, "det_val_images": 4, "det_image_size": 64},
+        progress=False,
+    )
     return out
 
 
@@ -42,15 +45,19 @@ def ffcv_small(synthetic_small, tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("ffcv")
     for split in ("train", "val"):
-        convert(synthetic_small / "cls" / split, out / f"{split}.beton",
-                {"max_resolution": 32, "write_mode": "raw", "workers": 1})
+        convert(
+            synthetic_small / "cls" / split,
+            out / f"{split}.beton",
+            {"max_resolution": 32, "write_mode": "raw", "workers": 1},
+        )
     return out
 
 
 def run(cmd, timeout=600, cwd=REPO, env=None, check=True):
     """Run a command with a hard timeout; on failure show its output."""
-    proc = subprocess.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        cmd, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc

@@ -20,6 +20,7 @@ By hand (for experiments; the pytest fixture in tests/test_slurm.py does the sam
     python tests/slurm_cluster.py start    # prints sinfo
     python tests/slurm_cluster.py stop
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,19 @@ WORKDIR = Path(tempfile.gettempdir()) / "moco-slurm-test"
 CTLD_PORT, NODE_PORTS = 16817, (17001, 17002)
 MIN_JOB_AGE = 300  # finished jobs stay visible to squeue that long (Snakemake's status command)
 DAEMONS = ("slurmctld", "slurmd", "munged")
-BINARIES = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sinfo", "squeue", "sbatch", "srun",
-            "scontrol", "scancel")
+BINARIES = (
+    "munged",
+    "munge",
+    "unmunge",
+    "slurmctld",
+    "slurmd",
+    "sinfo",
+    "squeue",
+    "sbatch",
+    "srun",
+    "scontrol",
+    "scancel",
+)
 
 
 def missing_prerequisites() -> list[str]:
@@ -75,10 +87,14 @@ def real_memory_mb() -> int:
 def slurm_conf(workdir: Path, host: str, cpus: int, memory_mb: int) -> str:
     nodes = "\n".join(
         f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} "
-        f"RealMemory={memory_mb} State=UNKNOWN" for name, port in zip(NODES, NODE_PORTS))
+        f"RealMemory={memory_mb} State=UNKNOWN"
+        for name, port in zip(NODES, NODE_PORTS)
+    )
     partitions = "\n".join(
         f"PartitionName={p} Nodes={','.join(NODES)} Default={'YES' if i == 0 else 'NO'} MaxTime=INFINITE "
-        f"State=UP OverSubscribe=NO" for i, p in enumerate(PARTITIONS))
+        f"State=UP OverSubscribe=NO"
+        for i, p in enumerate(PARTITIONS)
+    )
     return f"""{MARK}
 # Two slurmd on one host (multiple-slurmd build), no accounting, no cgroups.
 ClusterName=mocotest
@@ -137,8 +153,10 @@ def ensure_hosts() -> None:
 def munge_works() -> bool:
     try:
         cred = subprocess.run(["munge", "-n"], capture_output=True, timeout=10)
-        return cred.returncode == 0 and subprocess.run(
-            ["unmunge"], input=cred.stdout, capture_output=True, timeout=10).returncode == 0
+        return (
+            cred.returncode == 0
+            and subprocess.run(["unmunge"], input=cred.stdout, capture_output=True, timeout=10).returncode == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -192,7 +210,7 @@ class Cluster:
         self.procs: dict[str, subprocess.Popen] = {}
 
     # --- lifecycle ----------------------------------------------------------------------
-    def start(self, timeout: float = 120) -> "Cluster":
+    def start(self, timeout: float = 120) -> Cluster:
         kill_leftovers(self.workdir)
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
@@ -230,7 +248,7 @@ class Cluster:
         if BACKUP.is_file():
             BACKUP.rename(CONF)
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -239,8 +257,9 @@ class Cluster:
     # --- pieces -------------------------------------------------------------------------
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.workdir / f"{name}.out", "w")
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         (self.workdir / f"{name}.pid").write_text(str(self.procs[name].pid))
         log.close()
 
@@ -248,9 +267,17 @@ class Cluster:
         if munge_works():
             return
         Path("/run/munge").mkdir(parents=True, exist_ok=True)
-        self._spawn("munged", ["munged", "--force", "--foreground", f"--pid-file={self.workdir}/munged.daemon-pid",
-                               f"--log-file={self.workdir}/munged.log",
-                               f"--seed-file={self.workdir}/munged.seed"])
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "--force",
+                "--foreground",
+                f"--pid-file={self.workdir}/munged.daemon-pid",
+                f"--log-file={self.workdir}/munged.log",
+                f"--seed-file={self.workdir}/munged.seed",
+            ],
+        )
         deadline = time.time() + 20
         while not munge_works():
             if time.time() > deadline or self.procs["munged"].poll() is not None:
@@ -270,10 +297,12 @@ class Cluster:
         while time.time() < deadline:
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited ({proc.returncode}):\n{self.tail(f'{name}.out')}"
-                                       f"{self.tail(name + '.log')}")
-            out = subprocess.run(["sinfo", "-h", "-N", "-p", PARTITIONS[0], "-o", "%N %t"], capture_output=True,
-                                 text=True, timeout=20)
+                    raise RuntimeError(
+                        f"{name} exited ({proc.returncode}):\n{self.tail(f'{name}.out')}{self.tail(name + '.log')}"
+                    )
+            out = subprocess.run(
+                ["sinfo", "-h", "-N", "-p", PARTITIONS[0], "-o", "%N %t"], capture_output=True, text=True, timeout=20
+            )
             states = out.stdout.strip()
             nodes = dict(line.split() for line in states.splitlines() if len(line.split()) == 2)
             if all(nodes.get(n) == "idle" for n in NODES):

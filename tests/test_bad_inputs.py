@@ -1,5 +1,6 @@
 """Odd dataset trees a user points the converter at: each converts, or fails with a message
 that names the problem, and nothing is written half-way. Every file is generated here."""
+
 import json
 import os
 import struct
@@ -10,15 +11,15 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from conftest import require
+from PIL import Image
+from test_convert import RAW, make_imagefolder, no_temporaries, rand_images, read_beton
+
 from pipeline import convert as conv
 from pipeline.convert import ConversionError
 from pipeline.convert import run as convert
 from pipeline.data import two_view_loader
 from pipeline.sources import SourceError, decode_file, open_source
-from test_convert import RAW, make_imagefolder, no_temporaries, rand_images, read_beton
 
 OPTS = {**RAW, "max_resolution": 64}
 
@@ -35,9 +36,9 @@ def stored_by_path(report, out):
 def test_extreme_aspect_ratio_is_stored_with_every_side_at_least_one_pixel(tmp_path):
     root = tmp_path / "train"
     make_imagefolder(root, per_class=3, size=(20, 24))
-    banner = rand_images(1, 8, 4000, seed=9)[0]          # 64 px: the short side would round to 0
+    banner = rand_images(1, 8, 4000, seed=9)[0]  # 64 px: the short side would round to 0
     Image.fromarray(banner).save(root / "a" / "banner.png")
-    large = rand_images(1, 100, 80, seed=3)[0]           # an ordinary image scaled as FFCV would
+    large = rand_images(1, 100, 80, seed=3)[0]  # an ordinary image scaled as FFCV would
     Image.fromarray(large).save(root / "b" / "large.png")
     out = tmp_path / "ffcv" / "train.beton"
     report = convert(root, out, OPTS, split="train", progress=False)
@@ -46,12 +47,13 @@ def test_extreme_aspect_ratio_is_stored_with_every_side_at_least_one_pixel(tmp_p
     assert stored[str(root / "a" / "banner.png")].shape == (1, 64, 3)
     import cv2
 
-    assert np.array_equal(stored[str(root / "b" / "large.png")],
-                          cv2.resize(large, (51, 64), interpolation=cv2.INTER_AREA))  # FFCV's own sizes
+    assert np.array_equal(
+        stored[str(root / "b" / "large.png")], cv2.resize(large, (51, 64), interpolation=cv2.INTER_AREA)
+    )  # FFCV's own sizes
     assert report["resolution"]["stored"]["min_hw"] == [1, 24]
     # and the training loader crops it like any other image
     seen = []
-    for v1, v2, _, idx in two_view_loader(out, batch_size=4, crop_size=16, workers=1, drop_last=False):
+    for v1, _v2, _, idx in two_view_loader(out, batch_size=4, crop_size=16, workers=1, drop_last=False):
         assert v1.shape[1:] == (3, 16, 16) and torch.isfinite(v1.float()).all()
         seen += idx.tolist()
     assert sorted(seen) == list(range(8))
@@ -59,10 +61,16 @@ def test_extreme_aspect_ratio_is_stored_with_every_side_at_least_one_pixel(tmp_p
 
 def _png_header_only(width, height):
     """A PNG that declares width x height (a decompression bomb's header) and holds one row."""
+
     def chunk(kind, data):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(b"\x00" * (3 * width + 1))) + chunk(b"IEND", b""))
+
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(b"\x00" * (3 * width + 1)))
+        + chunk(b"IEND", b"")
+    )
 
 
 def test_decompression_bomb_is_skipped_with_its_reason(tmp_path):
@@ -81,10 +89,10 @@ def test_symlink_cycle_and_repeated_links_take_each_file_once(tmp_path):
     make_imagefolder(root, per_class=3)
     (root / "a" / "sub").mkdir()
     (root / "a" / "sub" / "notes.txt").write_text("x")
-    os.symlink(".", root / "a" / "loop")                  # a cycle
-    os.symlink("../a", root / "b" / "a_again")             # another class's folder, linked
+    os.symlink(".", root / "a" / "loop")  # a cycle
+    os.symlink("../a", root / "b" / "a_again")  # another class's folder, linked
     os.symlink("../a/0.png", root / "b" / "same_file.png")  # one file, two names
-    fast = tmp_path / "fast_storage" / "c"                  # a class kept elsewhere, linked in
+    fast = tmp_path / "fast_storage" / "c"  # a class kept elsewhere, linked in
     make_imagefolder(tmp_path / "fast_storage", classes=("c",), per_class=2)
     os.symlink(fast, root / "c")
 
@@ -112,7 +120,10 @@ def test_same_bytes_under_two_labels_are_reported(tmp_path):
     assert report["num_samples"] == 8  # reported, not dropped: which label is right is the user's call
     groups = {tuple(sorted(os.path.relpath(p, root) for p in g["paths"])): g for g in report["duplicate_content"]}
     assert set(groups) == {("a/1.png", "b/copy.png"), ("a/2.png", "a/copy.png")}
-    assert groups[("a/1.png", "b/copy.png")]["across_classes"] and groups[("a/1.png", "b/copy.png")]["classes"] == ["a", "b"]
+    assert groups[("a/1.png", "b/copy.png")]["across_classes"] and groups[("a/1.png", "b/copy.png")]["classes"] == [
+        "a",
+        "b",
+    ]
     assert not groups[("a/2.png", "a/copy.png")]["across_classes"]
 
 
@@ -123,7 +134,7 @@ def _kinds(folder):
     rgb = rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)
     expect = {}
 
-    deep = rng.integers(0, 65536, (12, 10), dtype=np.uint16)                     # 16-bit greyscale PNG
+    deep = rng.integers(0, 65536, (12, 10), dtype=np.uint16)  # 16-bit greyscale PNG
     Image.fromarray(deep).save(folder / "deep16.png")
     expect["deep16.png"] = np.repeat((deep >> 8).astype(np.uint8)[:, :, None], 3, axis=2)
 
@@ -133,31 +144,31 @@ def _kinds(folder):
     expect["cmyk.jpg"] = smooth
 
     rgba = np.concatenate([rgb, rng.integers(0, 256, (12, 10, 1), dtype=np.uint8)], axis=2)
-    Image.fromarray(rgba, "RGBA").save(folder / "alpha.png")                    # transparency: dropped
+    Image.fromarray(rgba, "RGBA").save(folder / "alpha.png")  # transparency: dropped
     expect["alpha.png"] = rgb
 
-    palette = Image.fromarray(rgb).quantize(8)                                   # palette + transparent index
+    palette = Image.fromarray(rgb).quantize(8)  # palette + transparent index
     palette.info["transparency"] = 0
     palette.save(folder / "palette.png", transparency=0)
     expect["palette.png"] = np.array(palette.convert("RGBA").convert("RGB"))
 
     tall = np.zeros((10, 20, 3), np.uint8)
-    tall[:, :10] = (255, 0, 0)                                                   # stored 20 wide, shown 20 tall
+    tall[:, :10] = (255, 0, 0)  # stored 20 wide, shown 20 tall
     exif = Image.Exif()
-    exif[0x0112] = 6                                                             # rotate 90 degrees clockwise
+    exif[0x0112] = 6  # rotate 90 degrees clockwise
     Image.fromarray(tall).save(folder / "rotated.jpg", exif=exif, quality=100)
-    expect["rotated.jpg"] = np.rot90(tall, k=-1)                                 # red on top after the turn
+    expect["rotated.jpg"] = np.rot90(tall, k=-1)  # red on top after the turn
 
-    frames = [Image.new("RGB", (8, 8), c) for c in ((255, 0, 0), (0, 0, 255))]   # animations: first frame
+    frames = [Image.new("RGB", (8, 8), c) for c in ((255, 0, 0), (0, 0, 255))]  # animations: first frame
     for name in ("anim.gif", "anim.webp"):
         frames[0].save(folder / name, save_all=True, append_images=frames[1:], duration=50, lossless=True)
         expect[name] = np.full((8, 8, 3), (255, 0, 0), np.uint8)
 
-    Image.fromarray(rgb[:, :, 0]).save(folder / "grey.png")                       # greyscale
+    Image.fromarray(rgb[:, :, 0]).save(folder / "grey.png")  # greyscale
     expect["grey.png"] = np.repeat(rgb[:, :, :1], 3, axis=2)
-    Image.fromarray(rgb[:1, :1]).save(folder / "one_pixel.png")                   # 1 x 1
+    Image.fromarray(rgb[:1, :1]).save(folder / "one_pixel.png")  # 1 x 1
     expect["one_pixel.png"] = rgb[:1, :1]
-    Image.fromarray(rgb).save(folder / "UPPER.PNG")                               # upper-case suffixes
+    Image.fromarray(rgb).save(folder / "UPPER.PNG")  # upper-case suffixes
     expect["UPPER.PNG"] = rgb
     Image.fromarray(smooth).save(folder / "UPPER.JPG", quality=100)
     expect["UPPER.JPG"] = smooth
@@ -180,7 +191,9 @@ def test_image_kinds_convert_as_a_viewer_shows_them(tmp_path):
         report = convert(root, out, {**OPTS, "workers": 1}, split="train", progress=False)
     assert report["skipped"] == [] and report["num_samples"] == 4 + len(expect)
     assert {os.path.basename(i["path"]): i["reason"] for i in report["ignored"]} == {
-        ".cache": "hidden folder (not scanned)", ".hidden.png": "hidden file"}
+        ".cache": "hidden folder (not scanned)",
+        ".hidden.png": "hidden file",
+    }
     stored = stored_by_path(report, out)
     for name, image in expect.items():
         got = stored[str(root / "a" / name)]
@@ -234,8 +247,11 @@ def test_disk_full_during_the_write_leaves_nothing_and_says_so(tmp_path, mounted
     make_imagefolder(root)
     disk = mounted("size=1m")
     monkeypatch.setattr(conv, "require_space", lambda folder, needed: None)  # as if the disk filled meanwhile
-    with pytest.raises(ConversionError, match=r"writing .*train\.beton failed: No space left on device"
-                                              r".*the disk or quota is full.*nothing was written"):
+    with pytest.raises(
+        ConversionError,
+        match=r"writing .*train\.beton failed: No space left on device"
+        r".*the disk or quota is full.*nothing was written",
+    ):
         convert(root, disk / "train.beton", OPTS, split="train", progress=False)
     assert os.listdir(disk) == [] and no_temporaries(disk)
 

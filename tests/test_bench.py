@@ -1,4 +1,5 @@
 """The speed benchmarks run end to end on real data (tiny sizes; they measure, they do not assert speed)."""
+
 import json
 
 TINY = "workflow/config/presets/tiny.yaml"
@@ -22,8 +23,9 @@ def test_bench_cores_compares_thread_layouts(ffcv_small, tmp_path, monkeypatch, 
 
     monkeypatch.chdir(repo)  # workers run `python -m pipeline.bench` from the repository
     monkeypatch.setattr(cores, "write", lambda name, result: tmp_path / f"{name}.json")
-    result = cores.main(["--configfile", str(repo / TINY), "--data", str(ffcv_small), "--cores", "2",
-                         "--epochs", "1", "--rounds", "1"])
+    result = cores.main(
+        ["--configfile", str(repo / TINY), "--data", str(ffcv_small), "--cores", "2", "--epochs", "1", "--rounds", "1"]
+    )
     layouts = result["layouts"]
     assert {(r["jobs"], r["threads"]) for r in layouts.values()} == {(1, 2), (2, 1)}
     assert all(r["steps_per_s"] > 0 for r in layouts.values())

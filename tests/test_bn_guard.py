@@ -1,4 +1,5 @@
 """The BN-leak guard (MoCo paper 3.3) in one process: split BatchNorm + the key shuffle."""
+
 import copy
 
 import pytest
@@ -7,13 +8,26 @@ from torch import nn
 
 from pipeline.config import ConfigError
 from pipeline.methods import bn_guard_text, build_model
-from pipeline.models import Encoder, build_backbone
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd
 from pipeline.moco.split_bn import SplitBatchNorm2d, default_splits, split_batch_norm
+from pipeline.models import Encoder, build_backbone
 
-P = {"method": "moco", "variant": "v2", "mechanism": "moco", "backbone": "resnet18", "width": 4,
-     "cifar_stem": True, "dim": 8, "K": 32, "m": 0.99, "T": 0.2, "epochs": 1, "batch_size": 16, "lr": 0.1}
+P = {
+    "method": "moco",
+    "variant": "v2",
+    "mechanism": "moco",
+    "backbone": "resnet18",
+    "width": 4,
+    "cifar_stem": True,
+    "dim": 8,
+    "K": 32,
+    "m": 0.99,
+    "T": 0.2,
+    "epochs": 1,
+    "batch_size": 16,
+    "lr": 0.1,
+}
 
 
 def test_split_bn_normalises_each_sub_batch_with_its_own_statistics():
@@ -74,6 +88,7 @@ def key_and_query_bn_groups(model: nn.Module, n: int):
     """For each sample i, the set of samples whose content changes the normalised output of
     query i (resp. key i): the images it shares BN statistics with. Found by perturbing each
     image in turn, with the key shuffle's permutation fixed by reseeding."""
+
     def outputs(x1, x2):
         torch.manual_seed(123)  # the same shuffle every call
         with torch.no_grad():
@@ -145,10 +160,10 @@ def test_guard_is_on_by_default_and_off_without_batch_norm():
 
 
 def test_guard_geometry():
-    assert default_splits(64, 1) == 4       # the demo: 4 sub-batches of 16
-    assert default_splits(512, 1) == 8      # the official single-GPU demo: 8 of 64
+    assert default_splits(64, 1) == 4  # the demo: 4 sub-batches of 16
+    assert default_splits(512, 1) == 8  # the official single-GPU demo: 8 of 64
     assert default_splits(16, 1) == 2
-    assert default_splits(256, 8) == 1      # across ranks ShuffleBN alone
+    assert default_splits(256, 8) == 1  # across ranks ShuffleBN alone
     assert default_splits(3, 1) == 1
     with pytest.raises(ConfigError, match="bn_splits >= 2"):
         build_model({**P, "bn_splits": 1}, 32, 10, 100)

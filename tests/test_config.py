@@ -1,9 +1,10 @@
 """Schema and cross-field validation: bad values fail with the key and the allowed range."""
+
 import copy
 
 import pytest
 
-from pipeline.config import ConfigError, load_stage_config, load_yaml, validate, DEFAULT_CONFIG
+from pipeline.config import DEFAULT_CONFIG, ConfigError, load_stage_config, load_yaml, validate
 from pipeline.grid import cell_params
 
 
@@ -16,33 +17,39 @@ def test_default_config_is_valid(cfg):
     validate(cfg)
 
 
-@pytest.mark.parametrize("section,key,value,expect", [
-    ("pretrain", "m", 1.5, "pretrain.m"),
-    ("pretrain", "m", -0.1, "minimum"),
-    ("pretrain", "backbone", "resnet7", "resnet18"),
-    ("pretrain", "T", 0, "exclusiveMinimum"),
-    ("pretrain", "epochs", "ten", "integer"),
-    ("pretrain", "bogus", 1, "bogus"),
-    ("data", "loader", "dali", "ffcv"),
-    ("probe", "lr", -1.0, "probe.lr"),
-    ("pretrain", "bn_splits", 0, "pretrain.bn_splits"),
-    ("pretrain", "bn_splits", 3, "bn_splits=3 does not divide the batch size 64"),
-    ("grid", "seeds", 0, "grid.seeds"),
-])
+@pytest.mark.parametrize(
+    "section,key,value,expect",
+    [
+        ("pretrain", "m", 1.5, "pretrain.m"),
+        ("pretrain", "m", -0.1, "minimum"),
+        ("pretrain", "backbone", "resnet7", "resnet18"),
+        ("pretrain", "T", 0, "exclusiveMinimum"),
+        ("pretrain", "epochs", "ten", "integer"),
+        ("pretrain", "bogus", 1, "bogus"),
+        ("data", "loader", "dali", "ffcv"),
+        ("probe", "lr", -1.0, "probe.lr"),
+        ("pretrain", "bn_splits", 0, "pretrain.bn_splits"),
+        ("pretrain", "bn_splits", 3, "bn_splits=3 does not divide the batch size 64"),
+        ("grid", "seeds", 0, "grid.seeds"),
+    ],
+)
 def test_bad_values_name_the_key(cfg, section, key, value, expect):
     cfg[section][key] = value
     with pytest.raises(ConfigError, match=expect):
         validate(cfg)
 
 
-@pytest.mark.parametrize("section,key,value,expect", [
-    ("detect", "lr", float("inf"), r"'detect.lr': inf is not a finite number"),
-    ("probe", "knn_t", float("nan"), r"'probe.knn_t': nan is not a finite number"),
-    ("pretrain", "m", float("nan"), r"'pretrain.m': nan is not a finite number"),
-    ("pretrain", "epochs", 10**12, r"'pretrain.epochs'.*maximum"),
-    ("pretrain", "epochs", 10.0, r"'pretrain.epochs'.*integer"),
-    ("detect", "anchor_sizes", [32, 64, 128, 256, 1e12], r"'detect.anchor_sizes.4'"),
-])
+@pytest.mark.parametrize(
+    "section,key,value,expect",
+    [
+        ("detect", "lr", float("inf"), r"'detect.lr': inf is not a finite number"),
+        ("probe", "knn_t", float("nan"), r"'probe.knn_t': nan is not a finite number"),
+        ("pretrain", "m", float("nan"), r"'pretrain.m': nan is not a finite number"),
+        ("pretrain", "epochs", 10**12, r"'pretrain.epochs'.*maximum"),
+        ("pretrain", "epochs", 10.0, r"'pretrain.epochs'.*integer"),
+        ("detect", "anchor_sizes", [32, 64, 128, 256, 1e12], r"'detect.anchor_sizes.4'"),
+    ],
+)
 def test_numbers_must_be_finite_and_integers_bounded(cfg, section, key, value, expect):
     cfg[section][key] = value
     with pytest.raises(ConfigError, match=expect):
@@ -89,13 +96,16 @@ def test_dataset_roots_may_hold_spaces_and_non_ascii_letters(cfg, tmp_path):
     validate(cfg)
 
 
-@pytest.mark.parametrize("detect,expect", [
-    ({"schedule": "step"}, "detect.lr_steps: the step schedule needs"),
-    ({"schedule": "step", "lr_steps": [22000, 18000]}, "increasing order"),
-    ({"iterations": 20000, "lr_steps": [18000, 22000]}, "reach beyond detect.iterations=20000"),
-    ({"train_sizes": [480, 800], "image_size": 96, "max_image_size": None}, "exceed the longer side's cap 96"),
-    ({"rpn": {"pre_nms_train": 10}}, "detect.rpn"),
-])
+@pytest.mark.parametrize(
+    "detect,expect",
+    [
+        ({"schedule": "step"}, "detect.lr_steps: the step schedule needs"),
+        ({"schedule": "step", "lr_steps": [22000, 18000]}, "increasing order"),
+        ({"iterations": 20000, "lr_steps": [18000, 22000]}, "reach beyond detect.iterations=20000"),
+        ({"train_sizes": [480, 800], "image_size": 96, "max_image_size": None}, "exceed the longer side's cap 96"),
+        ({"rpn": {"pre_nms_train": 10}}, "detect.rpn"),
+    ],
+)
 def test_detection_schedule_and_scales_are_checked(cfg, detect, expect):
     cfg["detect"].update(detect)
     with pytest.raises(ConfigError, match=expect):
@@ -121,7 +131,8 @@ def test_missing_dataset_root(cfg, tmp_path):
 
 
 def test_stage_config_checks_only_its_sections(cfg):
-    text = '{"data": {"crop_size": 32}, "pretrain": %s}' % __import__("json").dumps({**cfg["pretrain"], "m": 2})
+    pretrain = __import__("json").dumps({**cfg["pretrain"], "m": 2})
+    text = f'{{"data": {{"crop_size": 32}}, "pretrain": {pretrain}}}'
     with pytest.raises(ConfigError, match="pretrain.m"):
         load_stage_config(text, ["data", "pretrain"])
 

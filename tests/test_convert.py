@@ -4,6 +4,7 @@ The fake CIFAR/STL copies are written in the real on-disk formats (python pickle
 column-major binaries) with a handful of images. The .beton files are read back with FFCV's
 Reader (metadata + raw pixels), without compiling a Loader: fast, and independent of loading.
 """
+
 import io
 import json
 import os
@@ -33,8 +34,11 @@ def rand_images(n, h, w, seed):
 def make_cifar(root, kind="cifar10", per_file=2):
     """cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta} or cifar-100-python/{train,test,meta}."""
     if kind == "cifar10":
-        folder, files, meta = root / "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"], \
-            {"label_names": [f"c{i}" for i in range(10)], "num_cases_per_batch": per_file, "num_vis": 3072}
+        folder, files, meta = (
+            root / "cifar-10-batches-py",
+            [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"],
+            {"label_names": [f"c{i}" for i in range(10)], "num_cases_per_batch": per_file, "num_vis": 3072},
+        )
         meta_name, label_key, n_classes = "batches.meta", "labels", 10
     else:
         folder, files = root / "cifar-100-python", ["train", "test"]
@@ -45,8 +49,11 @@ def make_cifar(root, kind="cifar10", per_file=2):
     for k, name in enumerate(files):
         images = rand_images(per_file, 32, 32, seed=k)
         labels = [(k * per_file + j) % n_classes for j in range(per_file)]
-        entry = {"data": images.transpose(0, 3, 1, 2).reshape(per_file, 3072), label_key: labels,
-                 "filenames": [f"{name}_{j}.png" for j in range(per_file)]}
+        entry = {
+            "data": images.transpose(0, 3, 1, 2).reshape(per_file, 3072),
+            label_key: labels,
+            "filenames": [f"{name}_{j}.png" for j in range(per_file)],
+        }
         if kind == "cifar100":
             entry["coarse_labels"] = [v // 5 for v in labels]
         (folder / name).write_bytes(pickle.dumps(entry))
@@ -94,7 +101,7 @@ def read_beton(path):
     images = []
     for field in meta["f0"]:
         ptr, h, w = int(field["data_ptr"]), int(field["height"]), int(field["width"])
-        data = np.asarray(blob[ptr: ptr + sizes[ptr]])
+        data = np.asarray(blob[ptr : ptr + sizes[ptr]])
         if field["mode"] == 1:  # raw
             images.append(data[: h * w * 3].reshape(h, w, 3))
         else:
@@ -151,14 +158,17 @@ def test_strict_fails_naming_the_file(corrupt_tree, tmp_path):
         main(["--root", str(root), "--out", str(out), "--strict", "--config", json.dumps(RAW)])
 
 
-@pytest.mark.parametrize("case, message", [
-    ("missing_root", "dataset split folder not found"),
-    ("no_classes", "no class folders"),
-    ("empty_class", "class 'b' has no images"),
-    ("all_corrupt_class", r"class\(es\) \['b'\] have no readable images"),
-    ("empty_unlabeled", "no images in the train split"),
-    ("missing_cifar", "cifar10: torchvision folder .* not found"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing_root", "dataset split folder not found"),
+        ("no_classes", "no class folders"),
+        ("empty_class", "class 'b' has no images"),
+        ("all_corrupt_class", r"class\(es\) \['b'\] have no readable images"),
+        ("empty_unlabeled", "no images in the train split"),
+        ("missing_cifar", "cifar10: torchvision folder .* not found"),
+    ],
+)
 def test_clear_failures(tmp_path, case, message):
     root = tmp_path / "train"
     source = "imagefolder"
@@ -204,15 +214,25 @@ class FailingDataset(SplitDataset):
 
 
 @pytest.mark.timeout(120)  # a watchdog that missed the dead writer would leave FFCV waiting for ever
-@pytest.mark.parametrize("hard, message", [(False, "failed at sample 25: RuntimeError: simulated read error"),
-                                           (True, r"writer process \d+ exited with code -9")])
+@pytest.mark.parametrize(
+    "hard, message",
+    [
+        (False, "failed at sample 25: RuntimeError: simulated read error"),
+        (True, r"writer process \d+ exited with code -9"),
+    ],
+)
 def test_writer_failure_midway_leaves_no_beton(tmp_path, hard, message):
     make_imagefolder(tmp_path / "src", per_class=20, size=(16, 16))
     src = open_source("imagefolder", tmp_path / "src")
     out = tmp_path / "out" / "train.beton"
     with pytest.raises(ConversionError, match=message):
-        write_beton(FailingDataset(src, fail_at=25, hard=hard), out, image_fields({**RAW, **_field_defaults()}),
-                    workers=2, chunksize=4)
+        write_beton(
+            FailingDataset(src, fail_at=25, hard=hard),
+            out,
+            image_fields({**RAW, **_field_defaults()}),
+            workers=2,
+            chunksize=4,
+        )
     assert not out.exists() and no_temporaries(out.parent)
 
 
@@ -237,8 +257,13 @@ c.run(sys.argv[1], sys.argv[2], {"write_mode": "raw", "workers": 1}, progress=Fa
 def test_killed_conversion_leaves_no_beton(tmp_path):
     make_imagefolder(tmp_path / "src", per_class=100, size=(16, 16))
     out = tmp_path / "out" / "train.beton"
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_CONVERT, str(tmp_path / "src"), str(out)], cwd=REPO,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_CONVERT, str(tmp_path / "src"), str(out)],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not (out.parent.is_dir() and not no_temporaries(out.parent)):
@@ -274,11 +299,21 @@ def test_cifar(tmp_path, kind):
 
 def test_stl10(tmp_path):
     truth = make_stl10(tmp_path / "tv")
-    for split, parts in (("train", ["train"]), ("val", ["test"]), ("unlabeled", ["unlabeled"]),
-                         ("train+unlabeled", ["train", "unlabeled"])):
+    for split, parts in (
+        ("train", ["train"]),
+        ("val", ["test"]),
+        ("unlabeled", ["unlabeled"]),
+        ("train+unlabeled", ["train", "unlabeled"]),
+    ):
         out = tmp_path / "out" / f"{split}.beton"
-        report = convert(tmp_path / "tv", out, {**RAW, "max_resolution": None},  # 96 px, stored as is
-                         source="stl10", split=split, progress=False)
+        report = convert(
+            tmp_path / "tv",
+            out,
+            {**RAW, "max_resolution": None},  # 96 px, stored as is
+            source="stl10",
+            split=split,
+            progress=False,
+        )
         images, labels, indices, _ = read_beton(out)
         assert np.array_equal(np.stack(images), np.concatenate([truth[p][0] for p in parts]))
         assert labels == sum((truth[p][1] for p in parts), [])
@@ -303,13 +338,21 @@ def test_write_modes_and_resolution(tmp_path):
     assert small["resolution"]["stored"]["max_hw"] == [32, 24]
     images, *_ = read_beton(tmp_path / "raw.beton")
     assert images[0].shape == (32, 24, 3)
-    jpg = convert(tmp_path / "src", tmp_path / "jpg.beton",
-                  {"workers": 1, "write_mode": "jpg", "jpeg_quality": 50, "max_resolution": 32}, progress=False)
+    jpg = convert(
+        tmp_path / "src",
+        tmp_path / "jpg.beton",
+        {"workers": 1, "write_mode": "jpg", "jpeg_quality": 50, "max_resolution": 32},
+        progress=False,
+    )
     images, labels, _, modes = read_beton(tmp_path / "jpg.beton")
     assert set(modes) == {0} and images[0].shape == (32, 24, 3) and labels == [0] * 4 + [1] * 4
     assert jpg["options"]["jpeg_quality"] == 50
-    smart = convert(tmp_path / "src", tmp_path / "smart.beton",
-                    {"workers": 1, "write_mode": "smart", "smart_threshold": 100}, progress=False)
+    smart = convert(
+        tmp_path / "src",
+        tmp_path / "smart.beton",
+        {"workers": 1, "write_mode": "smart", "smart_threshold": 100},
+        progress=False,
+    )
     assert set(read_beton(tmp_path / "smart.beton")[3]) == {0}  # every image is above 100 bytes -> JPEG
     assert smart["options"]["write_mode"] == "smart"
 
@@ -329,11 +372,31 @@ def _snakemake_convert(tmp_path, dataset: dict, *args, splits=("train", "val")):
 
     results = tmp_path / "results"
     extra = tmp_path / "extra.yaml"
-    extra.write_text(json.dumps({"results": str(results), "dataset": dataset, "detect": {"enabled": False},
-                                 "convert": {"workers": 1, "write_mode": "raw"}}))
+    extra.write_text(
+        json.dumps(
+            {
+                "results": str(results),
+                "dataset": dataset,
+                "detect": {"enabled": False},
+                "convert": {"workers": 1, "write_mode": "raw"},
+            }
+        )
+    )
     targets = [str(results / "data" / "ffcv" / f"{s}.json") for s in splits]
-    return run([snakemake_bin(), "--configfile", "workflow/config/presets/tiny.yaml", str(extra),
-                "--cores", "1", "-p", *args, *targets], timeout=600)
+    return run(
+        [
+            snakemake_bin(),
+            "--configfile",
+            "workflow/config/presets/tiny.yaml",
+            str(extra),
+            "--cores",
+            "1",
+            "-p",
+            *args,
+            *targets,
+        ],
+        timeout=600,
+    )
 
 
 def test_convert_rule_dry_runs_every_kind(tmp_path):

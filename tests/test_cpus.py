@@ -1,4 +1,5 @@
 """pipeline.cpus: one place decides how a job's CPUs are split between torch and the loader."""
+
 import pytest
 
 from pipeline import cpus

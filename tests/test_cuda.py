@@ -1,4 +1,5 @@
 """CUDA paths (run by bench/gpu_check.sh on a GPU machine; deselected by default: -m cuda)."""
+
 import os
 import socket
 
@@ -8,10 +9,21 @@ import torch
 from pipeline.methods import build_model
 from pipeline.optim import build_optimizer
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-P = {"method": "moco", "variant": "v2", "backbone": "resnet18", "width": 16, "cifar_stem": True, "dim": 32,
-     "K": 256, "m": 0.99, "T": 0.2, "epochs": 1, "batch_size": 32, "lr": 0.03}
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+P = {
+    "method": "moco",
+    "variant": "v2",
+    "backbone": "resnet18",
+    "width": 16,
+    "cifar_stem": True,
+    "dim": 32,
+    "K": 256,
+    "m": 0.99,
+    "T": 0.2,
+    "epochs": 1,
+    "batch_size": 32,
+    "lr": 0.03,
+}
 
 
 def test_bf16_channels_last_step_on_gpu():
@@ -31,6 +43,7 @@ def test_bf16_channels_last_step_on_gpu():
 
 def test_nccl_single_rank_collectives():
     import torch.distributed as dist
+
     from pipeline.moco.distributed import gather_all, shuffle_across_ranks, unshuffle_across_ranks
 
     with socket.socket() as s:
@@ -54,11 +67,22 @@ def test_ffcv_loads_to_gpu(ffcv_small):
     from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
 
     device = torch.device("cuda:0")
-    loader = Loader(str(ffcv_small / "train.beton"), batch_size=16, num_workers=2, order=OrderOption.RANDOM,
-                    pipelines={"image": [RandomResizedCropRGBImageDecoder((32, 32)), ToTensor(),
-                                         ToDevice(device, non_blocking=True), ToTorchImage()],
-                               "label": [IntDecoder(), ToTensor(), ToDevice(device), Squeeze()],
-                               "index": [IntDecoder(), ToTensor(), ToDevice(device), Squeeze()]})
+    loader = Loader(
+        str(ffcv_small / "train.beton"),
+        batch_size=16,
+        num_workers=2,
+        order=OrderOption.RANDOM,
+        pipelines={
+            "image": [
+                RandomResizedCropRGBImageDecoder((32, 32)),
+                ToTensor(),
+                ToDevice(device, non_blocking=True),
+                ToTorchImage(),
+            ],
+            "label": [IntDecoder(), ToTensor(), ToDevice(device), Squeeze()],
+            "index": [IntDecoder(), ToTensor(), ToDevice(device), Squeeze()],
+        },
+    )
     images, labels, index = next(iter(loader))
     assert images.is_cuda and images.shape == (16, 3, 32, 32) and images.dtype == torch.uint8
     assert labels.is_cuda
@@ -72,8 +96,11 @@ def test_detection_fine_tunes_on_the_gpu(tmp_path):
     from pipeline.models import build_backbone
     from pipeline.synthetic import run as generate
 
-    generate(tmp_path / "synth", {"train_per_class": 1, "val_per_class": 1, "det_train_images": 8,
-                                  "det_val_images": 4}, progress=False)
+    generate(
+        tmp_path / "synth",
+        {"train_per_class": 1, "val_per_class": 1, "det_train_images": 8, "det_val_images": 4},
+        progress=False,
+    )
     arch = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
     checkpoint.save(tmp_path / "ckpt.pt", arch=arch, method="random", backbone=build_backbone(arch).state_dict())
     cfg = {"detect": {"epochs": 1, "batch_size": 4, "lr": 0.01, "image_size": 64, "head": "c4", "norm": "bn"}}

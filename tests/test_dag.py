@@ -1,5 +1,6 @@
 """Building the DAG: without torch, with command-line overrides read as the README documents
 them, one registry per list, and `snakemake --profile slurm` typed as is."""
+
 import re
 import subprocess
 import sys
@@ -9,16 +10,19 @@ from test_workflow import jobs_planned, pretraining_jobs
 
 
 def dry_run(tmp_path, *args, check=True, target=()):
-    return run([snakemake_bin(), *target, "-n", "-p", "--config", f"results={tmp_path / 'r'}", *args], timeout=120,
-               check=check)
+    return run(
+        [snakemake_bin(), *target, "-n", "-p", "--config", f"results={tmp_path / 'r'}", *args], timeout=120, check=check
+    )
 
 
 def test_building_the_dag_imports_no_torch(tmp_path):
-    code = ("import sys\nfrom snakemake.cli import main\n"
-            f"try:\n    main(['-n', '--quiet', 'rules', '--config', 'results={tmp_path / 'r'}'])\n"
-            "except SystemExit as e:\n    assert not e.code, e.code\n"
-            "print('HEAVY', sorted(m for m in ('torch', 'torchvision', 'matplotlib', 'pipeline.studies', "
-            "'pipeline.models') if m in sys.modules))")  # (pandas comes with the SLURM plugin itself)
+    code = (
+        "import sys\nfrom snakemake.cli import main\n"
+        f"try:\n    main(['-n', '--quiet', 'rules', '--config', 'results={tmp_path / 'r'}'])\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'torchvision', 'matplotlib', 'pipeline.studies', "
+        "'pipeline.models') if m in sys.modules))"
+    )  # (pandas comes with the SLURM plugin itself)
     out = run([sys.executable, "-c", code], timeout=120).stdout
     assert "HEAVY []" in out, out[-2000:]
 
@@ -54,9 +58,13 @@ def test_only_the_chosen_cells_run(tmp_path):
 def test_command_line_values_are_read_against_the_schema():
     from pipeline.config import read_command_line_values
 
-    cfg = {"pretrain": {"epochs": "50", "m": "0.9", "backbone": "resnet18", "shuffle_bn": "false"},
-           "dataset": {"root": "null", "source": "synthetic"}, "detect": {"cells": ["base"], "lr_steps": ["10"]},
-           "grid": {"one_at_a_time": {"K": ["1024"], "aug": ["v1"]}}, "results": "1234"}
+    cfg = {
+        "pretrain": {"epochs": "50", "m": "0.9", "backbone": "resnet18", "shuffle_bn": "false"},
+        "dataset": {"root": "null", "source": "synthetic"},
+        "detect": {"cells": ["base"], "lr_steps": ["10"]},
+        "grid": {"one_at_a_time": {"K": ["1024"], "aug": ["v1"]}},
+        "results": "1234",
+    }
     read_command_line_values(cfg)
     assert cfg["pretrain"] == {"epochs": 50, "m": 0.9, "backbone": "resnet18", "shuffle_bn": False}
     assert cfg["dataset"]["root"] is None and cfg["detect"] == {"cells": ["base"], "lr_steps": [10]}
@@ -79,8 +87,14 @@ def test_backbone_names_have_one_source():
 
 # --- `snakemake --profile slurm`, typed from the repository -----------------------------------
 def link_profiles(config_home, check=True):
-    return subprocess.run(["bash", str(REPO / ".ci" / "link-profiles.sh")], cwd=REPO, capture_output=True,
-                          text=True, env={"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(config_home)}, check=check)
+    return subprocess.run(
+        ["bash", str(REPO / ".ci" / "link-profiles.sh")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(config_home)},
+        check=check,
+    )
 
 
 def test_profile_slurm_by_name_from_the_repository(tmp_path):
@@ -89,11 +103,15 @@ def test_profile_slurm_by_name_from_the_repository(tmp_path):
     assert "snakemake --profile slurm" in out.stdout
     assert (home / "snakemake" / "slurm").resolve() == REPO / "profiles" / "slurm"
     link_profiles(home)  # again: nothing to do, no complaint
-    proc = run([snakemake_bin(), "--profile", "slurm", "-n", "--config", f"results={tmp_path / 'r'}"],
-               timeout=120, env={"XDG_CONFIG_HOME": str(home)})
+    proc = run(
+        [snakemake_bin(), "--profile", "slurm", "-n", "--config", f"results={tmp_path / 'r'}"],
+        timeout=120,
+        env={"XDG_CONFIG_HOME": str(home)},
+    )
     assert "slurm_partition=gpu" in proc.stdout and "gres=gpu:4" in proc.stdout  # the executor's resources
-    by_path = run([snakemake_bin(), "--profile", "profiles/slurm", "-n", "--config", f"results={tmp_path / 'r'}"],
-                  timeout=120)
+    by_path = run(
+        [snakemake_bin(), "--profile", "profiles/slurm", "-n", "--config", f"results={tmp_path / 'r'}"], timeout=120
+    )
     assert "gres=gpu:4" in by_path.stdout  # the path form still works
 
 
@@ -124,7 +142,9 @@ def test_a_config_whose_claims_cannot_run_fails_that_target_alone(tmp_path):
     tiny = str(REPO / "workflow" / "config" / "presets" / "tiny.yaml")  # 160 images: no 256-key bank
     assert jobs_planned(dry_run(tmp_path, "--configfile", tiny).stdout)["tables"] == 1
     proc = dry_run(tmp_path, "--configfile", tiny, check=False, target=["claims"])
-    assert proc.returncode != 0 and "memory bank K=256 negatives need a larger training set" in proc.stdout + proc.stderr
+    assert (
+        proc.returncode != 0 and "memory bank K=256 negatives need a larger training set" in proc.stdout + proc.stderr
+    )
 
 
 def test_queue_policies_have_one_source():
@@ -132,8 +152,11 @@ def test_queue_policies_have_one_source():
     from pipeline.layout import QUEUE_POLICIES
     from pipeline.moco.queue import POLICIES
 
-    assert load_schema()["$defs"]["pretrain"]["properties"]["queue_policy"]["enum"] == list(QUEUE_POLICIES) == \
-        list(POLICIES)
+    assert (
+        load_schema()["$defs"]["pretrain"]["properties"]["queue_policy"]["enum"]
+        == list(QUEUE_POLICIES)
+        == list(POLICIES)
+    )
 
 
 def test_grid_axes_and_the_cell_id_pattern_have_one_source():
@@ -148,7 +171,7 @@ def test_grid_axes_and_the_cell_id_pattern_have_one_source():
 
 def test_the_readme_layout_lists_every_module():
     readme = (REPO / "README.md").read_text()
-    layout = readme[readme.index("## Layout"):]
+    layout = readme[readme.index("## Layout") :]
     modules = [p for p in (REPO / "pipeline").glob("*.py") if p.stem != "__init__"]
     modules += [p for p in (REPO / "pipeline" / "moco").glob("*.py") if p.stem != "__init__"]
     missing = [str(p.relative_to(REPO)) for p in modules if f" {p.name} " not in layout]

@@ -2,16 +2,16 @@
 geometric augmentation both views equal the evaluation view; the photometric recipes are the
 papers'; the benchmark runs. Creating an FFCV Loader costs a numba compilation (seconds), so
 the tests share loaders where they can."""
+
 import json
 
 import pytest
 import torch
+from test_convert import make_cifar, make_imagefolder, make_stl10
 
 from pipeline import augment
 from pipeline.convert import run as convert
 from pipeline.data import LOADERS, converted_source, eval_loader, two_view_loader
-
-from test_convert import make_cifar, make_imagefolder, make_stl10
 
 KW = dict(batch_size=16, workers=1, seed=3)
 
@@ -55,18 +55,26 @@ def test_same_samples_same_order(ffcv_small):
         orders.setdefault(epoch, seen["ffcv"])
         assert orders[epoch] == seen["ffcv"]  # set_epoch replays an epoch's order
     assert orders[0] != orders[1]
-    for kind, loader in loaders.items():  # resume: skipping batches continues the same epoch
+    for loader in loaders.values():  # resume: skipping batches continues the same epoch
         loader.set_epoch(1)
         assert [i.tolist() for *_, i in loader.batches(skip=2)] == [i for _, i in orders[1][2:]]
 
 
 @pytest.mark.parametrize("kind", LOADERS)
 def test_no_augmentation_gives_the_eval_view(ffcv_small, eval_views, kind):
-    loader = two_view_loader(ffcv_small / "train.beton", crop_size=32, scale_min=1.0, ratio=(1, 1), flip=False,
-                             drop_last=False, loader=kind, **KW)
+    loader = two_view_loader(
+        ffcv_small / "train.beton",
+        crop_size=32,
+        scale_min=1.0,
+        ratio=(1, 1),
+        flip=False,
+        drop_last=False,
+        loader=kind,
+        **KW,
+    )
     none = augment.recipe("none", 32)
     count = 0
-    for v1, v2, y, i in loader:
+    for v1, v2, _y, i in loader:
         ref = torch.stack([eval_views[kind][int(k)][0] for k in i])
         assert torch.equal(v1, ref) and torch.equal(v2, ref)
         assert torch.equal(none(v1), augment.normalize(ref))
@@ -76,8 +84,7 @@ def test_no_augmentation_gives_the_eval_view(ffcv_small, eval_views, kind):
 
 def test_torchvision_device_crop(ffcv_small):
     """crop="device": whole centre views from the loader, crops drawn from torch's RNG."""
-    loader = two_view_loader(ffcv_small / "train.beton", 16, 24, workers=0, seed=1, crop="device",
-                             loader="torchvision")
+    loader = two_view_loader(ffcv_small / "train.beton", 16, 24, workers=0, seed=1, crop="device", loader="torchvision")
     torch.manual_seed(0)
     v1, v2, y, i = next(iter(loader))
     assert v1.shape == v2.shape == (16, 3, 24, 24) and v1.dtype == torch.uint8 and not torch.equal(v1, v2)
@@ -89,18 +96,33 @@ def test_torchvision_device_crop(ffcv_small):
 def test_torchvision_loader_without_beton(tmp_path):
     """The fallback: a report-only conversion is enough (CIFAR, STL-10 unlabeled)."""
     truth = make_cifar(tmp_path / "cifar")
-    convert(tmp_path / "cifar", tmp_path / "c" / "train.beton", {"workers": 1}, source="cifar10", beton=False,
-            progress=False)
+    convert(
+        tmp_path / "cifar",
+        tmp_path / "c" / "train.beton",
+        {"workers": 1},
+        source="cifar10",
+        beton=False,
+        progress=False,
+    )
     x, y = truth["train"]
-    images, labels, idx = next(iter(eval_loader(tmp_path / "c" / "train.beton", 10, 32, workers=0,
-                                                loader="torchvision")))
+    images, labels, idx = next(
+        iter(eval_loader(tmp_path / "c" / "train.beton", 10, 32, workers=0, loader="torchvision"))
+    )
     assert torch.equal(images, torch.from_numpy(x).permute(0, 3, 1, 2)) and labels.tolist() == y
     assert idx.tolist() == list(range(10))
     make_stl10(tmp_path / "stl")
-    convert(tmp_path / "stl", tmp_path / "s" / "train.beton", {"workers": 1}, source="stl10",
-            split="train+unlabeled", beton=False, progress=False)
-    v1, v2, labels, idx = next(iter(two_view_loader(tmp_path / "s" / "train.beton", 6, 48, workers=1,
-                                                    loader="torchvision")))
+    convert(
+        tmp_path / "stl",
+        tmp_path / "s" / "train.beton",
+        {"workers": 1},
+        source="stl10",
+        split="train+unlabeled",
+        beton=False,
+        progress=False,
+    )
+    v1, v2, labels, idx = next(
+        iter(two_view_loader(tmp_path / "s" / "train.beton", 6, 48, workers=1, loader="torchvision"))
+    )
     assert v1.shape == (6, 3, 48, 48) and labels.tolist().count(-1) == 3
     assert sorted(idx.tolist()) == list(range(6))
 
@@ -142,13 +164,20 @@ def _spec(module):
 def test_recipes_follow_the_papers():
     blur = (0.1, 2.0)
     assert _spec(augment.recipe("v1", 64)) == [("RandomGrayscale", 0.2), ("ColorJitter", 1.0, (0.4, 0.4, 0.4, 0.4))]
-    assert _spec(augment.recipe("v2", 64)) == [("ColorJitter", 0.8, (0.4, 0.4, 0.4, 0.1)), ("RandomGrayscale", 0.2),
-                                               ("RandomGaussianBlur", 0.5, pytest.approx(blur))]
+    assert _spec(augment.recipe("v2", 64)) == [
+        ("ColorJitter", 0.8, (0.4, 0.4, 0.4, 0.1)),
+        ("RandomGrayscale", 0.2),
+        ("RandomGaussianBlur", 0.5, pytest.approx(blur)),
+    ]
     a, b = augment.view_recipes("v3", 64)
     jitter = ("ColorJitter", 0.8, (0.4, 0.4, 0.2, 0.1))
     assert _spec(a) == [jitter, ("RandomGrayscale", 0.2), ("RandomGaussianBlur", 1.0, pytest.approx(blur))]
-    assert _spec(b) == [jitter, ("RandomGrayscale", 0.2), ("RandomGaussianBlur", 0.1, pytest.approx(blur)),
-                        ("RandomSolarize", 0.2)]
+    assert _spec(b) == [
+        jitter,
+        ("RandomGrayscale", 0.2),
+        ("RandomGaussianBlur", 0.1, pytest.approx(blur)),
+        ("RandomSolarize", 0.2),
+    ]
     with pytest.raises(ValueError, match="unknown augmentation recipe"):
         augment.recipe("v4", 32)
 
@@ -171,9 +200,28 @@ def test_bench_dispatch_and_loader_smoke(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="unknown benchmark 'nope'"):
         bench.load("nope")
     monkeypatch.chdir(tmp_path)  # bench/out/ of this run lands here
-    result = bench.load("loader").main(["--images", "40", "--size", "40", "--crop", "32", "--batch", "8",
-                                        "--write-modes", "auto", "--rounds", "1", "--seconds", "0",
-                                        "--aug", "v2", "--cache", str(tmp_path / "cache")])
+    result = bench.load("loader").main(
+        [
+            "--images",
+            "40",
+            "--size",
+            "40",
+            "--crop",
+            "32",
+            "--batch",
+            "8",
+            "--write-modes",
+            "auto",
+            "--rounds",
+            "1",
+            "--seconds",
+            "0",
+            "--aug",
+            "v2",
+            "--cache",
+            str(tmp_path / "cache"),
+        ]
+    )
     saved = json.loads((tmp_path / "bench" / "out" / "loader.json").read_text())
     assert saved["ratio"] == result["ratio"] > 0
     assert set(saved["loaders"]) == {"ffcv_auto", "torchvision"} and saved["photometric"]["samples_per_s"] > 0

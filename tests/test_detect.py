@@ -1,4 +1,5 @@
 """Detection transfer: COCO scoring, weight transfer into the detector, a tiny end-to-end run."""
+
 from __future__ import annotations
 
 import json
@@ -8,26 +9,34 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO
 from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, TwoMLPHead
 from torchvision.ops import FrozenBatchNorm2d
 
-
-from conftest import REPO
 from pipeline import checkpoint, detect
 from pipeline.detection_data import VOC_CLASSES, DetectionSplit, load_splits, write_voc
 from pipeline.models import build_backbone
 from pipeline.synthetic import run as generate
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
-TINY = {"epochs": 1, "batch_size": 4, "lr": 0.01, "image_size": 64, "fpn_channels": 16,
-        "norm": "frozen_bn", "seed": 0, "threads": 2}
+TINY = {
+    "epochs": 1,
+    "batch_size": 4,
+    "lr": 0.01,
+    "image_size": 64,
+    "fpn_channels": 16,
+    "norm": "frozen_bn",
+    "seed": 0,
+    "threads": 2,
+}
 
 
 @pytest.fixture(scope="module")
 def det_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("synth")
-    generate(root, {"train_per_class": 1, "val_per_class": 1, "det_train_images": 16, "det_val_images": 8},
-             progress=False)
+    generate(
+        root, {"train_per_class": 1, "val_per_class": 1, "det_train_images": 16, "det_val_images": 8}, progress=False
+    )
     return root / "det"
 
 
@@ -48,10 +57,13 @@ def ckpt_path(tmp_path_factory):
 
 # --- COCO evaluation ---------------------------------------------------------------------------
 
+
 def test_ground_truth_as_detections_scores_100(det_dir):
     gt = json.loads((det_dir / "instances_val.json").read_text())
-    dets = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
-            for a in gt["annotations"]]
+    dets = [
+        {"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
+        for a in gt["annotations"]
+    ]
     m = detect.coco_evaluate(det_dir / "instances_val.json", dets)
     assert m["AP"] == pytest.approx(100.0) and m["AP50"] == pytest.approx(100.0)
     assert m["AP75"] == pytest.approx(100.0)
@@ -67,12 +79,15 @@ def test_empty_detections_score_0(det_dir, capsys):
 
 def test_wrong_class_scores_0(det_dir):
     gt = json.loads((det_dir / "instances_val.json").read_text())
-    dets = [{"image_id": a["image_id"], "category_id": a["category_id"] % 10 + 1, "bbox": a["bbox"],
-             "score": 1.0} for a in gt["annotations"]]
+    dets = [
+        {"image_id": a["image_id"], "category_id": a["category_id"] % 10 + 1, "bbox": a["bbox"], "score": 1.0}
+        for a in gt["annotations"]
+    ]
     assert detect.coco_evaluate(det_dir / "instances_val.json", dets)["AP50"] == 0.0
 
 
 # --- dataset -----------------------------------------------------------------------------------
+
 
 def test_dataset_targets_and_flip(det_dir):
     train, _ = load_splits(det_dir)
@@ -122,6 +137,7 @@ def test_coco_2017_layout(det_dir, tmp_path):
 
 # --- Pascal VOC --------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def voc_root(det_dir, tmp_path_factory):
     """VOC2007 trainval/test and VOC2012 trainval made of the embedded scenes; in the 07 test
@@ -161,8 +177,12 @@ def test_voc_difficult_objects_are_ignored_in_evaluation(voc_root):
     devkit, _ = voc_root
     _, val = load_splits(devkit, "voc")
     easy = [a for a in val.coco["annotations"] if not a["difficult"]]
-    as_dets = lambda anns: [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"],
-                             "score": 1.0} for a in anns]
+
+    def as_dets(anns):
+        return [
+            {"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0} for a in anns
+        ]
+
     assert detect.coco_evaluate(val.coco, as_dets(easy))["AP50"] == pytest.approx(100.0)  # not missed
     assert detect.coco_evaluate(val.coco, as_dets(val.coco["annotations"]))["AP50"] == pytest.approx(100.0)  # no FP
 
@@ -183,6 +203,7 @@ def test_voc_errors_name_the_file(voc_root, tmp_path):
 
 
 # --- weight transfer ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("head", ["fpn", "c4"])
 @pytest.mark.parametrize("norm", ["frozen_bn", "bn"])
@@ -268,6 +289,7 @@ def test_misnamed_key_fails_with_both_names(ckpt_path):
 
 # --- end to end --------------------------------------------------------------------------------
 
+
 def test_tiny_run_writes_metrics(det_dir, ckpt_path, tmp_path):
     data = tmp_path / "det"
     shutil.copytree(det_dir, data)
@@ -276,8 +298,18 @@ def test_tiny_run_writes_metrics(det_dir, ckpt_path, tmp_path):
     ann["annotations"] = [a for a in ann["annotations"] if a["image_id"] != 1]  # one empty scene
     ann_path.write_text(json.dumps(ann))
     out = tmp_path / "metrics.json"
-    detect.main(["--config", json.dumps({"detect": TINY}), "--checkpoint", str(ckpt_path),
-                 "--data", str(data), "--out", str(out)])
+    detect.main(
+        [
+            "--config",
+            json.dumps({"detect": TINY}),
+            "--checkpoint",
+            str(ckpt_path),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+        ]
+    )
     m = json.loads(out.read_text())
     for key in detect.AP_KEYS:
         assert key in m and (m[key] is None or 0.0 <= m[key] <= 100.0)
@@ -293,8 +325,20 @@ def test_voc_c4_trials_and_their_summary(voc_root, ckpt_path, tmp_path):
     trials = []
     for seed in (3, 4):
         trials.append(tmp_path / f"trial{seed}.json")
-        detect.main(["--config", cfg, "--checkpoint", str(ckpt_path), "--data", str(devkit),
-                     "--seed", str(seed), "--out", str(trials[-1])])
+        detect.main(
+            [
+                "--config",
+                cfg,
+                "--checkpoint",
+                str(ckpt_path),
+                "--data",
+                str(devkit),
+                "--seed",
+                str(seed),
+                "--out",
+                str(trials[-1]),
+            ]
+        )
     runs = [json.loads(t.read_text()) for t in trials]
     assert [r["seed"] for r in runs] == [3, 4] and {r["head"] for r in runs} == {"c4"}
     assert runs[0]["train_set"] == "VOC 2007/trainval+2012/trainval" and runs[0]["val_set"] == "VOC 2007/test"
@@ -312,7 +356,7 @@ def test_voc_c4_trials_and_their_summary(voc_root, ckpt_path, tmp_path):
     for key in ("AP", "AP50"):
         a, b = runs[0][key], runs[1][key]
         assert summary[key] == pytest.approx((a + b) / 2, abs=1e-3)
-        assert summary["std"][key] == pytest.approx(abs(a - b) / 2 ** 0.5, abs=1e-3)
+        assert summary["std"][key] == pytest.approx(abs(a - b) / 2**0.5, abs=1e-3)
 
 
 def test_summary_of_one_trial_has_no_std(tmp_path):
@@ -329,11 +373,23 @@ def test_cli_errors_exit_with_a_message(det_dir, ckpt_path, tmp_path):
         detect.main(["--config", json.dumps({"detect": TINY}), "--data", str(tmp_path), *args])
     with pytest.raises(SystemExit, match=r"\[detect\] error: .*detect.norm"):
         detect.main(["--config", json.dumps({"detect": {**TINY, "norm": "batch"}}), "--data", str(det_dir), *args])
-    with pytest.raises(SystemExit, match=r"\[detect\] error: detect.norm: gn needs a backbone pretrained with GroupNorm"):
+    with pytest.raises(
+        SystemExit, match=r"\[detect\] error: detect.norm: gn needs a backbone pretrained with GroupNorm"
+    ):
         detect.main(["--config", json.dumps({"detect": {**TINY, "norm": "gn"}}), "--data", str(det_dir), *args])
     with pytest.raises(SystemExit, match=r"\[detect\] error: checkpoint not found"):
-        detect.main(["--config", json.dumps({"detect": TINY}), "--data", str(det_dir),
-                     "--checkpoint", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "m.json")])
+        detect.main(
+            [
+                "--config",
+                json.dumps({"detect": TINY}),
+                "--data",
+                str(det_dir),
+                "--checkpoint",
+                str(tmp_path / "nope.pt"),
+                "--out",
+                str(tmp_path / "m.json"),
+            ]
+        )
     assert not (tmp_path / "m.json").exists()
 
 
@@ -351,10 +407,32 @@ def test_two_ranks_fine_tune_one_detector(det_dir, ckpt_path, tmp_path):
     keeps their weights equal (checked after training), rank 0 alone scores and writes."""
     out = tmp_path / "metrics.json"
     cfg = json.dumps({"detect": {**TINY, "norm": "bn", "ranks": 2, "threads": 1}})
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "pipeline.detect", "--config", cfg, "--checkpoint", str(ckpt_path),
-                           "--data", str(det_dir), "--seed", "1", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=540)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "pipeline.detect",
+            "--config",
+            cfg,
+            "--checkpoint",
+            str(ckpt_path),
+            "--data",
+            str(det_dir),
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     m = json.loads(out.read_text())
     assert (m["ranks"], m["seed"], m["norm"]) == (2, 1, "bn")
@@ -376,6 +454,7 @@ def test_image_sizes_shorter_side_and_cap(ckpt_path):
 
 # --- the reference's settings: proposals, RoIs, scales, schedule ------------------------------
 
+
 def test_proposal_and_roi_counts_come_from_the_config(ckpt_path):
     ckpt = checkpoint.load(ckpt_path)
     scenes = detect.build_detector(ckpt, TINY, num_classes=11)  # the defaults, sized for the scenes
@@ -391,8 +470,9 @@ def test_proposal_and_roi_counts_come_from_the_config(ckpt_path):
 
 def test_multi_scale_training_and_single_scale_test(ckpt_path):
     ckpt = checkpoint.load(ckpt_path)
-    detector = detect.build_detector(ckpt, {**TINY, "train_sizes": [48, 56, 64], "max_image_size": 200},
-                                     num_classes=11).train()
+    detector = detect.build_detector(
+        ckpt, {**TINY, "train_sizes": [48, 56, 64], "max_image_size": 200}, num_classes=11
+    ).train()
     torch.manual_seed(0)
     sides = {min(detector.transform([torch.rand(3, 40, 80)])[0].image_sizes[0]) for _ in range(40)}
     assert sides == {48, 56, 64}  # each image draws its shorter side
@@ -415,8 +495,10 @@ def test_embedded_scenes_as_a_voc_devkit(det_dir, tmp_path):
     to_voc_cli(["--coco", str(det_dir), "--out", str(tmp_path / "VOCdevkit")])
     train, val = load_splits(tmp_path / "VOCdevkit", "voc", {"train": ["2007/trainval"], "val": "2007/test"})
     assert (val.kind, val.year, len(train.coco["images"]), len(val.coco["images"])) == ("voc", "2007", 16, 8)
-    truth = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
-             for a in val.coco["annotations"]]
+    truth = [
+        {"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
+        for a in val.coco["annotations"]
+    ]
     m = detect.evaluate(val, truth, {"voc_metric": "auto"})
     assert m["AP50"] == m["AP"] == pytest.approx(100.0) and m["coco_style"]["AP"] == pytest.approx(100.0)
     assert m["protocol"].startswith("VOC 11point")

@@ -1,9 +1,9 @@
 """MoCo across processes (2 gloo ranks on CPU): ShuffleBN, identical queues, and the same
 training as one process at twice the batch."""
+
 import os
 import socket
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -13,9 +13,23 @@ from pipeline.moco.distributed import shuffle_across_ranks, unshuffle_across_ran
 from pipeline.optim import build_optimizer
 
 B, STEPS = 4, 3
-P = {"method": "moco", "variant": "v2", "mechanism": "moco", "backbone": "resnet18", "width": 8,
-     "cifar_stem": True, "norm": "gn", "dim": 16, "K": 32, "m": 0.9, "T": 0.2, "epochs": 1,
-     "batch_size": 2 * B, "lr": 0.1, "weight_decay": 1e-4}
+P = {
+    "method": "moco",
+    "variant": "v2",
+    "mechanism": "moco",
+    "backbone": "resnet18",
+    "width": 8,
+    "cifar_stem": True,
+    "norm": "gn",
+    "dim": 16,
+    "K": 32,
+    "m": 0.9,
+    "T": 0.2,
+    "epochs": 1,
+    "batch_size": 2 * B,
+    "lr": 0.1,
+    "weight_decay": 1e-4,
+}
 
 
 def free_port() -> int:
@@ -32,8 +46,14 @@ def _init(rank, world, port):
 
 def global_batches():
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(2 * B, 3, 16, 16, generator=g), torch.randn(2 * B, 3, 16, 16, generator=g),
-             torch.arange(2 * B) + 100 * s) for s in range(STEPS)]
+    return [
+        (
+            torch.randn(2 * B, 3, 16, 16, generator=g),
+            torch.randn(2 * B, 3, 16, 16, generator=g),
+            torch.arange(2 * B) + 100 * s,
+        )
+        for s in range(STEPS)
+    ]
 
 
 def train(model, opt, batches, rows: slice, ddp=None):
@@ -68,7 +88,8 @@ def test_two_ranks_equal_one_process_at_twice_the_batch(tmp_path):
     for key in ("queue.keys", "queue.ptr", "queue.source", "queue.enqueued_at"):
         assert torch.equal(r0[key], r1[key]), f"{key} differs between ranks"
     assert r0["queue.source"].tolist()[: STEPS * 2 * B] == list(
-        torch.cat([torch.arange(2 * B) + 100 * s for s in range(STEPS)]).tolist())
+        torch.cat([torch.arange(2 * B) + 100 * s for s in range(STEPS)]).tolist()
+    )
     for key, value in single.items():
         torch.testing.assert_close(r0[key].float(), value.float(), rtol=1e-4, atol=1e-5, msg=key)
         torch.testing.assert_close(r1[key].float(), value.float(), rtol=1e-4, atol=1e-5, msg=key)

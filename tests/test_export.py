@@ -1,5 +1,6 @@
 """Exports load strictly into torchvision, timm and (by key and value) Detectron2's format, and
 give the same features as our backbone."""
+
 import hashlib
 import json
 import pickle
@@ -20,8 +21,9 @@ def make_checkpoint(tmp_path, arch, seed=0):
                 mod.running_mean.uniform_(-0.2, 0.2)
                 mod.running_var.uniform_(0.5, 1.5)
     path = tmp_path / "checkpoint.pt"
-    checkpoint.save(path, arch=arch, method="moco", backbone=backbone.state_dict(),
-                    config={"pretrain": {"method": "moco", **arch}})
+    checkpoint.save(
+        path, arch=arch, method="moco", backbone=backbone.state_dict(), config={"pretrain": {"method": "moco", **arch}}
+    )
     (tmp_path / "probe.json").write_text(json.dumps({"top1": 42.5, "knn_top1": 40.0}))
     return path, backbone.eval()
 
@@ -29,8 +31,9 @@ def make_checkpoint(tmp_path, arch, seed=0):
 def run_export(tmp_path, arch):
     path, ours = make_checkpoint(tmp_path, arch)
     out = tmp_path / "export" / "export.json"
-    export.main(["--checkpoint", str(path), "--probe", str(tmp_path / "probe.json"), "--cell", "base",
-                 "--out", str(out)])
+    export.main(
+        ["--checkpoint", str(path), "--probe", str(tmp_path / "probe.json"), "--cell", "base", "--out", str(out)]
+    )
     return json.loads(out.read_text()), out.parent, ours
 
 
@@ -55,10 +58,14 @@ def test_detectron2_pickle_holds_every_tensor_under_its_names(tmp_path):
     blob = pickle.loads((folder / "detectron2.pkl").read_bytes())
     assert blob["matching_heuristics"] is True and blob["__author__"]
     model, state = blob["model"], ours.state_dict()
-    names = {"stem.conv1.weight": "conv1.weight", "stem.conv1.norm.running_var": "bn1.running_var",
-             "res2.0.shortcut.weight": "layer1.0.downsample.0.weight",
-             "res2.0.shortcut.norm.bias": "layer1.0.downsample.1.bias",
-             "res5.2.conv3.norm.weight": "layer4.2.bn3.weight", "res4.5.conv2.weight": "layer3.5.conv2.weight"}
+    names = {
+        "stem.conv1.weight": "conv1.weight",
+        "stem.conv1.norm.running_var": "bn1.running_var",
+        "res2.0.shortcut.weight": "layer1.0.downsample.0.weight",
+        "res2.0.shortcut.norm.bias": "layer1.0.downsample.1.bias",
+        "res5.2.conv3.norm.weight": "layer4.2.bn3.weight",
+        "res4.5.conv2.weight": "layer3.5.conv2.weight",
+    }
     for d2, tv in names.items():
         assert torch.equal(torch.from_numpy(model[d2]), state[tv]), d2
     assert len(model) == len([k for k in state if not k.endswith("num_batches_tracked")])
@@ -78,8 +85,16 @@ def test_vit_loads_into_timm_strictly_with_equal_features(tmp_path):
 
 def test_sidecar_names_the_cell_its_accuracy_and_each_files_hash(tmp_path):
     sidecar, folder, _ = run_export(tmp_path, {"backbone": "resnet18", "width": 16, "cifar_stem": True})
-    assert (sidecar["cell"], sidecar["method"], sidecar["probe_top1"], sidecar["knn_top1"]) == ("base", "moco", 42.5, 40.0)
-    assert sidecar["params"]["backbone"] == "resnet18" and set(sidecar["files"]) == {"torchvision.pth", "detectron2.pkl"}
+    assert (sidecar["cell"], sidecar["method"], sidecar["probe_top1"], sidecar["knn_top1"]) == (
+        "base",
+        "moco",
+        42.5,
+        40.0,
+    )
+    assert sidecar["params"]["backbone"] == "resnet18" and set(sidecar["files"]) == {
+        "torchvision.pth",
+        "detectron2.pkl",
+    }
     for name, record in sidecar["files"].items():
         assert record["sha256"] == hashlib.sha256((folder / name).read_bytes()).hexdigest()
     # width 16 is no torchvision ResNet: the sidecar says how to load it instead

@@ -1,5 +1,6 @@
 """FFCV round trip: what was written is what is read, every sample once per epoch, in one
 process and across two gloo ranks (each rank reads its own shard; the epoch sets the order)."""
+
 import json
 import os
 import socket
@@ -30,10 +31,9 @@ def test_round_trip_labels_indices_pixels(synthetic_small, ffcv_small):
 
 
 def test_two_views_every_sample_once(ffcv_small):
-    loader = two_view_loader(ffcv_small / "train.beton", batch_size=8, crop_size=24, workers=1,
-                             drop_last=False)
+    loader = two_view_loader(ffcv_small / "train.beton", batch_size=8, crop_size=24, workers=1, drop_last=False)
     seen = []
-    for v1, v2, y, idx in loader:
+    for v1, v2, _y, idx in loader:
         assert v1.shape == v2.shape and v1.shape[1:] == (3, 24, 24)
         assert not torch.equal(v1, v2)  # independent random crops
         seen += idx.tolist()
@@ -53,8 +53,9 @@ def _rank_worker(rank, world, port, beton, out):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     seen = {}
     for kind in LOADERS:
-        loader = two_view_loader(beton, batch_size=8, crop_size=16, workers=1, seed=5, distributed=True,
-                                 drop_last=False, loader=kind)
+        loader = two_view_loader(
+            beton, batch_size=8, crop_size=16, workers=1, seed=5, distributed=True, drop_last=False, loader=kind
+        )
         for epoch in (0, 1):
             loader.set_epoch(epoch)
             seen[f"{kind}/{epoch}"] = [i for *_, idx in loader.batches() for i in idx.tolist()]
@@ -68,8 +69,13 @@ def _rank_worker(rank, world, port, beton, out):
 def test_two_gloo_ranks_share_every_sample_once(ffcv_small, tmp_path):
     # fork: the ranks inherit the imported torch and FFCV (spawning re-imports them: minutes
     # on a busy 2-core machine); each still compiles its own FFCV Loader.
-    mp.start_processes(_rank_worker, args=(2, free_port(), str(ffcv_small / "train.beton"), str(tmp_path)),
-                       nprocs=2, join=True, start_method="fork")
+    mp.start_processes(
+        _rank_worker,
+        args=(2, free_port(), str(ffcv_small / "train.beton"), str(tmp_path)),
+        nprocs=2,
+        join=True,
+        start_method="fork",
+    )
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     for kind in LOADERS:
         assert r0[f"{kind}/len"] == r1[f"{kind}/len"] == 40 // 8

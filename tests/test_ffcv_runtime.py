@@ -1,5 +1,6 @@
 """FFCV through pipeline.ffcv_runtime: the same loader output, without the per-process costs
 (numba's typed Dict at import; pipeline compilation repeated in every job)."""
+
 import json
 import sys
 
@@ -8,7 +9,7 @@ from conftest import run
 # A job as the workflow runs it: FFCV loaded through ffcv_runtime, one pipeline function of
 # ours compiled by FFCV's Compiler (its closure value is the "pipeline parameter"), one
 # evaluation epoch; the numba cache lives in NUMBA_CACHE_DIR.
-JOB = '''
+JOB = """
 import json, sys
 import numpy as np
 from pipeline import ffcv_runtime
@@ -26,7 +27,7 @@ value = float(Compiler.compile(pipeline_op(float(sys.argv[2])))(np.zeros(3))[0])
 checksum = sum(int(images.long().sum()) for images, _, _ in eval_loader(sys.argv[1], 16, 16, workers=1))
 print(json.dumps({**ffcv_runtime.cache_stats(), "value": value, "checksum": checksum,
                   "image_modes": [type(IMAGE_MODES).__name__, IMAGE_MODES["jpg"], IMAGE_MODES["raw"]]}))
-'''
+"""
 
 
 def test_later_jobs_reuse_compiled_pipelines_and_a_changed_one_recompiles(ffcv_small, tmp_path):

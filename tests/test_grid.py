@@ -1,11 +1,21 @@
 """Grid expansion: readable ids, one-at-a-time and product designs, duplicates merged."""
+
 import pytest
 
 from pipeline.config import ConfigError
 from pipeline.grid import cell_id, cell_resources, grid_cells, group_id, parse_cell_id
 
-BASE = {"method": "moco", "variant": "v2", "backbone": "resnet18", "K": 4096, "m": 0.99, "T": 0.2,
-        "epochs": 10, "batch_size": 256, "lr": 0.06}
+BASE = {
+    "method": "moco",
+    "variant": "v2",
+    "backbone": "resnet18",
+    "K": 4096,
+    "m": 0.99,
+    "T": 0.2,
+    "epochs": 10,
+    "batch_size": 256,
+    "lr": 0.06,
+}
 
 
 def grid(**g):
@@ -30,8 +40,17 @@ def test_baselines_are_cells():
 
 def test_seeds_replicate_every_cell():
     cells = grid_cells(grid(one_at_a_time={"K": [1024]}, baselines=["random"], seeds=3))
-    assert set(cells) == {"base", "seed=1", "seed=2", "K=1024", "K=1024,seed=1", "K=1024,seed=2",
-                          "method=random", "method=random,seed=1", "method=random,seed=2"}
+    assert set(cells) == {
+        "base",
+        "seed=1",
+        "seed=2",
+        "K=1024",
+        "K=1024,seed=1",
+        "K=1024,seed=2",
+        "method=random",
+        "method=random,seed=1",
+        "method=random,seed=2",
+    }
     assert cells["K=1024,seed=2"] == {**BASE, "K": 1024, "seed": 2}
     assert {group_id(c) for c in cells} == {"base", "K=1024", "method=random"}  # one table row each
     assert set(grid_cells(grid(seeds=1))) == {"base"}
@@ -57,23 +76,38 @@ def test_unknown_axis():
 
 
 def test_all_designs_together_and_duplicates_merge():
-    cells = grid_cells(grid(one_at_a_time={"K": [1024, 4096], "m": [0.9]},
-                        product={"K": [1024, 4096], "m": [0.9, 0.99]},  # K=4096,m=0.99 is the base
-                        baselines=["random"]))
+    cells = grid_cells(
+        grid(
+            one_at_a_time={"K": [1024, 4096], "m": [0.9]},
+            product={"K": [1024, 4096], "m": [0.9, 0.99]},  # K=4096,m=0.99 is the base
+            baselines=["random"],
+        )
+    )
     assert sorted(cells) == sorted(["base", "K=1024", "m=0.9", "K=1024,m=0.9", "method=random"])
     assert cells["K=1024,m=0.9"] == {**BASE, "K": 1024, "m": 0.9}
 
 
 def test_product_size():
-    cells = grid_cells(grid(product={"K": [256, 512, 1024, 2048, 4096], "m": [0.9, 0.99, 0.999, 0.9999, 0.5],
-                                 "T": [0.07, 0.1, 0.2, 0.5]}))
+    cells = grid_cells(
+        grid(
+            product={
+                "K": [256, 512, 1024, 2048, 4096],
+                "m": [0.9, 0.99, 0.999, 0.9999, 0.5],
+                "T": [0.07, 0.1, 0.2, 0.5],
+            }
+        )
+    )
     assert len(cells) == 5 * 5 * 4 and "base" in cells and "K=256,m=0.5,T=0.07" in cells
 
 
 def test_memory_bank_needs_a_larger_dataset():
-    cfg = {**grid(one_at_a_time={"mechanism": ["memory_bank"]}),
-           "dataset": {"source": "synthetic", "synthetic": {"train_per_class": 100}}}  # 1000 images < K=4096
-    with pytest.raises(ConfigError, match="cell 'mechanism=memory_bank' is impossible.*memory bank K=4096.*1000 images"):
+    cfg = {
+        **grid(one_at_a_time={"mechanism": ["memory_bank"]}),
+        "dataset": {"source": "synthetic", "synthetic": {"train_per_class": 100}},
+    }  # 1000 images < K=4096
+    with pytest.raises(
+        ConfigError, match="cell 'mechanism=memory_bank' is impossible.*memory bank K=4096.*1000 images"
+    ):
         grid_cells(cfg)
     cfg["dataset"]["synthetic"]["train_per_class"] = 500
     assert "mechanism=memory_bank" in grid_cells(cfg)
@@ -84,8 +118,19 @@ def test_impossible_cell_named_at_dag_build(tmp_path):
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("grid:\n  one_at_a_time: {K: [100]}\n  product: {}\n  baselines: []\n")
-    proc = run([snakemake_bin(), "-n", "--configfile", "workflow/config/presets/tiny.yaml", str(bad),
-                "--config", f"results={tmp_path}"], check=False, timeout=120)
+    proc = run(
+        [
+            snakemake_bin(),
+            "-n",
+            "--configfile",
+            "workflow/config/presets/tiny.yaml",
+            str(bad),
+            "--config",
+            f"results={tmp_path}",
+        ],
+        check=False,
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "ablation cell 'K=100' is impossible" in out and "not a multiple of the global batch size 64" in out
@@ -115,12 +160,26 @@ def test_dag_of_a_100_cell_product_grid(tmp_path):
 
     overlay = tmp_path / "grid100.yaml"
     # shuffle_bn: [true] is the base value: it cancels the config's one-at-a-time shuffle_bn cell
-    overlay.write_text("grid:\n  one_at_a_time: {shuffle_bn: [true]}\n  baselines: []\n  product:\n"
-                       "    K: [64, 128, 256, 512, 1024]\n    m: [0, 0.9, 0.99, 0.999, 0.9999]\n"
-                       "    T: [0.07, 0.1, 0.2, 0.5]\n")
+    overlay.write_text(
+        "grid:\n  one_at_a_time: {shuffle_bn: [true]}\n  baselines: []\n  product:\n"
+        "    K: [64, 128, 256, 512, 1024]\n    m: [0, 0.9, 0.99, 0.999, 0.9999]\n"
+        "    T: [0.07, 0.1, 0.2, 0.5]\n"
+    )
     start = time.perf_counter()
-    proc = run([snakemake_bin(), "-n", "--quiet", "rules", "--configfile", "workflow/config/presets/tiny.yaml",
-                str(overlay), "--config", f"results={tmp_path / 'results'}"], timeout=300)
+    proc = run(
+        [
+            snakemake_bin(),
+            "-n",
+            "--quiet",
+            "rules",
+            "--configfile",
+            "workflow/config/presets/tiny.yaml",
+            str(overlay),
+            "--config",
+            f"results={tmp_path / 'results'}",
+        ],
+        timeout=300,
+    )
     seconds = time.perf_counter() - start
     print(f"\nDAG of 100 cells (dry run, 305 jobs): {seconds:.1f} s")
     counts = jobs_planned(proc.stdout)

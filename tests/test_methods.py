@@ -1,4 +1,5 @@
 """Every method trains on the embedded data; v3's loss; the ViT adaptation."""
+
 import math
 
 import pytest
@@ -8,19 +9,33 @@ from torch.nn import functional as F
 from pipeline.augment import normalize
 from pipeline.data import eval_loader
 from pipeline.methods import build_model
-from pipeline.models import build_backbone
 from pipeline.moco.v3 import ctr_loss, momentum_at
+from pipeline.models import build_backbone
 from pipeline.optim import build_optimizer
 
-BASE = {"method": "moco", "variant": "v2", "mechanism": "moco", "backbone": "resnet18", "width": 8,
-        "cifar_stem": True, "dim": 32, "K": 64, "m": 0.9, "T": 0.2, "epochs": 1, "batch_size": 16,
-        "lr": 0.05, "weight_decay": 0.0, "mask_same_source": True, "mlp_dim": 64}
+BASE = {
+    "method": "moco",
+    "variant": "v2",
+    "mechanism": "moco",
+    "backbone": "resnet18",
+    "width": 8,
+    "cifar_stem": True,
+    "dim": 32,
+    "K": 64,
+    "m": 0.9,
+    "T": 0.2,
+    "epochs": 1,
+    "batch_size": 16,
+    "lr": 0.05,
+    "weight_decay": 0.0,
+    "mask_same_source": True,
+    "mlp_dim": 64,
+}
 METHODS = {
     "v1": {"variant": "v1"},
     "v2": {},
     "v3_resnet": {"variant": "v3", "T": 1.0, "m": 0.99, "lr": 0.5, "optimizer": "lars"},
-    "v3_vit": {"variant": "v3", "backbone": "vit_tiny", "patch_size": 8, "depth": 2, "T": 0.2, "m": 0.99,
-               "lr": 1e-3},
+    "v3_vit": {"variant": "v3", "backbone": "vit_tiny", "patch_size": 8, "depth": 2, "T": 0.2, "m": 0.99, "lr": 1e-3},
     "end_to_end": {"mechanism": "end_to_end"},
     "memory_bank": {"mechanism": "memory_bank", "K": 32, "T": 0.1},
     "supervised": {"method": "supervised", "lr": 0.1},
@@ -36,9 +51,11 @@ def images(ffcv_small):
 
 def views(x: torch.Tensor, g: torch.Generator):
     """Two mildly perturbed views: enough signal for a few steps of learning to show."""
+
     def one():
         noise = torch.randn(x.shape, generator=g) * 0.1
         return normalize(x) + noise
+
     return one(), one()
 
 
@@ -164,8 +181,11 @@ def test_vit_initialisation_is_the_reference():
 
     def is_uniform_with_bound(w, bound):  # max close to the bound, std = bound / sqrt(3)
         w = w.detach()
-        return float(w.abs().max()) <= bound and float(w.abs().max()) > 0.98 * bound and \
-            float(w.std()) == pytest.approx(bound / math.sqrt(3), rel=0.03)
+        return (
+            float(w.abs().max()) <= bound
+            and float(w.abs().max()) > 0.98 * bound
+            and float(w.std()) == pytest.approx(bound / math.sqrt(3), rel=0.03)
+        )
 
     proj = vit.patch_embed.proj
     assert is_uniform_with_bound(proj.weight, math.sqrt(6 / (3 * patch * patch + dim)))
@@ -192,8 +212,7 @@ def test_v3_predictor_ends_as_the_reference():
 
 def test_v3_resnet_starts_each_residual_branch_at_zero():
     model = build_model({**BASE, **METHODS["v3_resnet"]}, image_size=32, num_classes=10, num_samples=64)
-    blocks = [b for layer in ("layer1", "layer2", "layer3", "layer4")
-              for b in getattr(model.encoder_q.backbone, layer)]
+    blocks = [b for layer in ("layer1", "layer2", "layer3", "layer4") for b in getattr(model.encoder_q.backbone, layer)]
     assert blocks and all(torch.all(b.bn2.weight == 0) for b in blocks)
     v2 = build_model(BASE, image_size=32, num_classes=10, num_samples=64)
     assert all(torch.all(b.bn2.weight == 1) for b in v2.encoder_q.backbone.layer1)

@@ -1,4 +1,5 @@
 """The algorithm core against its definitions: EMA rule, FIFO queue, InfoNCE, no key grads."""
+
 import math
 from types import SimpleNamespace
 
@@ -7,9 +8,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pipeline.models import Encoder, build_backbone, projection_head
 from pipeline.moco import KeyQueue, MoCo, momentum_update
 from pipeline.moco.builder import info_nce
+from pipeline.models import Encoder, build_backbone, projection_head
 
 
 def tiny_encoder(dim=16):

@@ -1,4 +1,5 @@
 """Linear probe and kNN: the frozen backbone stays bit-identical; kNN is exact on separable data."""
+
 import json
 
 import pytest
@@ -22,13 +23,16 @@ def random_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("mode,protocol", [("cached", "moco"), ("augmented", "mocov3")])
 def test_probe_leaves_backbone_bit_identical(ffcv_small, random_checkpoint, tmp_path, mode, protocol):
-    cfg = {"data": {"crop_size": 32, "workers": 1},
-           "probe": {"mode": mode, "protocol": protocol, "epochs": 2, "batch_size": 32, "threads": 1}}
+    cfg = {
+        "data": {"crop_size": 32, "workers": 1},
+        "probe": {"mode": mode, "protocol": protocol, "epochs": 2, "batch_size": 32, "threads": 1},
+    }
     metrics = run(cfg, random_checkpoint, ffcv_small, tmp_path / "probe.json")
     assert metrics["mode"] == mode and metrics["protocol"] == protocol
     assert 0 <= metrics["top1"] <= metrics["top5"] <= 100
     assert len(metrics["curve"]) == 2 and set(metrics["per_class_top1"]) == set(
-        json.loads((ffcv_small / "train.json").read_text())["classes"])
+        json.loads((ffcv_small / "train.json").read_text())["classes"]
+    )
     # run() verifies the backbone itself; check the file on disk is untouched too
     after = checkpoint.load(random_checkpoint)["backbone"]
     torch.manual_seed(0)

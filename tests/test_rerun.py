@@ -1,6 +1,7 @@
 """Rerunning one cell, and the tables, without retraining anything else: which jobs Snakemake
 plans (dry runs) on existing results of the tiny preset. The results are faked (plausible files
 with ordered mtimes); only the `tables` job really runs, then the HTML report is built."""
+
 import json
 import os
 import re
@@ -9,11 +10,11 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, run, snakemake_bin
+from test_tables import fake_cell
+
 from pipeline.config import load_yaml, merge
 from pipeline.grid import grid_cells
-from test_tables import fake_cell
 
 TINY = "workflow/config/presets/tiny.yaml"
 CFG = merge(load_yaml(REPO / "workflow/config/config.yaml"), load_yaml(REPO / TINY))
@@ -23,8 +24,18 @@ METRICS = {"base": 40.0, "K=128": 35.0, "m=0.9": 30.0, "shuffle_bn=false": 32.0,
 
 def snakemake(results, *args, config=(), check=True, configfiles=()):
     """snakemake [targets/options] --configfile tiny [overlays] --config results=<results> [config...]"""
-    cmd = [snakemake_bin(), *args, "--cores", "1", "--configfile", TINY, *map(str, configfiles),
-           "--config", f"results={results}", *config]
+    cmd = [
+        snakemake_bin(),
+        *args,
+        "--cores",
+        "1",
+        "--configfile",
+        TINY,
+        *map(str, configfiles),
+        "--config",
+        f"results={results}",
+        *config,
+    ]
     return run(cmd, timeout=300, check=check)
 
 
@@ -55,8 +66,9 @@ def fake_results(results) -> None:
         (data / "synthetic" / "cls" / split / "disk" / "0.png").write_bytes(b"fake")
         (data / "ffcv").mkdir(parents=True, exist_ok=True)
         (data / "ffcv" / f"{split}.beton").write_bytes(b"fake")
-        (data / "ffcv" / f"{split}.json").write_text(json.dumps({"source": "synthetic", "num_samples": 160,
-                                                                  "classes": ["disk"] * 10}))
+        (data / "ffcv" / f"{split}.json").write_text(
+            json.dumps({"source": "synthetic", "num_samples": 160, "classes": ["disk"] * 10})
+        )
     for cell in CELLS:
         fake_cell(results, cell, METRICS[cell], ap=METRICS[cell] / 3, base=CFG["pretrain"])
     now = time.time()
@@ -102,7 +114,10 @@ def test_rerun_one_cell_forcerun_pretrain(done):
 def test_rerun_one_cell_and_refresh_tables(done):
     ckpt = done / "cells" / "K=128" / "pretrain" / "checkpoint.pt"
     out = snakemake(done, "-n", "--forcerun", str(ckpt)).stdout
-    assert planned_jobs(out) == cell_jobs("K=128", "pretrain", "probe", "detect", "detect_trials") | {("tables", None), ("all", None)}
+    assert planned_jobs(out) == cell_jobs("K=128", "pretrain", "probe", "detect", "detect_trials") | {
+        ("tables", None),
+        ("all", None),
+    }
 
 
 def test_rerun_one_cell_then_tables_in_two_steps(done, tmp_path):

@@ -1,6 +1,7 @@
 """Exact resume: a run killed with SIGKILL and restarted ends bit-identical to an
 uninterrupted run (weights, queue, optimizer, log), with the default seeded FFCV crops and
 the BN-leak guard's split BN and key shuffle."""
+
 import json
 import signal
 import subprocess
@@ -9,32 +10,61 @@ import time
 
 import pytest
 import torch
-
 from conftest import REPO
 
-CFG = {"data": {"crop_size": 32, "workers": 2, "crop": "loader"},
-       "pretrain": {"method": "moco", "variant": "v2", "backbone": "resnet18", "width": 8, "cifar_stem": True,
-                    "dim": 16, "K": 32, "m": 0.99, "T": 0.2, "epochs": 3, "batch_size": 16, "lr": 0.05,
-                    "threads": 1, "checkpoint_every": 1, "seed": 3}}
+CFG = {
+    "data": {"crop_size": 32, "workers": 2, "crop": "loader"},
+    "pretrain": {
+        "method": "moco",
+        "variant": "v2",
+        "backbone": "resnet18",
+        "width": 8,
+        "cifar_stem": True,
+        "dim": 16,
+        "K": 32,
+        "m": 0.99,
+        "T": 0.2,
+        "epochs": 3,
+        "batch_size": 16,
+        "lr": 0.05,
+        "threads": 1,
+        "checkpoint_every": 1,
+        "seed": 3,
+    },
+}
 
 
 def command(data, out, state):
-    return [sys.executable, "-m", "pipeline.pretrain", "--config", json.dumps(CFG), "--data", str(data),
-            "--out", str(out), "--state", str(state), "--no-progress"]
+    return [
+        sys.executable,
+        "-m",
+        "pipeline.pretrain",
+        "--config",
+        json.dumps(CFG),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--state",
+        str(state),
+        "--no-progress",
+    ]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(ffcv_small, tmp_path_factory):
     out = tmp_path_factory.mktemp("uninterrupted")
-    subprocess.run(command(ffcv_small, out / "run", out / "state"), cwd=REPO, check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        command(ffcv_small, out / "run", out / "state"), cwd=REPO, check=True, capture_output=True, timeout=300
+    )
     return torch.load(out / "run" / "checkpoint.pt", weights_only=True)
 
 
 def interrupt(ffcv_small, out, state, sig) -> subprocess.CompletedProcess:
     """Start a run, send ``sig`` once it has written its first resume state, then restart it."""
-    proc = subprocess.Popen(command(ffcv_small, out, state), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        command(ffcv_small, out, state), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.time() + 240
     while not (state / "last.pt").exists() and time.time() < deadline:
         time.sleep(0.05)
@@ -44,8 +74,9 @@ def interrupt(ffcv_small, out, state, sig) -> subprocess.CompletedProcess:
     assert not (out / "checkpoint.pt").exists(), "the run finished before it was interrupted"
     saved = torch.load(state / "last.pt", weights_only=True)
     assert (saved["epoch"], saved["step_in_epoch"]) != (CFG["pretrain"]["epochs"], 0)
-    resumed = subprocess.run(command(ffcv_small, out, state), cwd=REPO, check=True, capture_output=True,
-                             text=True, timeout=300)
+    resumed = subprocess.run(
+        command(ffcv_small, out, state), cwd=REPO, check=True, capture_output=True, text=True, timeout=300
+    )
     assert "resumed from" in resumed.stdout
     return proc.returncode, first_output
 

@@ -1,10 +1,10 @@
 """The sbatch line the installed SLURM plugin builds for each rule, from the resources that
 Snakemake resolves with profiles/slurm (no cluster needed): a plugin change shows up here."""
+
 import re
 from importlib.metadata import version
 
 import pytest
-
 from conftest import REPO, run, snakemake_bin
 
 PLUGIN_FLOOR = (2, 7, 1)  # earlier versions add --ntasks-per-gpu to GPU jobs (refused beside gres)
@@ -32,8 +32,10 @@ def value(text):
 
 
 def dry_run(tmp_path, profile="profiles/slurm", *config) -> str:
-    return run([snakemake_bin(), "--profile", str(profile), "-n", "--config", f"results={tmp_path / 'r'}", *config],
-               timeout=120).stdout
+    return run(
+        [snakemake_bin(), "--profile", str(profile), "-n", "--config", f"results={tmp_path / 'r'}", *config],
+        timeout=120,
+    ).stdout
 
 
 def planned_jobs(out: str) -> dict:
@@ -46,8 +48,7 @@ def planned_jobs(out: str) -> dict:
             continue
         wildcards = (re.search(r"^\s+wildcards: (.*)$", block, re.M) or [None, ""])[1]
         threads = int((re.search(r"^\s+threads: (\d+)$", block, re.M) or [None, "1"])[1])
-        resources = {k: value(v) for k, _, v in (item.partition("=") for item in res[1].split(", "))
-                     if v != "<TBD>"}
+        resources = {k: value(v) for k, _, v in (item.partition("=") for item in res[1].split(", ")) if v != "<TBD>"}
         jobs[(head[1], wildcards)] = Job(head[1], resources, threads)
     return jobs
 
@@ -58,9 +59,14 @@ def sbatch_line(job: Job) -> str:
     from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
 
     validate_slurm_extra(job)
-    params = {"run_uuid": "uuid", "slurm_logfile": "/logs/job.log", "comment_str": f"rule_{job.name}",
-              "account": f"-A '{job.resources['slurm_account']}'", "partition": f"-p '{job.resources['slurm_partition']}'",
-              "workdir": "/work"}
+    params = {
+        "run_uuid": "uuid",
+        "slurm_logfile": "/logs/job.log",
+        "comment_str": f"rule_{job.name}",
+        "account": f"-A '{job.resources['slurm_account']}'",
+        "partition": f"-p '{job.resources['slurm_partition']}'",
+        "workdir": "/work",
+    }
     return get_submit_command(job, params) + set_gres_string(job)
 
 
@@ -80,8 +86,16 @@ def test_the_installed_plugin_is_at_least_the_floor():
 
 def test_pretraining_spans_two_nodes_of_four_gpus(lines):
     line = lines[("pretrain", "cell=base")]
-    for part in ("-p 'gpu'", "--nodes=2", "--ntasks-per-node=4", "--gres=gpu:4", "--cpus-per-task=8",
-                 "--mem 256000", "--signal=USR1@180", "-A 'my_account'"):
+    for part in (
+        "-p 'gpu'",
+        "--nodes=2",
+        "--ntasks-per-node=4",
+        "--gres=gpu:4",
+        "--cpus-per-task=8",
+        "--mem 256000",
+        "--signal=USR1@180",
+        "-A 'my_account'",
+    ):
         assert part in line, (part, line)
     assert "--ntasks-per-gpu" not in line and " -C " not in line, line
 

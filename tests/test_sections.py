@@ -1,5 +1,6 @@
 """Typed config sections (pipeline.sections): every default defined once, in the dataclass;
 the schema, config.yaml and the dataclasses agree key for key and value for value."""
+
 import dataclasses
 
 import pytest
@@ -18,9 +19,13 @@ from pipeline.config import (
     typed_sections,
 )
 
-NESTED = {("dataset", "synthetic"): sections.Synthetic, ("detect", "rpn"): sections.Rpn,
-          ("grid", "resources"): sections.Resources,
-          ("detect", "voc"): sections.Voc, ("launch", "slurm"): sections.LaunchSlurm}
+NESTED = {
+    ("dataset", "synthetic"): sections.Synthetic,
+    ("detect", "rpn"): sections.Rpn,
+    ("grid", "resources"): sections.Resources,
+    ("detect", "voc"): sections.Voc,
+    ("launch", "slurm"): sections.LaunchSlurm,
+}
 
 
 def schema_properties(name: str) -> dict:
@@ -62,9 +67,14 @@ def test_nested_dataclass_fields_are_the_schema_keys(where, cls):
 
 
 def test_a_partial_dict_takes_the_defaults():
-    det = build(sections.Detect, {"lr": 0.1, "rpn": {"pre_nms_train": 10, "post_nms_train": 5,
-                                                   "pre_nms_test": 4, "post_nms_test": 3},
-                                  "train_sizes": [64, 80]})
+    det = build(
+        sections.Detect,
+        {
+            "lr": 0.1,
+            "rpn": {"pre_nms_train": 10, "post_nms_train": 5, "pre_nms_test": 4, "post_nms_test": 3},
+            "train_sizes": [64, 80],
+        },
+    )
     assert det.lr == 0.1 and det.head == "fpn" and det.voc == sections.Voc()
     assert det.rpn == sections.Rpn(pre_nms_train=10, post_nms_train=5, pre_nms_test=4, post_nms_test=3)
     assert det.train_sizes == (64, 80)  # lists become tuples: the section cannot change

@@ -1,5 +1,6 @@
 """Seeded FFCV crops: the same config sees the same views on every run, on any number of
 decoding threads, and after a resume; new views every epoch; torchvision's crop statistics."""
+
 import json
 import math
 
@@ -59,8 +60,9 @@ def test_crops_follow_random_resized_crop():
     height, width, n = 64, 64, 4000
     areas, logs, flips = [], [], 0
     for s in range(n):
-        i, j, h, w, flip = crop_and_flip(np.uint32(height), np.uint32(width), scale, ratio,
-                                         np.uint64(splitmix64(np.uint64(s))))
+        i, j, h, w, flip = crop_and_flip(
+            np.uint32(height), np.uint32(width), scale, ratio, np.uint64(splitmix64(np.uint64(s)))
+        )
         assert 0 <= i and i + h <= height and 0 <= j and j + w <= width and h > 0 and w > 0
         areas.append(h * w / (height * width))
         logs.append(math.log(w / h))
@@ -88,8 +90,22 @@ def test_crop_benchmark_smoke(tmp_path, monkeypatch):
     from pipeline import bench
 
     monkeypatch.chdir(tmp_path)  # bench/out/ of this run lands here
-    result = bench.load("crops").main(["--images", "40", "--size", "32", "--batch", "8", "--rounds", "1",
-                                       "--seconds", "0", "--cache", str(tmp_path / "cache")])
+    result = bench.load("crops").main(
+        [
+            "--images",
+            "40",
+            "--size",
+            "32",
+            "--batch",
+            "8",
+            "--rounds",
+            "1",
+            "--seconds",
+            "0",
+            "--cache",
+            str(tmp_path / "cache"),
+        ]
+    )
     assert set(result["epoch_s"]) == {"ffcv_unseeded", "ffcv_seeded", "device_crop"}
     assert result["ratio"] == result["epoch_time_vs_unseeded"]["ffcv_seeded"] > 0
     saved = json.loads((tmp_path / "bench" / "out" / "crops.json").read_text())

@@ -10,6 +10,7 @@
 Every call has a hard timeout: on a cluster the failure mode is a hang. Runs as root only
 (daemons, /etc/slurm/slurm.conf); skipped elsewhere, but fails in CI (CI=true).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,10 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-
 import slurm_cluster
+import torch
 from conftest import REPO, require, snakemake_bin
+
 from pipeline.config import merge
 
 pytestmark = pytest.mark.slurm
@@ -33,9 +34,10 @@ TINY = "workflow/config/presets/tiny.yaml"
 # A pretraining that resumes bit-exactly (device crops, state after every step), 2 ranks x 2
 # images per step: 80 images = 20 steps per epoch, so the ranks' preemption check (every 10
 # steps) comes mid-epoch too.
-EXACT = {"data": {"crop": "device", "workers": 1},
-         "pretrain": {"epochs": 2, "batch_size": 4, "K": 64, "checkpoint_every": 1, "knn_every": 0,
-                      "threads": 1, "seed": 5}}
+EXACT = {
+    "data": {"crop": "device", "workers": 1},
+    "pretrain": {"epochs": 2, "batch_size": 4, "K": 64, "checkpoint_every": 1, "knn_every": 0, "threads": 1, "seed": 5},
+}
 BAD = {"pretrain": {"batch_size": 9, "K": 63}}  # valid for the workflow, not for 2 ranks
 RANK_START = re.compile(r"\[pretrain\] rank (\d+)/(\d+) on (\S+): method=")
 RANK_END = re.compile(r"\[pretrain\] rank (\d+)/(\d+) on (\S+): queue checksum (\S+)")
@@ -86,10 +88,26 @@ def results_with_data(exact_results: Path, dest: Path) -> Path:
 def reference(cluster, ffcv_small, tmp_path_factory) -> dict:
     """The same pretraining uninterrupted: 2 ranks on n1, n2 with srun (no Snakemake)."""
     out = tmp_path_factory.mktemp("reference")
-    cmd = ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--partition=gpu",
-           "--export=ALL,SUBMITIT_EXECUTOR=slurm", sys.executable, "-m", "pipeline.pretrain",
-           "--config", json.dumps(yaml_merge_tiny(EXACT)), "--data", str(ffcv_small), "--out", str(out / "run"),
-           "--state", str(out / "state"), "--no-progress"]
+    cmd = [
+        "srun",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=1",
+        "--partition=gpu",
+        "--export=ALL,SUBMITIT_EXECUTOR=slurm",
+        sys.executable,
+        "-m",
+        "pipeline.pretrain",
+        "--config",
+        json.dumps(yaml_merge_tiny(EXACT)),
+        "--data",
+        str(ffcv_small),
+        "--out",
+        str(out / "run"),
+        "--state",
+        str(out / "state"),
+        "--no-progress",
+    ]
     proc = hard_run(cmd, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
     return torch.load(out / "run" / "checkpoint.pt", weights_only=True)
@@ -98,8 +116,9 @@ def reference(cluster, ffcv_small, tmp_path_factory) -> dict:
 # --- helpers ----------------------------------------------------------------------------------
 def hard_run(cmd, timeout: float) -> subprocess.CompletedProcess:
     """Run with `timeout -s KILL`: a hang ends as a failure, not as a stuck test run."""
-    return subprocess.run(["timeout", "-s", "KILL", str(int(timeout)), *map(str, cmd)], cwd=REPO,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        ["timeout", "-s", "KILL", str(int(timeout)), *map(str, cmd)], cwd=REPO, capture_output=True, text=True
+    )
 
 
 def yaml_merge_tiny(overlay: dict) -> dict:
@@ -117,15 +136,26 @@ def base_cells_only(folder: Path, overlay: dict) -> Path:
     value equal to the base's is the base cell): cells base and method=random, every stage."""
     p = yaml_merge_tiny(overlay)["pretrain"]
     path = folder / "base_cells_only.yaml"
-    path.write_text(json.dumps({"grid": {"one_at_a_time": {"K": [p["K"]], "m": [p["m"]],
-                                                           "shuffle_bn": [p["shuffle_bn"]]}}}))
+    path.write_text(
+        json.dumps({"grid": {"one_at_a_time": {"K": [p["K"]], "m": [p["m"]], "shuffle_bn": [p["shuffle_bn"]]}}})
+    )
     return path
 
 
 def snakemake_cmd(results: Path, *targets, configfiles=()) -> list[str]:
-    return [snakemake_bin(), "--profile", "profiles/slurm-test", "--configfile", TINY, *map(str, configfiles),
-            "--config", f"results={results}", "--slurm-logdir", str(results.parent / "slurm_logs"),
-            *map(str, targets)]
+    return [
+        snakemake_bin(),
+        "--profile",
+        "profiles/slurm-test",
+        "--configfile",
+        TINY,
+        *map(str, configfiles),
+        "--config",
+        f"results={results}",
+        "--slurm-logdir",
+        str(results.parent / "slurm_logs"),
+        *map(str, targets),
+    ]
 
 
 def ranks(log: str) -> tuple[list, list]:
@@ -152,8 +182,9 @@ def assert_same_weights(a: dict, b: dict) -> None:
     assert strip(a["log"]) == strip(b["log"])
 
 
-def interrupt_when_training(results: Path, proc: subprocess.Popen, output: Path, signal_name: str,
-                            timeout: float = 300) -> str:
+def interrupt_when_training(
+    results: Path, proc: subprocess.Popen, output: Path, signal_name: str, timeout: float = 300
+) -> str:
     """Once the run has written its first resume state, send ``signal_name`` to the job's ranks."""
     state = results / "state" / "base" / "last.pt"
     deadline = time.time() + timeout
@@ -167,8 +198,9 @@ def interrupt_when_training(results: Path, proc: subprocess.Popen, output: Path,
 
 
 def running_job() -> str:
-    out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i %D"], capture_output=True, text=True,
-                         timeout=30).stdout.split("\n")
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "RUNNING", "-o", "%i %D"], capture_output=True, text=True, timeout=30
+    ).stdout.split("\n")
     two_node = [line.split()[0] for line in out if line.split()[1:] == ["2"]]
     assert len(two_node) == 1, f"expected one running 2-node job: {out}"
     return two_node[0]
@@ -203,8 +235,20 @@ def run_interrupted(results: Path, signal_name: str, configfiles, timeout: float
 def test_profiles_parse():
     """profiles/slurm (the site template) and profiles/slurm-test build the DAG (no cluster needed)."""
     for profile in ("profiles/slurm", "profiles/slurm-test"):
-        proc = hard_run([snakemake_bin(), "--profile", profile, "--configfile", TINY, "--config",
-                         "results=/tmp/moco-dry-run", "-n", "-p"], timeout=180)
+        proc = hard_run(
+            [
+                snakemake_bin(),
+                "--profile",
+                profile,
+                "--configfile",
+                TINY,
+                "--config",
+                "results=/tmp/moco-dry-run",
+                "-n",
+                "-p",
+            ],
+            timeout=180,
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert "srun --nodes=" in proc.stdout + proc.stderr  # the pretrain jobs' explicit geometry
 
@@ -219,7 +263,9 @@ def test_tiny_workflow_with_two_node_pretraining(cluster, tmp_path):
     assert proc.returncode == 0, out[-5000:] + cluster.logs()
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: (\S+)\)", out)
     rules = sorted({re.search(r"rule_(\w+)", log).group(1) for _, log in submitted})
-    assert {"synthetic", "convert", "pretrain", "pretrain_random_init", "probe", "detect", "tables"} <= set(rules), rules
+    assert {"synthetic", "convert", "pretrain", "pretrain_random_init", "probe", "detect", "tables"} <= set(rules), (
+        rules
+    )
     cells = sorted(p.name for p in (results / "cells").iterdir())
     assert "base" in cells and "method=random" in cells
     for cell in cells:
@@ -239,9 +285,24 @@ def test_submitit_launcher_requeues_and_resumes(cluster, exact_results, referenc
     (as before a time limit) -> state saved, checkpoint(), requeue -> resumed, same weights."""
     results = results_with_data(exact_results, tmp_path / "results")
     launch = tmp_path / "launch.yaml"
-    launch.write_text(json.dumps({"launch": {"launcher": "submitit", "slurm": {
-        "nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1, "timeout_min": 10, "partition": "gpu",
-        "signal_delay_s": 30, "max_requeues": 2}}}))
+    launch.write_text(
+        json.dumps(
+            {
+                "launch": {
+                    "launcher": "submitit",
+                    "slurm": {
+                        "nodes": 2,
+                        "tasks_per_node": 1,
+                        "cpus_per_task": 1,
+                        "timeout_min": 10,
+                        "partition": "gpu",
+                        "signal_delay_s": 30,
+                        "max_requeues": 2,
+                    },
+                }
+            }
+        )
+    )
     out, log, job = run_interrupted(results, "USR2", [exact_results / "overlay.yaml", launch], timeout=420)
     assert "submitted slurm job" in log and "checkpoint: resubmitting" in log, log[-4000:]
     assert "Requeued job" in log, log[-4000:]
@@ -274,8 +335,9 @@ def test_failing_job_fails_the_workflow(cluster, exact_results, tmp_path):
     target = results / "cells" / "base" / "pretrain" / "checkpoint.pt"
     t0 = time.time()
     only_base = base_cells_only(tmp_path, merge(EXACT, BAD))  # the tiny grid's K=128 needs an even batch
-    proc = hard_run(snakemake_cmd(results, target, configfiles=[exact_results / "overlay.yaml", bad, only_base]),
-                    timeout=240)
+    proc = hard_run(
+        snakemake_cmd(results, target, configfiles=[exact_results / "overlay.yaml", bad, only_base]), timeout=240
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode not in (0, -9, 137), out[-4000:]  # failed, not killed by the timeout
     assert "Error in rule pretrain" in out, out[-4000:]

@@ -1,15 +1,16 @@
 """How stale the negatives are: the parameter sketch estimates the key encoder's movement since
 each queued key was encoded; the drift it reports matches the exact one; it resumes exactly.
 And a run whose loss sits at chance is reported as failed (the paper's m = 0 row)."""
+
 import math
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-from pipeline.models import Encoder, build_backbone, projection_head
 from pipeline.moco import MoCo
 from pipeline.moco.staleness import NegativeDrift, ParameterSketch, history_length
+from pipeline.models import Encoder, build_backbone, projection_head
 from pipeline.pretrain import failure
 
 
@@ -42,8 +43,9 @@ def test_history_covers_every_key_the_queue_can_hold():
 
 def train_moco(policy, steps, K=32, B=8, seed=0, drift=None, model=None, start=0):
     """MoCo on random images; the key encoder's exact parameters after each step."""
-    model = model or MoCo(small_encoder(seed), dim=16, K=K, m=0.9, T=0.2, shuffle_bn=False,
-                          queue_policy=policy, seed=seed)
+    model = model or MoCo(
+        small_encoder(seed), dim=16, K=K, m=0.9, T=0.2, shuffle_bn=False, queue_policy=policy, seed=seed
+    )
     drift = drift or NegativeDrift(model.encoder_k, history_length(K, B, policy))
     opt = torch.optim.SGD(model.encoder_q.parameters(), lr=0.5)
     snapshots = {}
@@ -96,8 +98,9 @@ def test_keys_of_the_initial_random_fill_are_not_counted():
 
 # --- failure: diverged, or the loss at chance ---------------------------------------------------
 def rows(*losses, candidates=257):
-    return [{"epoch": e + 1, "loss": loss, "chance_loss": round(math.log(candidates), 5)}
-            for e, loss in enumerate(losses)]
+    return [
+        {"epoch": e + 1, "loss": loss, "chance_loss": round(math.log(candidates), 5)} for e, loss in enumerate(losses)
+    ]
 
 
 def test_a_loss_at_chance_is_a_failure():

@@ -1,17 +1,20 @@
 """The embedded dataset is deterministic: the same seed gives byte-identical files."""
+
 import hashlib
 import json
 
 from pipeline.synthetic import CLASSES
 from pipeline.synthetic import run as generate
 
-SMALL = {"train_per_class": 2, "val_per_class": 1, "det_train_images": 3, "det_val_images": 2,
-         "det_image_size": 48}
+SMALL = {"train_per_class": 2, "val_per_class": 1, "det_train_images": 3, "det_val_images": 2, "det_image_size": 48}
 
 
 def digest(root):
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_same_seed_same_bytes(tmp_path):

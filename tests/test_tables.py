@@ -1,5 +1,6 @@
 """Tables and figures from synthetic metrics: numbers, "—" for missing cells, "fail" for diverged
 runs, mean ± std over seeds, valid LaTeX (booktabs), figures as PNG + PDF, the CLI."""
+
 import csv
 import json
 import re
@@ -8,22 +9,44 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO, require, run
 
-from conftest import require, REPO, run
 from pipeline.config import merge
 from pipeline.detect import summarize_trials
 from pipeline.grid import parse_cell_id
+from pipeline.layout import STUDY_NAMES
 from pipeline.tables import latex
 from pipeline.tables import run as write_tables
-from pipeline.layout import STUDY_NAMES
 
-BASE = {"method": "moco", "variant": "v2", "backbone": "resnet18", "width": 16, "K": 4096, "m": 0.99, "T": 0.2,
-        "epochs": 30, "batch_size": 256, "lr": 0.06, "seed": 0}
-CONFIG = {"dataset": {"source": "synthetic", "synthetic": {"train_per_class": 500}},
-          "pretrain": BASE, "probe": {"mode": "cached", "epochs": 100}, "detect": {"enabled": True, "epochs": 8},
-          "grid": {"one_at_a_time": {"K": [1024, 16384], "m": [0, 0.9, 0.999], "epochs": [60],
-                                     "seed": [1], "mechanism": ["end_to_end", "memory_bank"]},
-                   "baselines": ["random", "supervised"]}}
+BASE = {
+    "method": "moco",
+    "variant": "v2",
+    "backbone": "resnet18",
+    "width": 16,
+    "K": 4096,
+    "m": 0.99,
+    "T": 0.2,
+    "epochs": 30,
+    "batch_size": 256,
+    "lr": 0.06,
+    "seed": 0,
+}
+CONFIG = {
+    "dataset": {"source": "synthetic", "synthetic": {"train_per_class": 500}},
+    "pretrain": BASE,
+    "probe": {"mode": "cached", "epochs": 100},
+    "detect": {"enabled": True, "epochs": 8},
+    "grid": {
+        "one_at_a_time": {
+            "K": [1024, 16384],
+            "m": [0, 0.9, 0.999],
+            "epochs": [60],
+            "seed": [1],
+            "mechanism": ["end_to_end", "memory_bank"],
+        },
+        "baselines": ["random", "supervised"],
+    },
+}
 LOG_HEADER = "epoch,loss,inst_acc,knn,lr,m,queue_age_mean,queue_age_p99,queue_age_max,drift,seconds\n"
 
 
@@ -36,31 +59,75 @@ def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE,
     d = results / "cells" / cell
     (d / "pretrain").mkdir(parents=True, exist_ok=True)
     (d / "pretrain" / "checkpoint.pt").write_bytes(b"fake")
-    rows = [] if params["method"] == "random" else [
-        {"epoch": e, "loss": "nan" if diverged and e == 2 else 8.0 - e, "inst_acc": 10.0 * e,
-         "knn": top1 - 10 if e == 2 and top1 else "", "lr": 0.06, "m": params["m"],
-         "queue_age_mean": params["K"] / params["batch_size"] / 2, "queue_age_p99": params["K"] / params["batch_size"],
-         "queue_age_max": params["K"] / params["batch_size"],
-         "drift": 0.01, "seconds": 1.0} for e in (1, 2)]
-    (d / "pretrain" / "log.csv").write_text(LOG_HEADER + "".join(",".join(str(r[k]) for k in LOG_HEADER.strip().split(","))
-                                                                 + "\n" for r in rows))
-    (d / "pretrain" / "summary.json").write_text(json.dumps(
-        {"method": params["method"], "epochs_run": len(rows), "diverged": diverged, "final": rows[-1] if rows else {}}))
+    rows = (
+        []
+        if params["method"] == "random"
+        else [
+            {
+                "epoch": e,
+                "loss": "nan" if diverged and e == 2 else 8.0 - e,
+                "inst_acc": 10.0 * e,
+                "knn": top1 - 10 if e == 2 and top1 else "",
+                "lr": 0.06,
+                "m": params["m"],
+                "queue_age_mean": params["K"] / params["batch_size"] / 2,
+                "queue_age_p99": params["K"] / params["batch_size"],
+                "queue_age_max": params["K"] / params["batch_size"],
+                "drift": 0.01,
+                "seconds": 1.0,
+            }
+            for e in (1, 2)
+        ]
+    )
+    (d / "pretrain" / "log.csv").write_text(
+        LOG_HEADER + "".join(",".join(str(r[k]) for k in LOG_HEADER.strip().split(",")) + "\n" for r in rows)
+    )
+    (d / "pretrain" / "summary.json").write_text(
+        json.dumps(
+            {
+                "method": params["method"],
+                "epochs_run": len(rows),
+                "diverged": diverged,
+                "final": rows[-1] if rows else {},
+            }
+        )
+    )
     (d / "pretrain" / "config.json").write_text(json.dumps({"pretrain": params, "data": {}}))
     if top1 is not None:
-        (d / "probe.json").write_text(json.dumps(
-            {"mode": "cached", "top1": top1, "top5": min(100.0, top1 + 20), "knn_top1": knn if knn is not None else top1 - 5,
-             "per_class_top1": {}, "curve": [{"epoch": e, "train_loss": 1.0 / e, "val_top1": top1 * e / 3}
-                                              for e in (1, 2, 3)],
-             "config": {"probe": {"mode": "cached", "epochs": 3}}}))
+        (d / "probe.json").write_text(
+            json.dumps(
+                {
+                    "mode": "cached",
+                    "top1": top1,
+                    "top5": min(100.0, top1 + 20),
+                    "knn_top1": knn if knn is not None else top1 - 5,
+                    "per_class_top1": {},
+                    "curve": [{"epoch": e, "train_loss": 1.0 / e, "val_top1": top1 * e / 3} for e in (1, 2, 3)],
+                    "config": {"probe": {"mode": "cached", "epochs": 3}},
+                }
+            )
+        )
     if ap is not None:  # one AP, or a list: one per fine-tuning trial
         trials = []
         for t, a in enumerate(ap if isinstance(ap, list) else [ap]):
             trials.append(d / "detect" / f"trial{t}.json")
             trials[-1].parent.mkdir(exist_ok=True)
-            trials[-1].write_text(json.dumps({"AP": a, "AP50": a * 2, "AP75": a * 0.8, "APs": None, "APm": a,
-                                              "APl": a, "seed": t, "epochs": 8, "normalisation": det_norm,
-                                              "protocol": "COCO box AP (pycocotools)"}))
+            trials[-1].write_text(
+                json.dumps(
+                    {
+                        "AP": a,
+                        "AP50": a * 2,
+                        "AP75": a * 0.8,
+                        "APs": None,
+                        "APm": a,
+                        "APl": a,
+                        "seed": t,
+                        "epochs": 8,
+                        "normalisation": det_norm,
+                        "protocol": "COCO box AP (pycocotools)",
+                    }
+                )
+            )
         summarize_trials(trials, d / "detect.json")
 
 
@@ -68,20 +135,25 @@ def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE,
 def results(tmp_path_factory):
     r = tmp_path_factory.mktemp("results")
     fake_cell(r, "base", 60.0, knn=50.0, ap=15.0)
-    fake_cell(r, "seed=1", 62.0, knn=52.0, ap=17.0)               # a second seed of the base cell
+    fake_cell(r, "seed=1", 62.0, knn=52.0, ap=17.0)  # a second seed of the base cell
     fake_cell(r, "K=1024", 55.0, ap=14.0)
     # K=16384: in the grid, not computed -> "—"
-    fake_cell(r, "m=0", 10.0, ap=1.0, diverged=True)               # loss became NaN -> "fail"
+    fake_cell(r, "m=0", 10.0, ap=1.0, diverged=True)  # loss became NaN -> "fail"
     fake_cell(r, "m=0.9", 50.0, ap=12.0)
     fake_cell(r, "m=0.999", 58.0, ap=14.5)
-    fake_cell(r, "m=0.999,seed=1", 5.0, diverged=True)             # one of two seeds diverged
+    fake_cell(r, "m=0.999,seed=1", 5.0, diverged=True)  # one of two seeds diverged
     fake_cell(r, "epochs=60", 65.0, ap=16.0)
-    fake_cell(r, "mechanism=end_to_end", 52.0, ap=13.0)            # dictionary = the batch (256)
+    fake_cell(r, "mechanism=end_to_end", 52.0, ap=13.0)  # dictionary = the batch (256)
     fake_cell(r, "mechanism=memory_bank", 54.0, ap=13.5)
-    fake_cell(r, "method=supervised", 70.0, ap=[17.0, 18.0, 19.0],  # three detection trials
-              det_norm="SyncBN over 16 images (8 ranks x 2)")
+    fake_cell(
+        r,
+        "method=supervised",
+        70.0,
+        ap=[17.0, 18.0, 19.0],  # three detection trials
+        det_norm="SyncBN over 16 images (8 ranks x 2)",
+    )
     fake_cell(r, "method=random", 20.0, ap=3.0)
-    fake_cell(r, "variant=v3,backbone=vit_small", 63.0)            # no detect.json -> "—"
+    fake_cell(r, "variant=v3,backbone=vit_small", 63.0)  # no detect.json -> "—"
     write_tables(r, CONFIG)
     return r
 
@@ -125,15 +197,18 @@ def test_k_ablation_numbers_and_missing_cell(results):
 def test_seeds_mean_and_std(results):
     rows = {r["K"]: r for r in read_csv(results, "ablation_K")}
     base = rows["4096"]
-    assert float(base["top1"]) == 61.0 and float(base["top1_std"]) == pytest.approx(2 ** 0.5, abs=1e-3)
+    assert float(base["top1"]) == 61.0 and float(base["top1_std"]) == pytest.approx(2**0.5, abs=1e-3)
     assert base["top1_n"] == "2" and base["cells"] == "base;seed=1"
     # runs per number differ within the table (2 seeds of the base, 1 elsewhere): the unusual
     # count is marked on its number, the usual one stated under the table
     assert md_rows(results, "ablation_K")["4096"][:2] == ["61.0 ± 1.4 (n=2)", "51.0 ± 1.4 (n=2)"]
     assert md_rows(results, "ablation_K")["1024"][0] == "55.0"
     text = (results / "tables" / "ablation_K.md").read_text()
-    assert "mean ± std" in text and "n = 1 runs (pretraining seeds; for AP, seeds × detection trials) " \
-        "behind every number not marked (n=k)" in text
+    assert (
+        "mean ± std" in text
+        and "n = 1 runs (pretraining seeds; for AP, seeds × detection trials) behind every number not marked (n=k)"
+        in text
+    )
 
 
 def test_every_table_says_how_many_runs_stand_behind_its_numbers(results):
@@ -142,8 +217,10 @@ def test_every_table_says_how_many_runs_stand_behind_its_numbers(results):
         text = (results / "tables" / f"{name}.md").read_text()
         assert re.search(r"\nn = \d+(: every number comes from| runs .* not marked \(n=k\))", text), name
     assert "n = 2: every number comes from 2 runs" in (results / "tables" / "shuffle_bn.md").read_text()
-    assert "\\pm" in (results / "tables" / "ablation_K.tex").read_text() and \
-        "(n=2)" in (results / "tables" / "ablation_K.tex").read_text()
+    assert (
+        "\\pm" in (results / "tables" / "ablation_K.tex").read_text()
+        and "(n=2)" in (results / "tables" / "ablation_K.tex").read_text()
+    )
 
 
 def test_bn_leak_study(tmp_path):
@@ -152,8 +229,10 @@ def test_bn_leak_study(tmp_path):
     r = tmp_path / "r"
     fake_cell(r, "base", 60.0)
     fake_cell(r, "shuffle_bn=false", 40.0)
-    for cell, guard in (("base", "keys shuffled across 4 BN sub-batches per rank"),
-                        ("shuffle_bn=false", "off (shuffle_bn: false)")):
+    for cell, guard in (
+        ("base", "keys shuffled across 4 BN sub-batches per rank"),
+        ("shuffle_bn=false", "off (shuffle_bn: false)"),
+    ):
         summary = r / "cells" / cell / "pretrain" / "summary.json"
         summary.write_text(json.dumps({**json.loads(summary.read_text()), "bn_guard": guard}))
     write_tables(r, {})
@@ -170,8 +249,14 @@ def test_momentum_paper_rows_fail_and_partial(results):
     md = md_rows(results, "ablation_m")
     assert list(md) == ["0", "0.5", "0.9", "0.99", "0.999", "0.9999"]  # the paper's rows and the seeds' 0.5
     # each m's EMA half-life (ln 0.5 / ln m steps) beside the queue's span K/B = 4096/256
-    assert [md[m][:2] for m in md] == [["0", "16"], ["1", "16"], ["6.58", "16"], ["69", "16"], ["693", "16"],
-                                       ["6,931", "16"]]
+    assert [md[m][:2] for m in md] == [
+        ["0", "16"],
+        ["1", "16"],
+        ["6.58", "16"],
+        ["69", "16"],
+        ["693", "16"],
+        ["6,931", "16"],
+    ]
     assert md["0"][2:] == ["fail"] * 6
     assert md["0.9"][2] == "50.0" and md["0.9"][-1] == "1.00"  # the final key-encoder drift: 0.01 = 1%
     assert md["0.99"][2] == "61.0 ± 1.4 (n=2)"
@@ -190,7 +275,7 @@ def test_method_comparison_and_detection(results):
     assert md["MoCo"][:3] == ["v3", "ViT-S", "63.0"]
     assert md["supervised"][2] == "70.0" and md["random init"][2] == "20.0"
     det = md_rows(results, "detection")
-    assert det["MoCo"][2:] == ["—", "—", "—"]        # ViT cell: no detection transfer
+    assert det["MoCo"][2:] == ["—", "—", "—"]  # ViT cell: no detection transfer
     # AP50, AP, AP75 over 3 trials; 2 seeds x 1 trial; the random init's single run is the usual n
     assert det["supervised"][2:] == ["36.0 ± 2.0 (n=3)", "18.0 ± 1.0 (n=3)", "14.4 ± 0.8 (n=3)"]
     assert det["MoCo (base cell)"][2:] == ["32.0 ± 2.8 (n=2)", "16.0 ± 1.4 (n=2)", "12.8 ± 1.1 (n=2)"]
@@ -199,9 +284,11 @@ def test_method_comparison_and_detection(results):
     assert rows["supervised"]["AP_n"] == "3" and float(rows["supervised"]["AP_std"]) == pytest.approx(1.0)
     # which normalisation and batch each number came from, and how it was scored
     text = (results / "tables" / "detection.md").read_text()
-    assert (f"Fine-tuning normalisation and batch: MoCo (base cell) v2 ResNet-18 (width 16): {FROZEN}; "
-            "supervised ResNet-18 (width 16): SyncBN over 16 images (8 ranks x 2); "
-            f"random init ResNet-18 (width 16): {FROZEN}.") in text
+    assert (
+        f"Fine-tuning normalisation and batch: MoCo (base cell) v2 ResNet-18 (width 16): {FROZEN}; "
+        "supervised ResNet-18 (width 16): SyncBN over 16 images (8 ranks x 2); "
+        f"random init ResNet-18 (width 16): {FROZEN}."
+    ) in text
     assert "Scored as: COCO box AP (pycocotools)." in text
     assert "SyncBN over 16 images" in (results / "tables" / "detection.tex").read_text()
 
@@ -217,7 +304,7 @@ def test_detection_records_from_before_the_footnote_still_name_norm_batch_and_pr
 
 def test_mechanisms_over_k(results):
     rows = {r["K"]: r for r in read_csv(results, "mechanisms")}
-    assert float(rows["256"]["end_to_end_top1"]) == 52.0      # end-to-end: K is the batch size
+    assert float(rows["256"]["end_to_end_top1"]) == 52.0  # end-to-end: K is the batch size
     assert float(rows["4096"]["memory_bank_top1"]) == 54.0
     assert float(rows["4096"]["moco_top1"]) == 61.0 and float(rows["1024"]["moco_top1"]) == 55.0
     assert rows["256"]["moco_top1"] == ""
@@ -232,10 +319,18 @@ def test_epochs_and_grid_tables(results):
 def test_every_table_states_its_provenance(results):
     for name in STUDY_NAMES:
         text = (results / "tables" / f"{name}.md").read_text()
-        for word in ("dataset: embedded synthetic shapes (10 classes, 500 train", "backbone:", "epochs",
-                     "protocol: linear probe", "kNN", "detection: Faster R-CNN"):
+        for word in (
+            "dataset: embedded synthetic shapes (10 classes, 500 train",
+            "backbone:",
+            "epochs",
+            "protocol: linear probe",
+            "kNN",
+            "detection: Faster R-CNN",
+        ):
             assert word in text, (name, word)
-    assert "backbone: ResNet-18 (width 16); pretraining: 30 epochs" in (results / "tables" / "ablation_K.md").read_text()
+    assert (
+        "backbone: ResNet-18 (width 16); pretraining: 30 epochs" in (results / "tables" / "ablation_K.md").read_text()
+    )
     assert "pretraining: per row (30, 60) epochs" in (results / "tables" / "ablation_epochs.md").read_text()
 
 
@@ -251,7 +346,7 @@ def check_latex_structure(tex: str) -> None:
         assert unescaped.count(word) == 1, word
     assert unescaped.index(r"\toprule") < unescaped.index(r"\midrule") < unescaped.index(r"\bottomrule")
     ncols = len(re.search(r"\\begin\{tabular\}\{([lrc]+)\}", tex).group(1))
-    table = unescaped[unescaped.index(r"\toprule"):unescaped.index(r"\bottomrule")]
+    table = unescaped[unescaped.index(r"\toprule") : unescaped.index(r"\bottomrule")]
     for line in table.splitlines():
         if not line.endswith(r"\\"):
             continue
@@ -271,8 +366,9 @@ def test_latex_is_booktabs_with_consistent_columns(results):
 def test_latex_escapes_specials():
     from pipeline.studies import Row, Table, Value
 
-    t = Table("x_y", "50% & more_", ["a_b"], ["top1"], ["linear top-1"], [Row(["#1 {x}"], [Value(1.0)])],
-              "root ~/data_1")
+    t = Table(
+        "x_y", "50% & more_", ["a_b"], ["top1"], ["linear top-1"], [Row(["#1 {x}"], [Value(1.0)])], "root ~/data_1"
+    )
     tex = latex(t)
     check_latex_structure(tex)
     assert r"\#1 \{x\}" in tex and r"50\% \& more\_" in tex and r"\textasciitilde{}/data\_1" in tex
@@ -283,10 +379,16 @@ def test_latex_compiles(results, tmp_path):
     require(shutil.which("pdflatex") is not None, "no TeX engine (pdflatex): structural checks only")
     inputs = "\n".join(rf"\input{{{results / 'tables' / name}.tex}}" for name in STUDY_NAMES)
     doc = tmp_path / "doc.tex"
-    doc.write_text("\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n"
-                   f"{inputs}\n\\end{{document}}\n")
-    proc = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    doc.write_text(
+        f"\\documentclass{{article}}\n\\usepackage{{booktabs}}\n\\begin{{document}}\n{inputs}\n\\end{{document}}\n"
+    )
+    proc = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert (tmp_path / "doc.pdf").stat().st_size > 0
 
@@ -294,8 +396,16 @@ def test_latex_compiles(results, tmp_path):
 # --- figures and the CLI ------------------------------------------------------------------------
 def test_figures_png_and_pdf(results):
     fig = results / "figures"
-    for stem in ("accuracy_vs_K", "accuracy_vs_m", "staleness", "bn_leak", "curves/base", "curves/m=0",
-                 "curves/method=random", "curves/K=16384"):
+    for stem in (
+        "accuracy_vs_K",
+        "accuracy_vs_m",
+        "staleness",
+        "bn_leak",
+        "curves/base",
+        "curves/m=0",
+        "curves/method=random",
+        "curves/K=16384",
+    ):
         assert (fig / f"{stem}.png").read_bytes()[:4] == b"\x89PNG", stem
         assert (fig / f"{stem}.pdf").read_bytes()[:4] == b"%PDF", stem
 

@@ -1,18 +1,17 @@
 """The whole DAG through Snakemake on the tiny preset: every stage real, end to end."""
+
 import csv
 import json
 import re
 
 import pytest
-
 from conftest import REPO, run, snakemake_bin
 
 TINY = ["--configfile", "workflow/config/presets/tiny.yaml"]
 
 
 def snakemake(results, *args, timeout=900):
-    return run([snakemake_bin(), *TINY, "--config", f"results={results}", "--cores", "2", *args],
-               timeout=timeout)
+    return run([snakemake_bin(), *TINY, "--config", f"results={results}", "--cores", "2", *args], timeout=timeout)
 
 
 def pretraining_jobs(counts: dict) -> int:
@@ -35,8 +34,17 @@ def jobs_planned(dry_run_stdout: str) -> dict:
 def test_dry_run_shows_full_dag(tmp_path):
     out = snakemake(tmp_path / "results", "-n").stdout
     # the random-init baseline is a rule of its own (one small process, never a GPU job)
-    assert jobs_planned(out) == {"synthetic": 1, "convert": 2, "pretrain": 4, "pretrain_random_init": 1,
-                                 "probe": 5, "detect": 5, "detect_trials": 5, "tables": 1, "all": 1}
+    assert jobs_planned(out) == {
+        "synthetic": 1,
+        "convert": 2,
+        "pretrain": 4,
+        "pretrain_random_init": 1,
+        "probe": 5,
+        "detect": 5,
+        "detect_trials": 5,
+        "tables": 1,
+        "all": 1,
+    }
 
 
 def test_lint_is_clean():
@@ -47,8 +55,11 @@ def test_lint_is_clean():
 def test_bad_config_fails_at_dag_build(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("pretrain:\n  K: 100\n  batch_size: 64\n")
-    proc = run([snakemake_bin(), *TINY, "--configfile", str(bad), "--config", f"results={tmp_path}", "-n"],
-               check=False, timeout=120)
+    proc = run(
+        [snakemake_bin(), *TINY, "--configfile", str(bad), "--config", f"results={tmp_path}", "-n"],
+        check=False,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "K=100 is not a multiple of the global batch size 64" in proc.stdout + proc.stderr
 
@@ -101,13 +112,16 @@ def test_tiny_workflow_end_to_end(tiny_results):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     board = EventAccumulator(str(results / "cells" / "base" / "tensorboard" / "pretrain")).Reload()
-    assert [(e.step, round(e.value, 5)) for e in board.Scalars("pretrain/loss")] == \
-        [(int(r["epoch"]), float(r["loss"])) for r in rows]
-    assert {"pretrain/inst_acc", "pretrain/lr", "pretrain/m", "pretrain/queue_age_max", "pretrain/drift"} <= \
-        set(board.Tags()["scalars"])
+    assert [(e.step, round(e.value, 5)) for e in board.Scalars("pretrain/loss")] == [
+        (int(r["epoch"]), float(r["loss"])) for r in rows
+    ]
+    assert {"pretrain/inst_acc", "pretrain/lr", "pretrain/m", "pretrain/queue_age_max", "pretrain/drift"} <= set(
+        board.Tags()["scalars"]
+    )
     probe_board = EventAccumulator(str(results / "cells" / "base" / "tensorboard" / "probe")).Reload()
-    assert len(probe_board.Scalars("probe/val_top1")) == len(json.loads((results / "cells" / "base" / "probe.json")
-                                                                        .read_text())["curve"])
+    assert len(probe_board.Scalars("probe/val_top1")) == len(
+        json.loads((results / "cells" / "base" / "probe.json").read_text())["curve"]
+    )
     # job logs a user reads: no traceback of any kind (numba's finalizer KeyErrors were one)
     logs = sorted((results / "logs").rglob("*.log"))
     assert logs and not [str(p) for p in logs if re.search(r"Traceback|Exception ignored", p.read_text())]
@@ -135,8 +149,10 @@ def test_same_config_gives_the_same_checkpoints_and_tables(tiny_results, tmp_pat
     again = tmp_path / "results"
     snakemake(again)
     for cell in sorted(p.name for p in (tiny_results / "cells").iterdir()):
-        a, b = (torch.load(r / "cells" / cell / "pretrain" / "checkpoint.pt", weights_only=True)
-                for r in (tiny_results, again))
+        a, b = (
+            torch.load(r / "cells" / cell / "pretrain" / "checkpoint.pt", weights_only=True)
+            for r in (tiny_results, again)
+        )
         for part in ("backbone", "model"):
             assert a[part].keys() == b[part].keys()
             for key in a[part]:
@@ -157,11 +173,13 @@ def test_workflow_without_ffcv(tmp_path):
     blocked.mkdir(parents=True)
     (blocked / "__init__.py").write_text("raise ImportError('ffcv is blocked in this test')\n")
     overlay = tmp_path / "torchvision.yaml"
-    overlay.write_text("data:\n  loader: torchvision\ndetect:\n  enabled: false\n"
-                       "pretrain:\n  knn_every: 1\n")
+    overlay.write_text("data:\n  loader: torchvision\ndetect:\n  enabled: false\npretrain:\n  knn_every: 1\n")
     results = tmp_path / "results"
-    run([snakemake_bin(), *TINY, str(overlay), "--config", f"results={results}", "cell=base",
-         "--cores", "2", "cell"], env={"PYTHONPATH": f"{blocked.parent}:{REPO}"}, timeout=900)
+    run(
+        [snakemake_bin(), *TINY, str(overlay), "--config", f"results={results}", "cell=base", "--cores", "2", "cell"],
+        env={"PYTHONPATH": f"{blocked.parent}:{REPO}"},
+        timeout=900,
+    )
     converted = results / "data" / "ffcv"
     assert sorted(p.name for p in converted.iterdir()) == ["train.json", "val.json"]
     assert json.loads((converted / "train.json").read_text())["beton"] is None
@@ -204,8 +222,9 @@ def test_detection_trials_are_separate_jobs(tmp_path):
     detect.ranks: 2 -> each job starts 2 processes with torchrun."""
     overlay = tmp_path / "trials.yaml"
     overlay.write_text("detect:\n  trials: 3\n  ranks: 2\n")
-    out = run([snakemake_bin(), *TINY, str(overlay), "--config", f"results={tmp_path / 'results'}", "-n", "-p"],
-              timeout=120).stdout
+    out = run(
+        [snakemake_bin(), *TINY, str(overlay), "--config", f"results={tmp_path / 'results'}", "-n", "-p"], timeout=120
+    ).stdout
     counts = jobs_planned(out)
     assert (counts["detect"], counts["detect_trials"]) == (15, 5)  # 5 cells x 3 trials
     assert all(f"--seed {seed} --out" in out for seed in (0, 1, 2))
@@ -242,8 +261,17 @@ def test_demo_long_is_the_demo_at_the_longer_schedule(tmp_path):
     long = load_yaml(REPO / "workflow" / "config" / "presets" / "demo-long.yaml")
     assert long == {"pretrain": {"epochs": 25}, "detect": {"epochs": 8}}
     assert load_yaml(DEFAULT_CONFIG)["pretrain"]["epochs"] < 25
-    out = run([snakemake_bin(), "--configfile", str(REPO / "workflow" / "config" / "presets" / "demo-long.yaml"),
-               "--config", f"results={tmp_path / 'r'}", "-n"], timeout=120).stdout
+    out = run(
+        [
+            snakemake_bin(),
+            "--configfile",
+            str(REPO / "workflow" / "config" / "presets" / "demo-long.yaml"),
+            "--config",
+            f"results={tmp_path / 'r'}",
+            "-n",
+        ],
+        timeout=120,
+    ).stdout
     assert pretraining_jobs(jobs_planned(out)) == 6
 
 
@@ -254,8 +282,9 @@ def test_preset_builds_its_dag(name, tmp_path):
     (tmp_path / "data").mkdir()
     site.write_text(f"dataset:\n  root: {tmp_path / 'data'}\ndetect:\n  root: {tmp_path / 'data'}\n")
     files = [str(REPO / "workflow" / "config" / "presets" / f"{p}.yaml") for p in PRESETS[name]]
-    out = run([snakemake_bin(), "--configfile", *files, str(site), "--config", f"results={tmp_path / 'r'}", "-n"],
-              timeout=120).stdout
+    out = run(
+        [snakemake_bin(), "--configfile", *files, str(site), "--config", f"results={tmp_path / 'r'}", "-n"], timeout=120
+    ).stdout
     jobs = jobs_planned(out)
     assert jobs["convert"] == 2 and pretraining_jobs(jobs) == jobs["probe"] >= 2 and jobs["tables"] == 1
     cfg = preset_config(name)
@@ -267,14 +296,32 @@ def test_paper_presets_hold_the_reference_settings():
     """The papers' settings (NOTES: MoCo reference settings), so that an edit that drifts fails."""
     v2 = preset_config("imagenet-mocov2")
     p = v2["pretrain"]
-    assert (p["backbone"], p["width"], p["cifar_stem"], p["K"], p["m"], p["T"], p["dim"]) == \
-        ("resnet50", 64, False, 65536, 0.999, 0.2, 128)
-    assert (p["epochs"], p["batch_size"], p["lr"], p["weight_decay"], p["schedule"], p["aug"], p["crop_scale_min"]) == \
-        (200, 256, 0.03, 0.0001, "cosine", "v2", 0.2)
+    assert (p["backbone"], p["width"], p["cifar_stem"], p["K"], p["m"], p["T"], p["dim"]) == (
+        "resnet50",
+        64,
+        False,
+        65536,
+        0.999,
+        0.2,
+        128,
+    )
+    assert (p["epochs"], p["batch_size"], p["lr"], p["weight_decay"], p["schedule"], p["aug"], p["crop_scale_min"]) == (
+        200,
+        256,
+        0.03,
+        0.0001,
+        "cosine",
+        "v2",
+        0.2,
+    )
     assert (v2["probe"]["protocol"], v2["probe"]["mode"], v2["probe"]["epochs"]) == ("moco", "augmented", 100)
     d = v2["detect"]
-    assert (d["dataset"], d["head"], d["voc"], d["trials"]) == \
-        ("voc", "c4", {"train": ["2007/trainval", "2012/trainval"], "val": "2007/test"}, 5)
+    assert (d["dataset"], d["head"], d["voc"], d["trials"]) == (
+        "voc",
+        "c4",
+        {"train": ["2007/trainval", "2012/trainval"], "val": "2007/test"},
+        5,
+    )
     # Detectron2's pascal_voc_R_50_C4_24k on Base-RCNN-C4-BN (moco/detection/configs at 7397dfe)
     assert (d["norm"], d["ranks"], d["batch_size"], d["lr"]) == ("bn", 8, 16, 0.02)  # SyncBN over 16 images
     assert (d["schedule"], d["iterations"], d["lr_steps"]) == ("step", 24000, [18000, 22000])
@@ -285,14 +332,31 @@ def test_paper_presets_hold_the_reference_settings():
     assert (coco["dataset"], coco["iterations"], coco["lr_steps"]) == ("coco", 180000, [120000, 160000])
     assert coco["train_sizes"] == list(range(640, 801, 32)) and coco["rpn"] == d["rpn"] and coco["ranks"] == 8
     # the claims at ImageNet scale: the seed's 100 vs 200 epochs, K/B = 64 and 256 steps
-    assert v2["claims"] == {"epochs": 100, "long_epochs": 200, "m": [0.0, 0.5, 0.9, 0.99, 0.999, 0.9999],
-                            "K": [16384, 65536]}
+    assert v2["claims"] == {
+        "epochs": 100,
+        "long_epochs": 200,
+        "m": [0.0, 0.5, 0.9, 0.99, 0.999, 0.9999],
+        "K": [16384, 65536],
+    }
     v1 = preset_config("imagenet-mocov1")["pretrain"]
-    assert (v1["variant"], v1["T"], v1["schedule"], v1["aug"], v1["K"], v1["m"], v1["lr"]) == \
-        ("v1", 0.07, "step", "v1", 65536, 0.999, 0.03)
+    assert (v1["variant"], v1["T"], v1["schedule"], v1["aug"], v1["K"], v1["m"], v1["lr"]) == (
+        "v1",
+        0.07,
+        "step",
+        "v1",
+        65536,
+        0.999,
+        0.03,
+    )
     v3 = preset_config("imagenet-mocov3-vit")
     p = v3["pretrain"]
-    assert (p["variant"], p["backbone"], p["patch_size"], p["optimizer"], p["batch_size"], p["warmup_epochs"]) == \
-        ("v3", "vit_small", 16, "adamw", 4096, 40)
+    assert (p["variant"], p["backbone"], p["patch_size"], p["optimizer"], p["batch_size"], p["warmup_epochs"]) == (
+        "v3",
+        "vit_small",
+        16,
+        "adamw",
+        4096,
+        40,
+    )
     assert p["lr"] == pytest.approx(1.5e-4 * 4096 / 256) and (p["T"], p["m"], p["aug"]) == (0.2, 0.99, "v3")
     assert (v3["probe"]["protocol"], v3["probe"]["epochs"]) == ("mocov3", 90)

@@ -4,6 +4,7 @@ Each benchmark is a module with ``main(argv) -> dict`` that prints its result an
 as JSON to ``bench/out/<name>.json`` (pipeline.bench.timing.write). Adding a benchmark means
 adding a module; nothing here needs to change.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,5 +1,6 @@
 """python -m pipeline.bench <name> [args]: run one benchmark (``--help`` after the name for
 its options); without a name, list them."""
+
 from __future__ import annotations
 
 import sys
@@ -16,7 +17,7 @@ def main(argv=None) -> None:
     try:
         module = load(argv[0])
     except ValueError as err:
-        raise SystemExit(f"[bench] {err}")
+        raise SystemExit(f"[bench] {err}") from None
     module.main(argv[1:])
 
 

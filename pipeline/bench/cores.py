@@ -9,6 +9,7 @@ processes started together; after one warm-up epoch each process times its epoch
 layouts alternate round after round; the result is the machine's total training throughput
 (steps per second, summed over the jobs) per layout, and its ratio to one job using all cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,21 @@ def worker(configfiles: list[str], data: Path, threads: int, epochs: int) -> dic
 
 def run_layout(configfiles: list[str], data: Path, jobs: int, threads: int, epochs: int) -> float:
     """Total steps per second of ``jobs`` processes of ``threads`` threads each, run together."""
-    cmd = [sys.executable, "-m", "pipeline.bench", "cores", "--worker", "--data", str(data),
-           "--threads", str(threads), "--epochs", str(epochs), "--configfile", *configfiles]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.bench",
+        "cores",
+        "--worker",
+        "--data",
+        str(data),
+        "--threads",
+        str(threads),
+        "--epochs",
+        str(epochs),
+        "--configfile",
+        *configfiles,
+    ]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(jobs)]
     outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
     if any(p.returncode for p in procs):
@@ -69,18 +83,30 @@ def main(argv=None) -> dict:
         return {}
     if not (data / "train.beton").is_file():
         raise SystemExit(f"[bench] {data / 'train.beton'} not found: convert the dataset first")
-    layouts = {f"{args.cores // t} job(s) x {t} thread(s)": (args.cores // t, t)
-               for t in sorted({args.cores, 1, max(1, args.cores // 2)}, reverse=True)}
+    layouts = {
+        f"{args.cores // t} job(s) x {t} thread(s)": (args.cores // t, t)
+        for t in sorted({args.cores, 1, max(1, args.cores // 2)}, reverse=True)
+    }
     rates = {name: [] for name in layouts}
     for _ in range(args.rounds):
         for name, (jobs, threads) in layouts.items():
             rates[name].append(run_layout(args.configfile, data, jobs, threads, args.epochs))
     one_job = statistics.median(rates[next(iter(layouts))])
-    result = {"cores": args.cores, "epochs": args.epochs, "rounds": args.rounds,
-              "layouts": {name: {"jobs": layouts[name][0], "threads": layouts[name][1],
-                                 "steps_per_s": round(statistics.median(r), 3), "all_s": [round(x, 3) for x in r],
-                                 "ratio_vs_one_job": round(statistics.median(r) / one_job, 3)}
-                          for name, r in rates.items()}}
+    result = {
+        "cores": args.cores,
+        "epochs": args.epochs,
+        "rounds": args.rounds,
+        "layouts": {
+            name: {
+                "jobs": layouts[name][0],
+                "threads": layouts[name][1],
+                "steps_per_s": round(statistics.median(r), 3),
+                "all_s": [round(x, 3) for x in r],
+                "ratio_vs_one_job": round(statistics.median(r) / one_job, 3),
+            }
+            for name, r in rates.items()
+        },
+    }
     path = write("cores", result)
     c = cpu()
     print(f"pretraining throughput on {args.cores} cores, {c['model']} ({'AVX-512' if c['avx512'] else 'no AVX-512'}):")

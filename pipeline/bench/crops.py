@@ -8,6 +8,7 @@ Each candidate yields two-view uint8 batches of one epoch; epochs alternate roun
 (pipeline.bench.loader.measure) and the reported times are medians, so the ratios hold on a
 shared machine. numba's compilation (first epoch) is reported apart.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,10 +39,17 @@ def unseeded_ffcv_loader(beton: Path, batch: int, crop: int, scale_min: float, w
     def decoder():
         return RandomResizedCropRGBImageDecoder((crop, crop), scale=(scale_min, 1.0), ratio=RATIO)
 
-    pipelines = {"image": [decoder(), *ops()], "label": _int_pipeline(), "index": _int_pipeline(),
-                 "image2": PipelineSpec("image", decoder=decoder(), transforms=ops())}
-    return TwoViewLoader(Loader(str(beton), batch_size=batch, num_workers=workers, order=OrderOption.RANDOM,
-                                seed=seed, pipelines=pipelines))
+    pipelines = {
+        "image": [decoder(), *ops()],
+        "label": _int_pipeline(),
+        "index": _int_pipeline(),
+        "image2": PipelineSpec("image", decoder=decoder(), transforms=ops()),
+    }
+    return TwoViewLoader(
+        Loader(
+            str(beton), batch_size=batch, num_workers=workers, order=OrderOption.RANDOM, seed=seed, pipelines=pipelines
+        )
+    )
 
 
 def main(argv=None) -> dict:
@@ -63,8 +71,14 @@ def main(argv=None) -> dict:
     images = make_images(cache, args.images, args.size, 90, args.workers)
     beton = cache / "raw.beton"
     make_beton(images, beton, "raw", args.size, args.workers)
-    common = dict(batch_size=args.batch, crop_size=args.crop, scale_min=args.scale_min, workers=args.workers,
-                  seed=0, threads=args.workers)
+    common = dict(
+        batch_size=args.batch,
+        crop_size=args.crop,
+        scale_min=args.scale_min,
+        workers=args.workers,
+        seed=0,
+        threads=args.workers,
+    )
     builders = {
         "ffcv_unseeded": lambda: unseeded_ffcv_loader(beton, args.batch, args.crop, args.scale_min, args.workers, 0),
         "ffcv_seeded": lambda: two_view_loader(beton, crop="loader", **common),
@@ -79,16 +93,26 @@ def main(argv=None) -> dict:
     epoch_s = {name: round(args.images / r["samples_per_s"], 3) for name, r in rates.items()}
     base = epoch_s["ffcv_unseeded"]
     ratios = {name: round(t / base, 3) for name, t in epoch_s.items() if name != "ffcv_unseeded"}
-    result = {"config": vars(args), "warmup": warmup, "loaders": rates, "epoch_s": epoch_s,
-              "epoch_time_vs_unseeded": ratios, "ratio": ratios["ffcv_seeded"],
-              "ratio_of": "ffcv_seeded / ffcv_unseeded (loader epoch time)"}
+    result = {
+        "config": vars(args),
+        "warmup": warmup,
+        "loaders": rates,
+        "epoch_s": epoch_s,
+        "epoch_time_vs_unseeded": ratios,
+        "ratio": ratios["ffcv_seeded"],
+        "ratio_of": "ffcv_seeded / ffcv_unseeded (loader epoch time)",
+    }
     path = write("crops", result)
-    print(f"two-view loader epoch, {args.images} images of {args.size} px -> 2 x {args.crop} px, batch {args.batch}, "
-          f"{args.workers} threads (median of {min(r['rounds'] for r in rates.values())}+ interleaved epochs):")
+    print(
+        f"two-view loader epoch, {args.images} images of {args.size} px -> 2 x {args.crop} px, batch {args.batch}, "
+        f"{args.workers} threads (median of {min(r['rounds'] for r in rates.values())}+ interleaved epochs):"
+    )
     for name, r in rates.items():
         ratio = "" if name == "ffcv_unseeded" else f"   x{ratios[name]:.2f} the unseeded epoch time"
-        print(f"  {name:<14} {epoch_s[name]:>7.3f} s/epoch  {r['samples_per_s']:>9.0f} samples/s   "
-              f"(first epoch {warmup[name]['epoch_s']:.1f} s){ratio}")
+        print(
+            f"  {name:<14} {epoch_s[name]:>7.3f} s/epoch  {r['samples_per_s']:>9.0f} samples/s   "
+            f"(first epoch {warmup[name]['epoch_s']:.1f} s){ratio}"
+        )
     chip = cpu()
     print(f"CPU: {chip['model']} ({', '.join(chip['vector_flags']) or 'no AVX'})   ({path})")
     return result

@@ -4,6 +4,7 @@ out into a temporary worktree). Rounds are interleaved, medians compared.
 
     python -m pipeline.bench dag [--against HEAD~3] [--rounds 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,25 +19,38 @@ from pipeline.bench.timing import interleaved, write
 from pipeline.config import REPO
 
 # 5 x 4 x 5 = 100 MoCo cells (K stays a multiple of the default batch)
-GRID_100 = {"grid": {"one_at_a_time": {}, "product": {"K": [256, 512, 1024, 2048, 4096],
-                                                      "m": [0.9, 0.99, 0.999, 0.9999],
-                                                      "T": [0.07, 0.1, 0.2, 0.5, 1.0]}}}
+GRID_100 = {
+    "grid": {
+        "one_at_a_time": {},
+        "product": {
+            "K": [256, 512, 1024, 2048, 4096],
+            "m": [0.9, 0.99, 0.999, 0.9999],
+            "T": [0.07, 0.1, 0.2, 0.5, 1.0],
+        },
+    }
+}
 
 
 def dry_run(tree: Path, results: Path, extra: list[str]):
     snakemake = Path(sys.executable).parent / "snakemake"
 
     def run():
-        proc = subprocess.run([str(snakemake), "-n", "--quiet", "rules", *extra, "--config", f"results={results}"],
-                              cwd=tree, capture_output=True, text=True)
+        proc = subprocess.run(
+            [str(snakemake), "-n", "--quiet", "rules", *extra, "--config", f"results={results}"],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode:
             raise RuntimeError(f"snakemake -n failed in {tree}:\n{proc.stderr[-2000:]}")
+
     return run
 
 
 def worktree(rev: str, where: Path) -> Path:
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), rev],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), rev], check=True, capture_output=True
+    )
     return where
 
 
@@ -59,8 +73,9 @@ def main(argv=None) -> dict:
         res = interleaved(candidates, rounds=args.rounds)
     finally:
         if args.against:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tmp / "against")],
-                           capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tmp / "against")], capture_output=True
+            )
         shutil.rmtree(tmp, ignore_errors=True)
     result = {"rounds": args.rounds, "results": res}
     print(f"snakemake -n, median of {args.rounds} interleaved rounds:")
@@ -69,9 +84,14 @@ def main(argv=None) -> dict:
     if args.against:
         result["ratio_this_vs_against"] = {
             what: round(res[f"this tree: {what}"]["median_s"] / res[f"{args.against}: {what}"]["median_s"], 3)
-            for what in ("default", "100 cells")}
-        print("  this tree / " + args.against + ": " +
-              ", ".join(f"{k} {v:.2f}x" for k, v in result["ratio_this_vs_against"].items()))
+            for what in ("default", "100 cells")
+        }
+        print(
+            "  this tree / "
+            + args.against
+            + ": "
+            + ", ".join(f"{k} {v:.2f}x" for k, v in result["ratio_this_vs_against"].items())
+        )
     print(f"({write('dag', result)})")
     return result
 

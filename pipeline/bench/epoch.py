@@ -16,6 +16,7 @@ Prints each as seconds per epoch and the ratio real / model (the data path's ove
 model; keep it <= 1.25). Compilation and first-epoch costs are left out (one warm-up round):
 they are per job, and a workflow run attributes them (python -m pipeline.bench pipeline).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,9 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     data = Path(args.data)
     if not (data / "train.beton").is_file():
-        raise SystemExit(f"[bench] {data / 'train.beton'} not found: convert the dataset first "
-                         f"(snakemake {data / 'train.beton'})")
+        raise SystemExit(
+            f"[bench] {data / 'train.beton'} not found: convert the dataset first (snakemake {data / 'train.beton'})"
+        )
     from pipeline.pretrain import Trainer  # after the argument check: imports torch models, FFCV
 
     cfg = base_cell_config(args.configfile)
@@ -75,15 +77,27 @@ def main(argv=None) -> dict:
     model = res["model"]["median_s"]
     ratios = {name: round(r["median_s"] / model, 3) for name, r in res.items()}
     p = cfg["pretrain"]
-    result = {"steps_per_epoch": len(loaded), "batch_size": p["batch_size"], "backbone": p["backbone"],
-              "width": p.get("width"), "crop_size": cfg["data"].get("crop_size"), "method": p["method"],
-              "variant": p.get("variant"), "threads": torch.get_num_threads(), "loader_workers": cfg["data"].get("workers"),
-              "results": res, "ratio_vs_model": ratios, "target_real_vs_model": TARGET}
+    result = {
+        "steps_per_epoch": len(loaded),
+        "batch_size": p["batch_size"],
+        "backbone": p["backbone"],
+        "width": p.get("width"),
+        "crop_size": cfg["data"].get("crop_size"),
+        "method": p["method"],
+        "variant": p.get("variant"),
+        "threads": torch.get_num_threads(),
+        "loader_workers": cfg["data"].get("workers"),
+        "results": res,
+        "ratio_vs_model": ratios,
+        "target_real_vs_model": TARGET,
+    }
     path = write("epoch", result)
     c = cpu()
-    print(f"{p['method']} {p.get('variant')} {p['backbone']} width {p.get('width')}, batch {p['batch_size']}, "
-          f"{len(loaded)} steps, {torch.get_num_threads()} torch threads; {c['model']} "
-          f"({'AVX-512' if c['avx512'] else 'no AVX-512'}):")
+    print(
+        f"{p['method']} {p.get('variant')} {p['backbone']} width {p.get('width')}, batch {p['batch_size']}, "
+        f"{len(loaded)} steps, {torch.get_num_threads()} torch threads; {c['model']} "
+        f"({'AVX-512' if c['avx512'] else 'no AVX-512'}):"
+    )
     for name, r in res.items():
         print(f"  {name:<7} {r['median_s']:.3f} s/epoch  x{ratios[name]:.3f} of model")
     verdict = "within" if ratios["real"] <= TARGET else "ABOVE"

@@ -6,6 +6,7 @@
 MFU = achieved model FLOP/s (counted once per step with torch's FlopCounterMode) divided by
 the device's peak dense bf16 FLOP/s (a table by device name, or GPU_PEAK_TFLOPS).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,9 +64,16 @@ def measure(p: dict, batch: int, size: int, steps: int, device) -> dict:
     seconds = (time.perf_counter() - t0) / steps
     peak = peak_tflops()
     achieved = flops / seconds / 1e12
-    return {"batch": batch, "size": size, "s_per_step": round(seconds, 4), "img_per_s": round(batch / seconds, 1),
-            "tflop_per_step": round(flops / 1e12, 3), "achieved_tflops": round(achieved, 2),
-            "peak_tflops": peak, "mfu_%": round(100 * achieved / peak, 1) if peak else None}
+    return {
+        "batch": batch,
+        "size": size,
+        "s_per_step": round(seconds, 4),
+        "img_per_s": round(batch / seconds, 1),
+        "tflop_per_step": round(flops / 1e12, 3),
+        "achieved_tflops": round(achieved, 2),
+        "peak_tflops": peak,
+        "mfu_%": round(100 * achieved / peak, 1) if peak else None,
+    }
 
 
 def main(argv=None) -> dict:
@@ -80,17 +88,41 @@ def main(argv=None) -> dict:
         torch.backends.cudnn.benchmark = True
     batch, size, steps = (8, 32, 2) if args.dry else (256, 224, args.steps)
     cases = {
-        "moco_v2_resnet50": {"method": "moco", "variant": "v2", "backbone": "resnet50", "width": 8 if args.dry else 64,
-                             "dim": 128, "K": 64 * batch, "m": 0.999, "T": 0.2, "epochs": 1, "batch_size": batch,
-                             "lr": 0.03},
-        "moco_v3_vit_small": {"method": "moco", "variant": "v3", "backbone": "vit_small", "patch_size": 16,
-                              "depth": 2 if args.dry else None, "dim": 256, "mlp_dim": 256 if args.dry else 4096,
-                              "K": batch, "m": 0.99, "T": 0.2, "epochs": 1, "batch_size": batch, "lr": 1.5e-4},
+        "moco_v2_resnet50": {
+            "method": "moco",
+            "variant": "v2",
+            "backbone": "resnet50",
+            "width": 8 if args.dry else 64,
+            "dim": 128,
+            "K": 64 * batch,
+            "m": 0.999,
+            "T": 0.2,
+            "epochs": 1,
+            "batch_size": batch,
+            "lr": 0.03,
+        },
+        "moco_v3_vit_small": {
+            "method": "moco",
+            "variant": "v3",
+            "backbone": "vit_small",
+            "patch_size": 16,
+            "depth": 2 if args.dry else None,
+            "dim": 256,
+            "mlp_dim": 256 if args.dry else 4096,
+            "K": batch,
+            "m": 0.99,
+            "T": 0.2,
+            "epochs": 1,
+            "batch_size": batch,
+            "lr": 1.5e-4,
+        },
     }
     results = {name: measure(p, batch, size, steps, device) for name, p in cases.items()}
     for name, r in results.items():
-        print(f"{name:<18} {r['img_per_s']:>9.1f} img/s  {r['s_per_step'] * 1e3:8.1f} ms/step  "
-              f"{r['achieved_tflops']:.2f} TFLOP/s  MFU {r['mfu_%']}%")
+        print(
+            f"{name:<18} {r['img_per_s']:>9.1f} img/s  {r['s_per_step'] * 1e3:8.1f} ms/step  "
+            f"{r['achieved_tflops']:.2f} TFLOP/s  MFU {r['mfu_%']}%"
+        )
     out = {"device": str(device), "dry": args.dry, "results": results}
     write("gpu" + ("_dry" if args.dry else ""), out)
     return out

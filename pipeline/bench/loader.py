@@ -13,6 +13,7 @@ DataLoader's worker start-up (its first epoch). The photometric augmentation (ko
 the training device on the loader's batches) is timed separately: on a CPU it can cost more
 than decoding and cropping.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,8 @@ CLASSES = 10
 
 
 def _save_image(job) -> None:
-    from pipeline.synthetic import CLASSES as NAMES, classification_image
+    from pipeline.synthetic import CLASSES as NAMES
+    from pipeline.synthetic import classification_image
 
     folder, label, i, size, quality = job
     path = Path(folder) / NAMES[label] / f"{i:05d}.jpg"
@@ -66,7 +68,7 @@ def make_beton(images: Path, out: Path, mode: str, size: int, workers: int) -> d
 def run_epoch(loader) -> tuple[int, float]:
     """(two-view samples, seconds) of one full epoch."""
     n, t0 = 0, time.perf_counter()
-    for v1, v2, _, _ in loader.batches():
+    for v1, _v2, _, _ in loader.batches():
         n += v1.shape[0]
     return n, time.perf_counter() - t0
 
@@ -92,8 +94,14 @@ def measure(loaders: dict, rounds: int, seconds: float) -> dict:
             n, dt = run_epoch(loader)
             rates[name].append(n / dt)
             spent[name] += dt
-    return {name: {"samples_per_s": round(statistics.median(r), 1), "rounds": len(r),
-                   "all_samples_per_s": [round(x, 1) for x in r]} for name, r in rates.items()}
+    return {
+        name: {
+            "samples_per_s": round(statistics.median(r), 1),
+            "rounds": len(r),
+            "all_samples_per_s": [round(x, 1) for x in r],
+        }
+        for name, r in rates.items()
+    }
 
 
 def photometric_rate(batch: torch.Tensor, recipe: str, crop: int, threads: int, seconds: float) -> dict:
@@ -121,8 +129,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--scale-min", type=float, default=0.2)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--workers", type=int, default=2, help="FFCV threads = DataLoader worker processes")
-    ap.add_argument("--write-modes", default="auto,jpg",
-                    help="one FFCV loader per .beton write mode (auto = raw pixels at this size)")
+    ap.add_argument(
+        "--write-modes",
+        default="auto,jpg",
+        help="one FFCV loader per .beton write mode (auto = raw pixels at this size)",
+    )
     ap.add_argument("--quality", type=int, default=90, help="JPEG quality of the source files")
     ap.add_argument("--rounds", type=int, default=3, help="at least this many measured epochs per loader")
     ap.add_argument("--seconds", type=float, default=5.0, help="and at least this many measured seconds")
@@ -130,8 +141,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--cache", default=None, help="folder for the images and .beton files")
     args = ap.parse_args(argv)
 
-    cache = Path(args.cache or Path(tempfile.gettempdir()) / "moco-bench-loader"
-                 / f"n{args.images}-s{args.size}-q{args.quality}")
+    cache = Path(
+        args.cache or Path(tempfile.gettempdir()) / "moco-bench-loader" / f"n{args.images}-s{args.size}-q{args.quality}"
+    )
     t0 = time.perf_counter()
     images = make_images(cache, args.images, args.size, args.quality, args.workers)
     setup = {"images_s": round(time.perf_counter() - t0, 1)}
@@ -143,8 +155,14 @@ def main(argv=None) -> dict:
         betons[f"ffcv_{mode}"] = (cache / f"{mode}.beton", report)
         setup[f"convert_{mode}_s"] = round(time.perf_counter() - t0, 1)
 
-    common = dict(batch_size=args.batch, crop_size=args.crop, scale_min=args.scale_min, workers=args.workers,
-                  seed=0, threads=args.workers)
+    common = dict(
+        batch_size=args.batch,
+        crop_size=args.crop,
+        scale_min=args.scale_min,
+        workers=args.workers,
+        seed=0,
+        threads=args.workers,
+    )
     loaders, warmup = {}, {}
     for name, (beton, _) in betons.items():
         t0 = time.perf_counter()
@@ -160,30 +178,44 @@ def main(argv=None) -> dict:
     ratios = {name: round(r["samples_per_s"] / base, 2) for name, r in rates.items() if name != "torchvision"}
     headline = next(iter(ratios))
 
-    result = {"config": vars(args), "cache": str(cache), "setup_s": setup,
-              "write_modes": {name: rep["options"]["write_mode"] for name, (_, rep) in betons.items()},
-              "beton_bytes": {name: rep["bytes"] for name, (_, rep) in betons.items()},
-              "warmup": warmup, "loaders": rates, "ratio_vs_torchvision": ratios,
-              "ratio": ratios[headline], "ratio_of": f"{headline} / torchvision"}
+    result = {
+        "config": vars(args),
+        "cache": str(cache),
+        "setup_s": setup,
+        "write_modes": {name: rep["options"]["write_mode"] for name, (_, rep) in betons.items()},
+        "beton_bytes": {name: rep["bytes"] for name, (_, rep) in betons.items()},
+        "warmup": warmup,
+        "loaders": rates,
+        "ratio_vs_torchvision": ratios,
+        "ratio": ratios[headline],
+        "ratio_of": f"{headline} / torchvision",
+    }
     if args.aug:
         batch = next(loaders[headline].batches())[0].clone()
         photo = photometric_rate(batch, args.aug, args.crop, args.workers, min(args.seconds, 5.0))
         # The training loop runs loading and photometric augmentation one after the other on
         # a CPU: the combined rate is the harmonic combination of the two.
         photo["combined_samples_per_s"] = {
-            name: round(1 / (1 / r["samples_per_s"] + 1 / photo["samples_per_s"]), 1) for name, r in rates.items()}
+            name: round(1 / (1 / r["samples_per_s"] + 1 / photo["samples_per_s"]), 1) for name, r in rates.items()
+        }
         result["photometric"] = photo
     path = write("loader", result)
 
-    print(f"two-view loading, {args.images} images of {args.size} px -> 2 x {args.crop} px crops, "
-          f"batch {args.batch}, {args.workers} workers:")
+    print(
+        f"two-view loading, {args.images} images of {args.size} px -> 2 x {args.crop} px crops, "
+        f"batch {args.batch}, {args.workers} workers:"
+    )
     for name, r in rates.items():
         w = warmup[name]
-        print(f"  {name:<14} {r['samples_per_s']:>9.0f} samples/s   (warm-up: first batch {w['first_batch_s']:.1f} s, "
-              f"epoch {w['epoch_s']:.1f} s)")
+        print(
+            f"  {name:<14} {r['samples_per_s']:>9.0f} samples/s   (warm-up: first batch {w['first_batch_s']:.1f} s, "
+            f"epoch {w['epoch_s']:.1f} s)"
+        )
     if args.aug:
-        print(f"  photometric {args.aug} (kornia, both views, {args.workers} threads): "
-              f"{result['photometric']['samples_per_s']:.0f} samples/s")
+        print(
+            f"  photometric {args.aug} (kornia, both views, {args.workers} threads): "
+            f"{result['photometric']['samples_per_s']:.0f} samples/s"
+        )
     print(f"ratio {headline} / torchvision: x{result['ratio']:.2f}   ({path})")
     return result
 

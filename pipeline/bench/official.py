@@ -13,6 +13,7 @@ the sub-batches) and without it (``shuffle_bn: false``, ``bn_splits: 1``), which
 official step's geometry. Rounds are interleaved; the spread of the per-round ratios shows
 whether a difference is noise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,37 +76,66 @@ def main(argv=None) -> dict:
         torch.Tensor.cuda = lambda self, *a, **k: self
     init_single_process_group()
     torch.manual_seed(0)
-    p = {"method": "moco", "variant": "v2", "backbone": "resnet18", "width": args.width, "cifar_stem": args.size <= 64,
-         "dim": 128, "K": args.K, "m": 0.999, "T": 0.2, "epochs": 1, "batch_size": args.batch, "lr": 0.03,
-         "weight_decay": 1e-4}  # the official recipe's (the pretrain default is config.yaml's 5e-4)
+    p = {
+        "method": "moco",
+        "variant": "v2",
+        "backbone": "resnet18",
+        "width": args.width,
+        "cifar_stem": args.size <= 64,
+        "dim": 128,
+        "K": args.K,
+        "m": 0.999,
+        "T": 0.2,
+        "epochs": 1,
+        "batch_size": args.batch,
+        "lr": 0.03,
+        "weight_decay": 1e-4,
+    }  # the official recipe's (the pretrain default is config.yaml's 5e-4)
     x1, x2 = torch.randn(args.batch, 3, args.size, args.size), torch.randn(args.batch, 3, args.size, args.size)
     labels, index = torch.randint(0, 10, (args.batch,)), torch.arange(args.batch)
     steps = {}
-    for name, extra in {"supervised": {"method": "supervised"}, "ours_guarded": {},
-                        "ours_unguarded": {"shuffle_bn": False, "bn_splits": 1}}.items():
+    for name, extra in {
+        "supervised": {"method": "supervised"},
+        "ours_guarded": {},
+        "ours_unguarded": {"shuffle_bn": False, "bn_splits": 1},
+    }.items():
         cell = {**p, **extra}
         model = build_model(cell, args.size, num_classes=10, num_samples=20 * args.K).train()
         steps[name] = step_fn(model, build_optimizer(cell, model.parameters()), x1, x2, labels, index)
     steps["official"] = official_step(load_official(args.builder), p, args.size, x1, x2)
     res = interleaved(steps, rounds=args.rounds)
-    per_round = {name: [a / b for a, b in zip(res[name]["times_s"], res["official"]["times_s"])]
-                 for name in ("ours_guarded", "ours_unguarded")}
+    per_round = {
+        name: [a / b for a, b in zip(res[name]["times_s"], res["official"]["times_s"])]
+        for name in ("ours_guarded", "ours_unguarded")
+    }
     sup = res["supervised"]["median_s"]
-    result = {"batch": args.batch, "size": args.size, "width": args.width, "K": args.K,
-              "threads": torch.get_num_threads(), "results": res,
-              "ratio_vs_supervised": {k: round(v["median_s"] / sup, 3) for k, v in res.items()},
-              "ratio_vs_official": {k: {"median": round(statistics.median(v), 3), "min": round(min(v), 3),
-                                        "max": round(max(v), 3)} for k, v in per_round.items()}}
+    result = {
+        "batch": args.batch,
+        "size": args.size,
+        "width": args.width,
+        "K": args.K,
+        "threads": torch.get_num_threads(),
+        "results": res,
+        "ratio_vs_supervised": {k: round(v["median_s"] / sup, 3) for k, v in res.items()},
+        "ratio_vs_official": {
+            k: {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
+            for k, v in per_round.items()
+        },
+    }
     path = write("official", result)
     c = cpu()
-    print(f"resnet18 width {args.width}, batch {args.batch}, {args.size} px, K {args.K}, "
-          f"{torch.get_num_threads()} threads; {c['model']} ({'AVX-512' if c['avx512'] else 'no AVX-512'}):")
+    print(
+        f"resnet18 width {args.width}, batch {args.batch}, {args.size} px, K {args.K}, "
+        f"{torch.get_num_threads()} threads; {c['model']} ({'AVX-512' if c['avx512'] else 'no AVX-512'}):"
+    )
     for name, r in res.items():
         extra = ""
         if name in per_round:
             q = result["ratio_vs_official"][name]
             extra = f"  vs official x{q['median']:.3f} (rounds {q['min']:.3f}-{q['max']:.3f})"
-        print(f"  {name:<15} {r['median_s']:.3f} s/step  x{result['ratio_vs_supervised'][name]:.3f} of supervised{extra}")
+        print(
+            f"  {name:<15} {r['median_s']:.3f} s/step  x{result['ratio_vs_supervised'][name]:.3f} of supervised{extra}"
+        )
     print(f"({path})")
     torch.distributed.destroy_process_group()
     return result

@@ -5,6 +5,7 @@ checkpoints; features / fit for probes; fine_tune / evaluate for detection).
 
     python -m pipeline.bench pipeline [--results results]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,14 @@ def collect(results: Path) -> pd.DataFrame:
         stage = rel.parts[0] if len(rel.parts) > 1 else rel.stem
         job = "/".join(rel.with_suffix("").parts[1:])  # e.g. base, or base/trial0 (detection)
         frame = pd.read_csv(tsv, sep="\t")
-        rows.append({"stage": stage, "job": job, "seconds": float(frame["s"].iloc[-1]),
-                     "max_rss_mb": float(pd.to_numeric(frame["max_rss"], errors="coerce").iloc[-1])})
+        rows.append(
+            {
+                "stage": stage,
+                "job": job,
+                "seconds": float(frame["s"].iloc[-1]),
+                "max_rss_mb": float(pd.to_numeric(frame["max_rss"], errors="coerce").iloc[-1]),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -49,8 +56,15 @@ def attribution(results: Path, jobs: pd.DataFrame) -> pd.DataFrame:
         except (OSError, ValueError):
             timing = None
         if timing:
-            rows.append({"stage": job.stage, "job": job.job, "job_s": job.seconds, **timing,
-                         "outside": round(job.seconds - timing["wall"], 2)})
+            rows.append(
+                {
+                    "stage": job.stage,
+                    "job": job.job,
+                    "job_s": job.seconds,
+                    **timing,
+                    "outside": round(job.seconds - timing["wall"], 2),
+                }
+            )
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
@@ -65,10 +79,18 @@ def main(argv=None) -> dict:
     jobs = collect(Path(args.results))
     if jobs.empty:
         raise SystemExit(f"no Snakemake benchmark files under {args.results}/benchmarks: run the workflow first")
-    per_stage = (jobs.groupby("stage")
-                 .agg(jobs=("seconds", "size"), total_s=("seconds", "sum"), mean_s=("seconds", "mean"),
-                      max_s=("seconds", "max"), max_rss_mb=("max_rss_mb", "max"))
-                 .sort_values("total_s", ascending=False).round(1))
+    per_stage = (
+        jobs.groupby("stage")
+        .agg(
+            jobs=("seconds", "size"),
+            total_s=("seconds", "sum"),
+            mean_s=("seconds", "mean"),
+            max_s=("seconds", "max"),
+            max_rss_mb=("max_rss_mb", "max"),
+        )
+        .sort_values("total_s", ascending=False)
+        .round(1)
+    )
     total = float(jobs["seconds"].sum())
     per_stage["share_%"] = (100 * per_stage["total_s"] / total).round(1)
     print(per_stage.to_markdown())
@@ -79,10 +101,13 @@ def main(argv=None) -> dict:
         print(phases.fillna("").to_markdown(index=False))
     c = cpu()
     print(f"\nCPU: {c['model']} ({', '.join(c['vector_flags']) or 'no AVX'})")
-    result = {"results": args.results, "sum_job_seconds": round(total, 1),
-              "stages": per_stage.reset_index().to_dict(orient="records"),
-              "jobs": jobs.round(2).to_dict(orient="records"),
-              "attribution": phases.to_dict(orient="records")}
+    result = {
+        "results": args.results,
+        "sum_job_seconds": round(total, 1),
+        "stages": per_stage.reset_index().to_dict(orient="records"),
+        "jobs": jobs.round(2).to_dict(orient="records"),
+        "attribution": phases.to_dict(orient="records"),
+    }
     write("pipeline", result)
     return result
 

@@ -1,7 +1,8 @@
 """Enqueue of a batch of keys into a K x dim queue: in-place ring buffer vs concatenation.
 
-    python -m pipeline.bench queue [--K 65536 --dim 128 --batch 256]
+python -m pipeline.bench queue [--K 65536 --dim 128 --batch 256]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,17 +30,28 @@ def main(argv=None) -> dict:
 
     def concatenate():
         # the alternative: drop the oldest B keys, append the new ones (allocates K x dim)
-        state["queue"] = torch.cat([state["queue"][args.batch:], keys], dim=0)
+        state["queue"] = torch.cat([state["queue"][args.batch :], keys], dim=0)
 
-    res = interleaved({"ring_buffer": lambda: ring.enqueue(keys, source, step), "concatenate": concatenate},
-                      rounds=args.rounds, warmup=5)
+    res = interleaved(
+        {"ring_buffer": lambda: ring.enqueue(keys, source, step), "concatenate": concatenate},
+        rounds=args.rounds,
+        warmup=5,
+    )
     speedup = res["concatenate"]["median_s"] / res["ring_buffer"]["median_s"]
-    result = {"K": args.K, "dim": args.dim, "batch": args.batch, "device": device, "results": res,
-              "speedup_ring_vs_cat": round(speedup, 3)}
+    result = {
+        "K": args.K,
+        "dim": args.dim,
+        "batch": args.batch,
+        "device": device,
+        "results": res,
+        "speedup_ring_vs_cat": round(speedup, 3),
+    }
     path = write("queue", result)
-    print(f"enqueue {args.batch} keys into K={args.K} x {args.dim} ({device}): ring "
-          f"{res['ring_buffer']['median_s'] * 1e6:.1f} us, cat {res['concatenate']['median_s'] * 1e6:.1f} us "
-          f"-> speedup x{speedup:.2f}  ({path})")
+    print(
+        f"enqueue {args.batch} keys into K={args.K} x {args.dim} ({device}): ring "
+        f"{res['ring_buffer']['median_s'] * 1e6:.1f} us, cat {res['concatenate']['median_s'] * 1e6:.1f} us "
+        f"-> speedup x{speedup:.2f}  ({path})"
+    )
     return result
 
 

@@ -11,6 +11,7 @@ shows what the guard costs.
 
     python -m pipeline.bench step [--batch 128 --size 32 --width 64 --rounds 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,13 @@ FLOORS = {"moco_v2": 4 / 3, "moco_v3": 8 / 3}
 
 def optimizer_step(loss_of, opt):
     """One training step: ``loss_of()`` (the forward pass and loss), backward, update."""
+
     def step():
         loss = loss_of()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     return step
 
 
@@ -44,9 +47,11 @@ def step_fn(model: nn.Module, opt, x1, x2, labels, index):
 
 def key_forward_fn(model: nn.Module, x):
     """The key encoder's forward alone, as a MoCo step runs it (no grad, BN-leak guard on)."""
+
     def forward():
         with torch.no_grad():
             model.encode_keys(x)
+
     return forward
 
 
@@ -58,25 +63,50 @@ def main(argv=None) -> dict:
     ap.add_argument("--backbone", default="resnet18")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--all-methods", action="store_true",
-                    help="also v1, end-to-end, memory bank and v3 ViT-tiny (patch 4) at the same batch")
+    ap.add_argument(
+        "--all-methods",
+        action="store_true",
+        help="also v1, end-to-end, memory bank and v3 ViT-tiny (patch 4) at the same batch",
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base = {"backbone": args.backbone, "width": args.width, "cifar_stem": args.size <= 64, "dim": 128,
-            "K": 16 * args.batch, "m": 0.999, "T": 0.2, "epochs": 1, "batch_size": args.batch, "lr": 0.03,
-            "mlp_dim": 1024, "weight_decay": 1e-4}  # as before the defaults moved to config.yaml's 5e-4
-    variants = {"supervised": {"method": "supervised"},
-                "moco_v2": {"method": "moco", "variant": "v2"},
-                "moco_v3": {"method": "moco", "variant": "v3", "T": 1.0, "m": 0.99}}
+    base = {
+        "backbone": args.backbone,
+        "width": args.width,
+        "cifar_stem": args.size <= 64,
+        "dim": 128,
+        "K": 16 * args.batch,
+        "m": 0.999,
+        "T": 0.2,
+        "epochs": 1,
+        "batch_size": args.batch,
+        "lr": 0.03,
+        "mlp_dim": 1024,
+        "weight_decay": 1e-4,
+    }  # as before the defaults moved to config.yaml's 5e-4
+    variants = {
+        "supervised": {"method": "supervised"},
+        "moco_v2": {"method": "moco", "variant": "v2"},
+        "moco_v3": {"method": "moco", "variant": "v3", "T": 1.0, "m": 0.99},
+    }
     if args.all_methods:
-        variants.update({
-            "moco_v1": {"method": "moco", "variant": "v1"},
-            "end_to_end": {"method": "moco", "variant": "v2", "mechanism": "end_to_end"},
-            "memory_bank": {"method": "moco", "variant": "v2", "mechanism": "memory_bank"},
-            "moco_v3_vit_tiny": {"method": "moco", "variant": "v3", "backbone": "vit_tiny", "patch_size": 4,
-                                 "T": 0.2, "m": 0.99}})
+        variants.update(
+            {
+                "moco_v1": {"method": "moco", "variant": "v1"},
+                "end_to_end": {"method": "moco", "variant": "v2", "mechanism": "end_to_end"},
+                "memory_bank": {"method": "moco", "variant": "v2", "mechanism": "memory_bank"},
+                "moco_v3_vit_tiny": {
+                    "method": "moco",
+                    "variant": "v3",
+                    "backbone": "vit_tiny",
+                    "patch_size": 4,
+                    "T": 0.2,
+                    "m": 0.99,
+                },
+            }
+        )
     x1, x2 = torch.randn(args.batch, 3, args.size, args.size), torch.randn(args.batch, 3, args.size, args.size)
     labels, index = torch.randint(0, 10, (args.batch,)), torch.arange(args.batch)
     # without the guard: no shuffle and plain BN over the whole batch
@@ -92,23 +122,32 @@ def main(argv=None) -> dict:
     sup = res["supervised"]["median_s"]
     ratios = {name: round(res[name]["median_s"] / sup, 3) for name in [*FLOORS, "moco_v2_unguarded"]}
     measured_floor = round((sup + res["key_forward"]["median_s"]) / sup, 3)
-    result = {"batch": args.batch, "size": args.size, "backbone": args.backbone, "width": args.width,
-              "threads": torch.get_num_threads(), "results": res, "ratio_vs_supervised": ratios,
-              "floor": {k: round(v, 3) for k, v in FLOORS.items()}, "moco_v2_measured_floor": measured_floor,
-              "moco_v2_over_measured_floor": round(ratios["moco_v2"] / measured_floor, 3),
-              "samples_per_s": {k: round(args.batch / v["median_s"], 1) for k, v in res.items()}}
+    result = {
+        "batch": args.batch,
+        "size": args.size,
+        "backbone": args.backbone,
+        "width": args.width,
+        "threads": torch.get_num_threads(),
+        "results": res,
+        "ratio_vs_supervised": ratios,
+        "floor": {k: round(v, 3) for k, v in FLOORS.items()},
+        "moco_v2_measured_floor": measured_floor,
+        "moco_v2_over_measured_floor": round(ratios["moco_v2"] / measured_floor, 3),
+        "samples_per_s": {k: round(args.batch / v["median_s"], 1) for k, v in res.items()},
+    }
     loader = OUT_DIR / "loader.json"
     if loader.is_file():  # is data the bottleneck? loader samples/s against the step's
         result["loader_samples_per_s"] = json.loads(Path(loader).read_text()).get("samples_per_s")
     path = write("step", result)
-    print(f"{args.backbone} width {args.width}, batch {args.batch}, {args.size} px, "
-          f"{torch.get_num_threads()} threads:")
+    print(f"{args.backbone} width {args.width}, batch {args.batch}, {args.size} px, {torch.get_num_threads()} threads:")
     for name, r in res.items():
         extra = f"  ratio {ratios[name]:.3f}" if name in ratios else ""
         extra += f" (floor {FLOORS[name]:.2f})" if name in FLOORS else ""
         print(f"  {name:<17} {r['median_s']:.3f} s/step  {args.batch / r['median_s']:.1f} samples/s{extra}")
-    print(f"  moco_v2 floor measured on this CPU: {measured_floor:.3f} "
-          f"(supervised + key forward); moco_v2 is {ratios['moco_v2'] / measured_floor:.3f}x that floor")
+    print(
+        f"  moco_v2 floor measured on this CPU: {measured_floor:.3f} "
+        f"(supervised + key forward); moco_v2 is {ratios['moco_v2'] / measured_floor:.3f}x that floor"
+    )
     print(f"({path})")
     return result
 

@@ -1,13 +1,14 @@
 """Side-by-side timing: candidates run interleaved, round after round, so that the noise of
 a shared machine hits them alike; ratios of medians are what we report."""
+
 from __future__ import annotations
 
 import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -26,8 +27,10 @@ def interleaved(candidates: dict[str, Callable[[], None]], rounds: int, warmup: 
             fn()
             sync()
             times[name].append(time.perf_counter() - t0)
-    return {name: {"median_s": statistics.median(t), "min_s": min(t), "times_s": [round(x, 6) for x in t]}
-            for name, t in times.items()}
+    return {
+        name: {"median_s": statistics.median(t), "min_s": min(t), "times_s": [round(x, 6) for x in t]}
+        for name, t in times.items()
+    }
 
 
 def sync() -> None:
@@ -53,8 +56,13 @@ def cpu() -> dict:
 
 
 def machine() -> dict:
-    return {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpu": cpu(), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": cpu(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
 
 
 def write(name: str, result: dict, out_dir: Path = OUT_DIR) -> Path:

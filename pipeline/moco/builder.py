@@ -2,6 +2,7 @@
 
 The paper's Algorithm 1, line for line, is ``MoCo.forward``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,15 +19,21 @@ from pipeline.moco.split_bn import has_batch_norm
 from pipeline.moco.staleness import NegativeDrift, history_length
 
 
-def info_nce(q: torch.Tensor, k: torch.Tensor, negatives: torch.Tensor, T: float,
-             neg_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None):
+def info_nce(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    negatives: torch.Tensor,
+    T: float,
+    neg_mask: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+):
     """(K+1)-way InfoNCE with the positive at index 0. Returns (loss, logits).
 
     q, k: N x C (normalised); negatives: K x C; neg_mask: N x K, True = not a negative;
     labels: a preallocated tensor of N zeros (allocated here if not given).
     """
-    l_pos = (q * k).sum(dim=1, keepdim=True)                     # N x 1
-    l_neg = q @ negatives.T                                      # N x K
+    l_pos = (q * k).sum(dim=1, keepdim=True)  # N x 1
+    l_neg = q @ negatives.T  # N x K
     if neg_mask is not None:
         l_neg = l_neg.masked_fill(neg_mask, float("-inf"))
     logits = torch.cat([l_pos, l_neg], dim=1) / T
@@ -60,11 +67,22 @@ class MoCo(Method):
     random replacement seeded with ``seed`` (pipeline.moco.queue). batch_size: the global
     batch, keys enqueued per step (sizes the history of the negatives' drift, moco.staleness).
     """
+
     has_momentum_encoder = True
 
-    def __init__(self, encoder: nn.Module, dim: int = 128, K: int = 65536, m: float = 0.999,
-                 T: float = 0.07, shuffle_bn: bool = True, mask_same_source: bool = False,
-                 queue_policy: str = "fifo", seed: int = 0, batch_size: int = 256):
+    def __init__(
+        self,
+        encoder: nn.Module,
+        dim: int = 128,
+        K: int = 65536,
+        m: float = 0.999,
+        T: float = 0.07,
+        shuffle_bn: bool = True,
+        mask_same_source: bool = False,
+        queue_policy: str = "fifo",
+        seed: int = 0,
+        batch_size: int = 256,
+    ):
         super().__init__()
         self.m, self.T = m, T
         self.shuffle_bn = shuffle_bn and has_batch_norm(encoder)
@@ -86,9 +104,14 @@ class MoCo(Method):
     def diagnostics(self) -> dict:
         mean_age, p99_age, max_age = self.queue.age_stats(int(self.step))
         mean_drift, max_drift = self.negative_drift.measure(self.queue.enqueued_at)
-        return {**momentum_diagnostics(self.encoder_k, self.encoder_q, self.m),
-                "queue_age_mean": round(mean_age, 2), "queue_age_p99": round(p99_age, 2), "queue_age_max": max_age,
-                "negative_drift_mean": round(mean_drift, 4), "negative_drift_max": round(max_drift, 4)}
+        return {
+            **momentum_diagnostics(self.encoder_k, self.encoder_q, self.m),
+            "queue_age_mean": round(mean_age, 2),
+            "queue_age_p99": round(p99_age, 2),
+            "queue_age_max": max_age,
+            "negative_drift_mean": round(mean_drift, 4),
+            "negative_drift_max": round(max_drift, 4),
+        }
 
     def diagnostics_state(self) -> dict:
         return {"negative_drift": self.negative_drift.state()}

@@ -4,6 +4,7 @@ In one process the gathers are the identity and the shuffle permutes the batch, 
 matters only with split BatchNorm (pipeline.moco.split_bn): it moves each key into another
 sub-batch than its query's.
 """
+
 from __future__ import annotations
 
 import torch

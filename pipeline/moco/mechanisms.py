@@ -7,6 +7,7 @@
   entry of the query's own sample, K negatives are drawn at random from the bank, and the
   entries of the samples in the batch move towards their new embeddings with momentum m.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,12 +45,14 @@ class EndToEnd(Method):
 
 
 class MemoryBank(Method):
-    def __init__(self, encoder: nn.Module, num_samples: int, dim: int = 128, K: int = 4096,
-                 m: float = 0.5, T: float = 0.07):
+    def __init__(
+        self, encoder: nn.Module, num_samples: int, dim: int = 128, K: int = 4096, m: float = 0.5, T: float = 0.07
+    ):
         super().__init__()
         if K > num_samples - 1:
-            raise ValueError(f"memory bank: K={K} negatives need more than K samples "
-                             f"(the training set has {num_samples})")
+            raise ValueError(
+                f"memory bank: K={K} negatives need more than K samples (the training set has {num_samples})"
+            )
         self.K, self.m, self.T = K, m, T
         self.encoder_q = encoder
         self.register_buffer("bank", F.normalize(torch.randn(num_samples, dim), dim=1))

@@ -2,6 +2,7 @@
 bank, supervised). Each method implements the hooks that apply to it beside its own code, so
 the loop (pipeline.pretrain) never inspects a model and a new method touches one file.
 """
+
 from __future__ import annotations
 
 from torch import nn

@@ -1,4 +1,5 @@
 """The momentum (EMA) update of the key encoder: theta_k <- m * theta_k + (1 - m) * theta_q."""
+
 from __future__ import annotations
 
 import torch

@@ -9,6 +9,7 @@ uniformly at random (without replacement within a batch), from a generator seede
 (seed, step), so the choice is reproducible and resumes exactly with the same buffers. FIFO
 bounds a key's age at K/B steps; random replacement bounds nothing.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,8 +37,11 @@ class KeyQueue(nn.Module):
         if self.size % n != 0:
             raise ValueError(f"queue size K={self.size} is not a multiple of the batch of keys ({n})")
         # ptr stays a tensor: index arithmetic on device avoids a .item() sync per step.
-        slots = self.ptr + torch.arange(n, device=keys.device) if self.policy == "fifo" else \
-            self.random_slots(n, int(step)).to(keys.device)
+        slots = (
+            self.ptr + torch.arange(n, device=keys.device)
+            if self.policy == "fifo"
+            else self.random_slots(n, int(step)).to(keys.device)
+        )
         self.keys.index_copy_(0, slots, keys.to(self.keys.dtype))
         self.source.index_copy_(0, slots, source.to(torch.long))
         self.enqueued_at.index_copy_(0, slots, step.expand(n).to(torch.long))

@@ -12,13 +12,14 @@ statistics normalise key i are then not those that normalise query i.
 keys, and normalises like plain BN in eval mode: a checkpoint's backbone loads into a plain
 BatchNorm network unchanged (probe, detection, exports).
 """
+
 from __future__ import annotations
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-MAX_SPLITS = 8            # the official single-GPU demo's bn_splits
+MAX_SPLITS = 8  # the official single-GPU demo's bn_splits
 MIN_IMAGES_PER_SPLIT = 16  # below this, prefer fewer, larger sub-batches
 
 
@@ -44,8 +45,7 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         var = self.running_var.repeat(s) if tracked else None
         weight = self.weight.repeat(s) if self.affine else None
         bias = self.bias.repeat(s) if self.affine else None
-        y = F.batch_norm(x.reshape(n // s, s * c, h, w), mean, var, weight, bias, True,
-                         self._track_batch(), self.eps)
+        y = F.batch_norm(x.reshape(n // s, s * c, h, w), mean, var, weight, bias, True, self._track_batch(), self.eps)
         if tracked:
             with torch.no_grad():
                 self.running_mean.copy_(mean.view(s, c).mean(0))
@@ -75,8 +75,14 @@ def split_batch_norm(module: nn.Module, splits: int) -> nn.Module:
         return module
     for name, child in module.named_children():
         if type(child) is nn.BatchNorm2d:
-            split = SplitBatchNorm2d(child.num_features, splits, eps=child.eps, momentum=child.momentum,
-                                     affine=child.affine, track_running_stats=child.track_running_stats)
+            split = SplitBatchNorm2d(
+                child.num_features,
+                splits,
+                eps=child.eps,
+                momentum=child.momentum,
+                affine=child.affine,
+                track_running_stats=child.track_running_stats,
+            )
             split.load_state_dict(child.state_dict())
             setattr(module, name, split)
         else:

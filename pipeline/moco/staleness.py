@@ -13,6 +13,7 @@ replacement a key survives a step with probability 1 - B/K, so ages are unbounde
 history spans (K/B) * ln(100 K) steps, beyond which fewer than 0.01 keys are expected. A key
 older than the history is measured against the oldest sketch kept (a lower bound).
 """
+
 from __future__ import annotations
 
 import math
@@ -36,10 +37,12 @@ class ParameterSketch:
         g = torch.Generator().manual_seed(seed)
         self.params = list(module.parameters())
         self.buckets = buckets
-        self.bins = [torch.randint(0, buckets, (p.numel(),), generator=g, dtype=torch.int32).to(p.device)
-                     for p in self.params]
-        self.signs = [(torch.randint(0, 2, (p.numel(),), generator=g, dtype=torch.int8) * 2 - 1).to(p.device)
-                      for p in self.params]
+        self.bins = [
+            torch.randint(0, buckets, (p.numel(),), generator=g, dtype=torch.int32).to(p.device) for p in self.params
+        ]
+        self.signs = [
+            (torch.randint(0, 2, (p.numel(),), generator=g, dtype=torch.int8) * 2 - 1).to(p.device) for p in self.params
+        ]
 
     @torch.no_grad()
     def __call__(self) -> torch.Tensor:

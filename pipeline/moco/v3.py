@@ -4,6 +4,7 @@ Query side: backbone -> projector -> predictor. Key side (momentum encoder): bac
 projector. Symmetric loss over the two views, scaled by 2T; the momentum m rises from m0 to 1
 on a per-iteration cosine schedule, set before each step (``on_step``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -40,7 +41,7 @@ class MoCoV3(Method):
     def __init__(self, encoder: nn.Module, predictor: nn.Module, T: float = 1.0, m: float = 0.99):
         super().__init__()
         self.T, self.m0, self.m = T, m, m
-        self.encoder_q = encoder            # backbone + projector
+        self.encoder_q = encoder  # backbone + projector
         self.predictor = predictor
         self.encoder_k = copy.deepcopy(encoder)
         for p in self.encoder_k.parameters():

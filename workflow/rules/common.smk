@@ -7,7 +7,17 @@ import sys
 # only pipeline.layout, pipeline.grid and pipeline.config: building the DAG imports no torch
 from pipeline.config import load_schema
 from pipeline.grid import cell_params, cell_resources as grid_cell_resources, group_id
-from pipeline.layout import CLAIMS_TABLES, FIGURES, STUDY_NAMES, cell_file, TABLE_FORMATS, figure_files, is_resnet, stage_config, table_files
+from pipeline.layout import (
+    CLAIMS_TABLES,
+    FIGURES,
+    STUDY_NAMES,
+    cell_file,
+    TABLE_FORMATS,
+    figure_files,
+    is_resnet,
+    stage_config,
+    table_files,
+)
 
 R = config["results"]
 CELL_ID = load_schema()["$defs"]["cell_id"]["pattern"].strip("^$")  # one pattern: the schema's
@@ -24,8 +34,11 @@ def detects(cell):
     (with every seed of them: a cell's replicates are chosen with it)."""
     det = config["detect"]
     chosen = det.get("cells", ["all"])
-    return (det["enabled"] and is_resnet(params_of(cell))
-            and ("all" in chosen or cell in chosen or group_id(cell) in chosen))
+    return (
+        det["enabled"]
+        and is_resnet(params_of(cell))
+        and ("all" in chosen or cell in chosen or group_id(cell) in chosen)
+    )
 
 
 LAUNCH = config.get("launch") or {"launcher": "direct"}  # how the pretrain rule starts its ranks
@@ -91,8 +104,13 @@ def cell_nodes(wildcards):
 def tables_config():
     """What the tables state and which cells they expect (grid.resources does not matter)."""
     grid = {k: v for k, v in config["grid"].items() if k != "resources"}
-    return stage_config(dataset=config["dataset"], pretrain=config["pretrain"], grid=grid,
-                        probe=config["probe"], detect=config["detect"])
+    return stage_config(
+        dataset=config["dataset"],
+        pretrain=config["pretrain"],
+        grid=grid,
+        probe=config["probe"],
+        detect=config["detect"],
+    )
 
 
 def claims_inputs(wildcards):
@@ -105,23 +123,41 @@ def claims_inputs(wildcards):
 def claims_config():
     """What the claims tables state and which cells they read."""
     grid = {k: v for k, v in config["grid"].items() if k != "resources"}
-    return stage_config(dataset=config["dataset"], pretrain=config["pretrain"], grid=grid,
-                        probe=config["probe"], claims=config["claims"])
+    return stage_config(
+        dataset=config["dataset"],
+        pretrain=config["pretrain"],
+        grid=grid,
+        probe=config["probe"],
+        claims=config["claims"],
+    )
+
+
+def for_report(path, caption, **marks):
+    """``path`` marked for the HTML report: Snakemake's report() (in a .smk file a line may not
+    start with it, the parser would read the ``report:`` keyword)."""
+    return report(path, caption=f"../report/{caption}.rst", **marks)
 
 
 def reported_tables(names=STUDY_NAMES, category="Tables"):
     """The tables in the report; the claims come first (the report lists categories A-Z)."""
-    return [report(path, caption=f"../report/{study}.rst", category=category, subcategory=study,
-                   labels={"study": study, "format": TABLE_FORMATS[ext]})
-            for (study, ext), path in table_files(R, names).items()]
+    return [
+        for_report(
+            path, study, category=category, subcategory=study, labels={"study": study, "format": TABLE_FORMATS[ext]}
+        )
+        for (study, ext), path in table_files(R, names).items()
+    ]
 
 
 def reported_figures():
     """The PNGs in the report (figures/<name>.png, figures/curves/<cell>.png); PDFs alongside."""
-    return [report(f"{R}/figures/{name}.png", caption=f"../report/{name}.rst", category="Figures",
-                   labels={"figure": name}) for name in FIGURES] + \
-           [report(f"{R}/figures/curves/{cell}.png", caption="../report/curves.rst", category="Training curves",
-                   labels={"cell": cell}) for cell in CELLS]
+    figures = [
+        for_report(f"{R}/figures/{name}.png", name, category="Figures", labels={"figure": name}) for name in FIGURES
+    ]
+    curves = [
+        for_report(f"{R}/figures/curves/{cell}.png", "curves", category="Training curves", labels={"cell": cell})
+        for cell in CELLS
+    ]
+    return figures + curves
 
 
 wildcard_constraints:

@@ -5,15 +5,15 @@ DS = config["dataset"]
 rule synthetic:
     output:
         directory(f"{R}/data/synthetic"),
-    params:
-        py=PY,
-        cfg=lambda w: json.dumps(config["dataset"]["synthetic"]),
     log:
         f"{R}/logs/synthetic.log",
     benchmark:
         f"{R}/benchmarks/synthetic.tsv"
     conda:
         CONDA_ENV
+    params:
+        py=PY,
+        cfg=lambda w: json.dumps(config["dataset"]["synthetic"]),
     shell:
         "{params.py} -m pipeline.synthetic --out {output} --config {params.cfg:q} > {log} 2>&1"
 
@@ -26,24 +26,27 @@ rule convert:
         # data.loader: torchvision writes only the report (--report-only): no FFCV needed
         **({"beton": f"{CONVERTED}/{{split}}.beton"} if LOADER == "ffcv" else {}),
         report=f"{CONVERTED}/{{split}}.json",
-    params:
-        py=PY,
-        # the embedded dataset is an ImageFolder tree
-        source=lambda w: {"synthetic": "imagefolder"}.get(DS["source"], DS["source"]),
-        root=split_root,
-        # STL-10's train split may include its 100k unlabeled images (label -1)
-        split=lambda w: "train+unlabeled" if DS["source"] == "stl10" and w.split == "train"
-        and DS.get("stl10_unlabeled") else w.split,
-        cfg=lambda w: json.dumps(config["convert"], sort_keys=True),
-        beton=lambda w, output: os.path.splitext(output.report)[0] + ".beton",
-        report_only="" if LOADER == "ffcv" else " --report-only",
-    threads: config["convert"].get("workers", 1)
     log:
         f"{R}/logs/convert/{{split}}.log",
     benchmark:
         f"{R}/benchmarks/convert/{{split}}.tsv"
     conda:
         CONDA_ENV
+    threads: config["convert"].get("workers", 1)
+    params:
+        py=PY,
+        # the embedded dataset is an ImageFolder tree
+        source=lambda w: {"synthetic": "imagefolder"}.get(DS["source"], DS["source"]),
+        root=split_root,
+        # STL-10's train split may include its 100k unlabeled images (label -1)
+        split=lambda w: (
+            "train+unlabeled"
+            if DS["source"] == "stl10" and w.split == "train" and DS.get("stl10_unlabeled")
+            else w.split
+        ),
+        cfg=lambda w: json.dumps(config["convert"], sort_keys=True),
+        beton=lambda w, output: os.path.splitext(output.report)[0] + ".beton",
+        report_only="" if LOADER == "ffcv" else " --report-only",
     shell:
         "{params.py} -m pipeline.convert --source {params.source} --root {params.root:q} --split {params.split:q}"
         " --out {params.beton:q} --config {params.cfg:q}{params.report_only} > {log:q} 2>&1"

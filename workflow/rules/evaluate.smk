@@ -8,17 +8,17 @@ rule probe:
         val=converted("val"),
     output:
         cell_file(R, "{cell}", "probe"),
-    params:
-        py=PY,
-        cfg=lambda w: stage_config(data=config["data"], probe=config["probe"]),
-        data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder
-    threads: config["probe"].get("threads", 2)
     log:
         f"{R}/logs/probe/{{cell}}.log",
     benchmark:
         f"{R}/benchmarks/probe/{{cell}}.tsv"
     conda:
         CONDA_ENV
+    threads: config["probe"].get("threads", 2)
+    params:
+        py=PY,
+        cfg=lambda w: stage_config(data=config["data"], probe=config["probe"]),
+        data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder
     shell:
         "{params.py} -m pipeline.probe --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
         " --data {params.data:q} --out {output:q} > {log:q} 2>&1"
@@ -31,23 +31,27 @@ rule detect:
         data=[] if config["detect"]["root"] else f"{R}/data/synthetic",
     output:
         cell_file(R, "{cell}", "detect_trial"),
-    params:
-        py=PY,
-        # how many trials and which cells do not change a trial: raising trials adds jobs only
-        cfg=lambda w: stage_config(detect={k: v for k, v in config["detect"].items()
-                                           if k not in ("trials", "cells", "enabled")}),
-        root=detection_root(),
-        seed=lambda w: config["detect"]["seed"] + int(w.trial),
-        # several ranks: torchrun starts one process per GPU of the job (DDP, SyncBN with norm bn)
-        launch=lambda w: "-m torch.distributed.run --standalone --nproc-per-node {} -m".format(
-            config["detect"]["ranks"]) if config["detect"].get("ranks", 1) > 1 else "-m",
-    threads: config["detect"].get("threads", 2)
     log:
         f"{R}/logs/detect/{{cell}}/trial{{trial}}.log",
     benchmark:
         f"{R}/benchmarks/detect/{{cell}}/trial{{trial}}.tsv"
     conda:
         CONDA_ENV
+    threads: config["detect"].get("threads", 2)
+    params:
+        py=PY,
+        # how many trials and which cells do not change a trial: raising trials adds jobs only
+        cfg=lambda w: stage_config(
+            detect={k: v for k, v in config["detect"].items() if k not in ("trials", "cells", "enabled")}
+        ),
+        root=detection_root(),
+        seed=lambda w: config["detect"]["seed"] + int(w.trial),
+        # several ranks: torchrun starts one process per GPU of the job (DDP, SyncBN with norm bn)
+        launch=lambda w: (
+            "-m torch.distributed.run --standalone --nproc-per-node {} -m".format(config["detect"]["ranks"])
+            if config["detect"].get("ranks", 1) > 1
+            else "-m"
+        ),
     shell:
         "{params.py} {params.launch} pipeline.detect --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
         " --data {params.root:q} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
@@ -60,15 +64,17 @@ localrules:
 rule detect_trials:
     """A cell's detection metrics: the mean and std of its trials (each trial listed too)."""
     input:
-        lambda w: [cell_file(R, w.cell, "detect_trial").format(trial=t) for t in range(config["detect"].get("trials", 1))],
+        lambda w: [
+            cell_file(R, w.cell, "detect_trial").format(trial=t) for t in range(config["detect"].get("trials", 1))
+        ],
     output:
         cell_file(R, "{cell}", "detect"),
-    params:
-        py=PY,
     log:
         f"{R}/logs/detect/{{cell}}/trials.log",
     conda:
         CONDA_ENV
+    params:
+        py=PY,
     shell:
         "{params.py} -m pipeline.detect summarize --out {output:q} {input:q} > {log:q} 2>&1"
 

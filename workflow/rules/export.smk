@@ -10,12 +10,12 @@ rule export:
         probe=cell_file(R, "{cell}", "probe"),  # its top-1 goes into the sidecar
     output:
         cell_file(R, "{cell}", "export"),
-    params:
-        py=PY,
     log:
         f"{R}/logs/export/{{cell}}.log",
     conda:
         CONDA_ENV
+    params:
+        py=PY,
     shell:
         "{params.py} -m pipeline.export --checkpoint {input.checkpoint:q} --probe {input.probe:q}"
         " --cell {wildcards.cell:q} --out {output:q} > {log:q} 2>&1"

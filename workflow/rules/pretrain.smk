@@ -25,31 +25,32 @@ rule pretrain:
         checkpoint=cell_file(R, "{cell}", "checkpoint"),
         log_csv=cell_file(R, "{cell}", "log"),
         summary=cell_file(R, "{cell}", "summary"),
-    params:
-        py=PY,
-        # functions of `resources`: how a cell is launched is not a params change (no rerun)
-        srun=lambda w, resources: pretrain_launch.srun_prefix(resources, cell_launch(w.cell)["launcher"]),
-        module=lambda w, resources: pretrain_launch.module_args(cell_launch(w.cell),
-                                                                f"{R}/logs/pretrain/submitit/{w.cell}"),
-        cfg=lambda w: stage_config(data=config["data"], pretrain=params_of(w.cell)),
-        state=lambda w: f"{R}/state/{w.cell}",
-        out=lambda w, output: os.path.dirname(output.checkpoint),
-        data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder
-    threads: lambda w: params_of(w.cell).get("threads", 1)
+    log:
+        f"{R}/logs/pretrain/{{cell}}.log",
+    benchmark:
+        f"{R}/benchmarks/pretrain/{{cell}}.tsv"
     # cells with detection transfer first: their fine-tuning then overlaps the other cells'
     # pretraining instead of running alone at the end
     priority: lambda w: 1 if detects(w.cell) else 0
+    conda:
+        CONDA_ENV
+    threads: lambda w: params_of(w.cell).get("threads", 1)
     resources:
         # minutes, scaled with the cell (config grid.resources) and with each retry (a job
         # killed at its time limit resumes with more time)
         runtime=lambda w, attempt: cell_runtime(w) * attempt,
         nodes=cell_nodes,
-    log:
-        f"{R}/logs/pretrain/{{cell}}.log",
-    benchmark:
-        f"{R}/benchmarks/pretrain/{{cell}}.tsv"
-    conda:
-        CONDA_ENV
+    params:
+        py=PY,
+        # functions of `resources`: how a cell is launched is not a params change (no rerun)
+        srun=lambda w, resources: pretrain_launch.srun_prefix(resources, cell_launch(w.cell)["launcher"]),
+        module=lambda w, resources: pretrain_launch.module_args(
+            cell_launch(w.cell), f"{R}/logs/pretrain/submitit/{w.cell}"
+        ),
+        cfg=lambda w: stage_config(data=config["data"], pretrain=params_of(w.cell)),
+        state=lambda w: f"{R}/state/{w.cell}",
+        out=lambda w, output: os.path.dirname(output.checkpoint),
+        data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder
     shell:
         "{params.srun}{params.py} -m {params.module} --config {params.cfg:q} --data {params.data:q}"
         " --out {params.out:q} --state {params.state:q} > {log:q} 2>&1"

@@ -1,6 +1,7 @@
 # Stage 5: every metric of every cell -> paper-style tables (Markdown, CSV, LaTeX) and figures,
 # all marked for the HTML report:  snakemake --report results/report.html
 
+
 report: "../report/workflow.rst"
 
 
@@ -8,23 +9,28 @@ rule tables:
     input:
         [out for cell in CELLS for out in cell_outputs(cell)],
     output:
-        main=report(f"{R}/tables/main.md", caption="../report/main.rst", category="Tables",
-                    subcategory="main", labels={"study": "main", "format": "Markdown"}),
+        main=report(
+            f"{R}/tables/main.md",
+            caption="../report/main.rst",
+            category="Tables",
+            subcategory="main",
+            labels={"study": "main", "format": "Markdown"},
+        ),
         cells=f"{R}/tables/cells.csv",
         all=f"{R}/tables/all.md",
         tables=reported_tables(),
         figures=reported_figures(),
         pdfs=[f for f in figure_files(R, CELLS) if f.endswith(".pdf")],
-    params:
-        py=PY,
-        results=lambda w, output: os.path.dirname(os.path.dirname(output.main)),
-        cfg=lambda w: tables_config(),
     log:
         f"{R}/logs/tables.log",
     benchmark:
         f"{R}/benchmarks/tables.tsv"
     conda:
         CONDA_ENV
+    params:
+        py=PY,
+        results=lambda w, output: os.path.dirname(os.path.dirname(output.main)),
+        cfg=lambda w: tables_config(),
     shell:
         "{params.py} -m pipeline.tables {params.results:q} --config {params.cfg:q} > {log:q} 2>&1"
 
@@ -36,15 +42,15 @@ rule claims:
         claims_inputs,
     output:
         reported_tables(CLAIMS_TABLES, category="Claims"),
-    params:
-        py=PY,
-        results=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
-        cfg=lambda w: claims_config(),
     log:
         f"{R}/logs/claims.log",
     benchmark:
         f"{R}/benchmarks/claims.tsv"
     conda:
         CONDA_ENV
+    params:
+        py=PY,
+        results=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
+        cfg=lambda w: claims_config(),
     shell:
         "{params.py} -m pipeline.claims {params.results:q} --config {params.cfg:q} > {log:q} 2>&1"
