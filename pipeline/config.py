@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import math
 from pathlib import Path
@@ -101,7 +102,10 @@ def pretrain_cell(base: Pretrain, override: dict, where: str = "pretrain", num_s
     return cell
 
 
+@functools.cache
 def load_schema() -> dict:
+    """The config's JSON schema, read once per process (every grid cell is validated against
+    it while the DAG is built); callers must not modify it."""
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 

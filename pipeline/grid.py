@@ -12,7 +12,7 @@ import math
 
 import yaml
 
-from pipeline.config import ConfigError, as_section, check_pretrain, load_schema, merge, section, validate_schema
+from pipeline.config import ConfigError, as_section, merge, pretrain_cell, section
 from pipeline.layout import QUEUE_POLICIES
 from pipeline.sections import Claims, Grid, Pretrain, Resources
 
@@ -108,11 +108,11 @@ def training_set_size(cfg: dict) -> int | None:
     return len(CLASSES) * {**DEFAULTS, **(ds.get("synthetic") or {})}["train_per_class"]
 
 
-def check_cell(cid: str, params: dict, schema: dict | None = None, num_samples: int | None = None) -> None:
-    schema = schema or load_schema()
+def check_cell(cid: str, base: dict, override: dict, num_samples: int | None = None) -> None:
+    """The cell is the base cell with the override applied (dataclasses.replace), validated
+    as any pretrain section."""
     try:
-        validate_schema(params, {**schema["$defs"]["pretrain"], "$defs": schema["$defs"]}, prefix="pretrain")
-        check_pretrain(params, where="pretrain", num_samples=num_samples)
+        pretrain_cell(section("pretrain", base), override, num_samples=num_samples)
     except ConfigError as err:
         raise ConfigError(f"ablation cell '{cid}' is impossible: {err}") from None
 
@@ -156,13 +156,12 @@ def claims_cells(cfg: dict) -> dict[str, dict]:
 
 def _cells(cfg: dict, overrides: list[dict]) -> dict[str, dict]:
     base = cfg["pretrain"]
-    schema = load_schema()
     num_samples = training_set_size(cfg)
     cells: dict[str, dict] = {}
     for override in _replicates(overrides, section("grid", cfg.get("grid")).seeds, base):
         params = merge(base, override)
         cid = cell_id(base, params)
-        check_cell(cid, params, schema, num_samples)
+        check_cell(cid, base, override, num_samples)
         cells.setdefault(cid, params)
     return cells
 
@@ -179,9 +178,9 @@ def only(cells: dict[str, dict], chosen: list[str] | None) -> dict[str, dict]:
 
 def cell_params(cfg: dict, cid: str) -> dict:
     """Parameters of a cell given by id, whether or not it is in the declared grid."""
-    params = merge(cfg["pretrain"], parse_cell_id(cid))
-    check_cell(cid, params, num_samples=training_set_size(cfg))
-    return params
+    override = parse_cell_id(cid)
+    check_cell(cid, cfg["pretrain"], override, num_samples=training_set_size(cfg))
+    return merge(cfg["pretrain"], override)
 
 
 # Pretraining cost of one epoch relative to a ResNet-18, per backbone (rough, for job sizing).
