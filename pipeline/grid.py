@@ -108,11 +108,11 @@ def training_set_size(cfg: dict) -> int | None:
     return len(CLASSES) * {**DEFAULTS, **(ds.get("synthetic") or {})}["train_per_class"]
 
 
-def check_cell(cid: str, base: dict, override: dict, num_samples: int | None = None) -> None:
-    """The cell is the base cell with the override applied (dataclasses.replace), validated
-    as any pretrain section."""
+def check_cell(cid: str, base: Pretrain, override: dict, num_samples: int | None = None) -> None:
+    """The cell is the (typed) base cell with the override applied (dataclasses.replace),
+    validated as any pretrain section."""
     try:
-        pretrain_cell(section("pretrain", base), override, num_samples=num_samples)
+        pretrain_cell(base, override, num_samples=num_samples)
     except ConfigError as err:
         raise ConfigError(f"ablation cell '{cid}' is impossible: {err}") from None
 
@@ -155,13 +155,13 @@ def claims_cells(cfg: dict) -> dict[str, dict]:
 
 
 def _cells(cfg: dict, overrides: list[dict]) -> dict[str, dict]:
-    base = cfg["pretrain"]
+    base, typed_base = cfg["pretrain"], section("pretrain", cfg["pretrain"])  # typed once, not per cell
     num_samples = training_set_size(cfg)
     cells: dict[str, dict] = {}
     for override in _replicates(overrides, section("grid", cfg.get("grid")).seeds, base):
         params = merge(base, override)
         cid = cell_id(base, params)
-        check_cell(cid, base, override, num_samples)
+        check_cell(cid, typed_base, override, num_samples)
         cells.setdefault(cid, params)
     return cells
 
@@ -179,7 +179,7 @@ def only(cells: dict[str, dict], chosen: list[str] | None) -> dict[str, dict]:
 def cell_params(cfg: dict, cid: str) -> dict:
     """Parameters of a cell given by id, whether or not it is in the declared grid."""
     override = parse_cell_id(cid)
-    check_cell(cid, cfg["pretrain"], override, num_samples=training_set_size(cfg))
+    check_cell(cid, section("pretrain", cfg["pretrain"]), override, num_samples=training_set_size(cfg))
     return merge(cfg["pretrain"], override)
 
 

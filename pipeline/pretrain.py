@@ -83,12 +83,7 @@ class Trainer:
     def __init__(
         self, cfg: dict, data_dir: Path, state_dir: Path, env, progress: bool = True, watch: Stopwatch | None = None
     ):
-        self.cfg, self.p, self.d, self.env = (
-            cfg,
-            section("pretrain", cfg["pretrain"]),
-            section("data", cfg["data"]),
-            env,
-        )
+        self.p, self.d, self.env = section("pretrain", cfg["pretrain"]), section("data", cfg["data"]), env
         self.watch = watch or Stopwatch()
         self.state_path = state_dir / "last.pt"
         self.progress = progress and env.is_main
@@ -345,7 +340,8 @@ class Trainer:
 
 
 def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: bool = True) -> dict:
-    p, crop_size, watch = section("pretrain", cfg["pretrain"]), section("data", cfg["data"]).crop_size, Stopwatch()
+    p, watch = section("pretrain", cfg["pretrain"]), Stopwatch()
+    arch = arch_of(p, section("data", cfg["data"]).crop_size)
     preempt.install()
     env = distributed.init()
     cpus.use(p.threads)  # the Trainer sets it again once it knows its device
@@ -355,9 +351,10 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
         f"mechanism={p.mechanism} backbone={p.backbone} K={p.K} m={p.m} T={p.T}"
     )
     if p.method == "random":  # the random-init baseline: same backbone, no training
-        backbone = build_backbone(arch_of(p, crop_size))
+        backbone = build_backbone(arch)
         return finish(
             cfg,
+            arch,
             out_dir,
             backbone.state_dict(),
             [],
@@ -383,6 +380,7 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
         log(f"warning: training failed ({failed}); the cell is reported as failed")
     return finish(
         cfg,
+        arch,
         out_dir,
         trainer.model.encoder_q.backbone.state_dict(),
         trainer.log_rows,
@@ -412,6 +410,7 @@ def failure(log_rows: list[dict]) -> str | None:
 
 def finish(
     cfg,
+    arch: dict,
     out_dir: Path,
     backbone_state,
     log_rows,
@@ -425,10 +424,9 @@ def finish(
 ) -> dict:
     """Write the stage's outputs (rank 0): checkpoint, per-epoch CSV log, summary (with where
     this process's time went: ``timing``, seconds)."""
-    p = section("pretrain", cfg["pretrain"])
-    arch = arch_of(p, section("data", cfg["data"]).crop_size)
+    method = cfg["pretrain"]["method"]  # required by the schema
     summary = {
-        "method": p.method,
+        "method": method,
         "arch": arch,
         "world_size": env.world_size,
         "epochs_run": len(log_rows),
@@ -443,7 +441,7 @@ def finish(
         checkpoint.save(
             out_dir / "checkpoint.pt",
             arch=arch,
-            method=p.method,
+            method=method,
             backbone=backbone_state,
             model=model_state,
             log=log_rows,

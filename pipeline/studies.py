@@ -8,6 +8,7 @@ and ``Value``s) that pipeline.tables renders as Markdown, CSV and LaTeX.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -184,7 +185,7 @@ class Group:
     def get(self, axis):
         return self.params.get(axis)
 
-    @property
+    @functools.cached_property
     def pretrain(self) -> Pretrain:
         """The group's parameters typed, keys it does not set at their defaults."""
         return as_section(Pretrain, self.params)
