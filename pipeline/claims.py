@@ -15,7 +15,6 @@ noise estimate, which the table's footnote says.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from pipeline.studies import (
     provenance_factory,
     value,
 )
-from pipeline.tables import load_configs, markdown, write_table
+from pipeline.tables import load_configs, markdown, results_folder, results_parser, write_table
 
 HOLDS, FAILS, NOT_RUN = "holds", "does not hold", "not run"
 METRIC = "top1"  # what "helps" and "loses" are measured in: the linear probe's top-1
@@ -165,7 +164,7 @@ def zero_momentum(c: Cells) -> Claim:
     text = "m = 0 (the key encoder is the query encoder): training fails"
     role = next((f"m={m}" for m in c.claims.m if m == 0), None)
     if role is None or not ran(c.top1(role)):
-        return Claim(text, PAPER + ", §4.1 momentum ablation", "", NOT_RUN, c.cells(*[role] * bool(role)))
+        return Claim(text, PAPER + ", §4.1 momentum ablation", "", NOT_RUN, c.cells(role) if role else [])
     failure = c.failure(role)
     measured = failure or f"trained without failing: top-1 {pct(c.top1(role))}"
     return Claim(text, PAPER + ", §4.1 momentum ablation", measured, verdict(failure is not None), c.cells(role))
@@ -343,18 +342,11 @@ def run(results: Path, cfg: dict) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", nargs="?", default="results", help="the results folder")
-    ap.add_argument(
-        "--config",
-        action="append",
-        default=[],
-        help="workflow config with pretrain, grid and claims (file or inline JSON; repeat to overlay)",
+    ap = results_parser(
+        __doc__, "workflow config with pretrain, grid and claims (file or inline JSON; repeat to overlay)"
     )
     args = ap.parse_args(argv)
-    results = Path(args.results)
-    if not results.is_dir():
-        sys.exit(f"[claims] results folder not found: {results}")
+    results = results_folder(args.results, "claims")
     try:
         print(run(results, load_configs(args.config or [str(DEFAULT_CONFIG)])))
     except ConfigError as err:

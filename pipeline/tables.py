@@ -240,21 +240,31 @@ def load_configs(items: list[str]) -> dict:
     return cfg
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def results_parser(description: str, config_help: str) -> argparse.ArgumentParser:
+    """The command line of a table writer (tables, claims): a results folder and --config overlays."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="?", default="results", help="the results folder")
-    ap.add_argument(
-        "--config",
-        action="append",
-        default=[],
-        help="workflow config (file or inline JSON; repeat to overlay): names the cells the "
+    ap.add_argument("--config", action="append", default=[], help=config_help)
+    return ap
+
+
+def results_folder(path: str, prog: str) -> Path:
+    """The results folder of the command line; the program exits with a message if it is missing."""
+    results = Path(path)
+    if not results.is_dir():
+        sys.exit(f"[{prog}] results folder not found: {results}")
+    return results
+
+
+def main(argv=None) -> None:
+    ap = results_parser(
+        __doc__,
+        "workflow config (file or inline JSON; repeat to overlay): names the cells the "
         "grid expects and the dataset/protocol the tables state",
     )
     ap.add_argument("--no-figures", action="store_true", help="tables only")
     args = ap.parse_args(argv)
-    results = Path(args.results)
-    if not results.is_dir():
-        sys.exit(f"[tables] results folder not found: {results}")
+    results = results_folder(args.results, "tables")
     try:
         text = run(results, load_configs(args.config), figures=not args.no_figures)
     except ConfigError as err:

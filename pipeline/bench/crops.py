@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.bench.loader import first_epoch, make_beton, make_images, measure
+from pipeline.bench.loader import first_epoch, make_beton, make_images, measure, two_view_args
 from pipeline.bench.timing import cpu, write
 
 
@@ -71,14 +71,7 @@ def main(argv=None) -> dict:
     images = make_images(cache, args.images, args.size, 90, args.workers)
     beton = cache / "raw.beton"
     make_beton(images, beton, "raw", args.size, args.workers)
-    common = dict(
-        batch_size=args.batch,
-        crop_size=args.crop,
-        scale_min=args.scale_min,
-        workers=args.workers,
-        seed=0,
-        threads=args.workers,
-    )
+    common = two_view_args(args)
     builders = {
         "ffcv_unseeded": lambda: unseeded_ffcv_loader(beton, args.batch, args.crop, args.scale_min, args.workers, 0),
         "ffcv_seeded": lambda: two_view_loader(beton, crop="loader", **common),

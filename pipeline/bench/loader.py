@@ -65,6 +65,18 @@ def make_beton(images: Path, out: Path, mode: str, size: int, workers: int) -> d
     return convert(images, out, {"write_mode": mode, "max_resolution": size, "workers": workers}, progress=False)
 
 
+def two_view_args(args) -> dict:
+    """two_view_loader's arguments from a benchmark's --batch, --crop, --scale-min and --workers."""
+    return dict(
+        batch_size=args.batch,
+        crop_size=args.crop,
+        scale_min=args.scale_min,
+        workers=args.workers,
+        seed=0,
+        threads=args.workers,
+    )
+
+
 def run_epoch(loader) -> tuple[int, float]:
     """(two-view samples, seconds) of one full epoch."""
     n, t0 = 0, time.perf_counter()
@@ -155,14 +167,7 @@ def main(argv=None) -> dict:
         betons[f"ffcv_{mode}"] = (cache / f"{mode}.beton", report)
         setup[f"convert_{mode}_s"] = round(time.perf_counter() - t0, 1)
 
-    common = dict(
-        batch_size=args.batch,
-        crop_size=args.crop,
-        scale_min=args.scale_min,
-        workers=args.workers,
-        seed=0,
-        threads=args.workers,
-    )
+    common = two_view_args(args)
     loaders, warmup = {}, {}
     for name, (beton, _) in betons.items():
         t0 = time.perf_counter()
