@@ -107,7 +107,7 @@ def run(ckpt_path: Path, out: Path, probe: Path | None = None, cell: str | None 
             write(tmp)
         files[name] = {"what": what, "sha256": sha256(path), "load": loading}
 
-    if is_resnet(arch):
+    if is_resnet(arch["backbone"]):
         save(
             "torchvision.pth",
             lambda p: torch.save(state, p),

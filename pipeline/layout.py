@@ -40,8 +40,8 @@ FIGURES = ["accuracy_vs_K", "accuracy_vs_m", "staleness", "bn_leak"]  # + curves
 FIGURE_FORMATS = ("png", "pdf")
 
 
-def is_resnet(arch: dict) -> bool:
-    return arch["backbone"] in RESNETS
+def is_resnet(backbone: str) -> bool:
+    return backbone in RESNETS
 
 
 # what each cell's jobs write, under <results>/cells/<cell>/

@@ -102,7 +102,7 @@ class Trainer:
         self.threads = cpus.use(p.threads, self.device.type, d.workers)
         cuda = self.device.type == "cuda"
         # channels_last and bf16 autocast pay off on tensor cores; on CPU they only cost
-        self.channels_last = cuda and is_resnet(p)
+        self.channels_last = cuda and is_resnet(p.backbone)
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and p.amp)
         if cuda and env.world_size > 1 and self.model.sync_batch_norm:
             self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)

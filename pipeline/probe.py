@@ -81,7 +81,7 @@ def settings(pc: Probe | dict, arch: dict) -> dict:
     (``pc``: the probe section; a dict: its unset keys take the defaults)."""
     pc = as_section(Probe, pc)
     s = dict(PROTOCOLS[pc.protocol])
-    if pc.protocol == "mocov3" and not is_resnet(arch):
+    if pc.protocol == "mocov3" and not is_resnet(arch["backbone"]):
         s["lr"] = MOCOV3_VIT_LR
     s["batch_size"] = pc.batch_size or s["batch_size"]
     if pc.lr:

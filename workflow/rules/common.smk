@@ -36,7 +36,7 @@ def detects(cell):
     chosen = det.get("cells", ["all"])
     return (
         det["enabled"]
-        and is_resnet(params_of(cell))
+        and is_resnet(params_of(cell)["backbone"])
         and ("all" in chosen or cell in chosen or group_id(cell) in chosen)
     )
 
