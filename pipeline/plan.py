@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.config import (
+    DEFAULT_CONFIG,
     ConfigError,
     as_section,
     check_detector,
@@ -40,8 +41,6 @@ from pipeline.grid import cell_resources, grid_cells, group_id, training_set_siz
 from pipeline.layout import is_resnet
 from pipeline.sections import Detect, Pretrain, Resources
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = ROOT / "workflow/config/config.yaml"
 DEFAULT_PROFILE = "profiles/slurm"
 
 IMAGENET_TRAIN = 1_281_167  # ImageNet-1k (ILSVRC-2012) training images
@@ -319,6 +318,17 @@ def _hours(h: float | None, gpu: str | None = None) -> str:
     return "—" if h is None else f"{h:,.1f}" + (f" {gpu}" if gpu else "")
 
 
+def _wall_line(plan: dict, partial: bool) -> str:
+    wall, head = plan["wall_h"], f"Wall time at jobs: {plan['jobs']}: "
+    if not plan["gpu_hours"]["total"]:
+        return head + "not estimated (no job has a throughput figure)"
+    which = "; estimated jobs only" if partial else ""
+    return (
+        head + f"{wall['pretrain']:,.1f} h pretraining + {wall['detect']:,.1f} h detection = {wall['total']:,.1f} h "
+        f"(every job granted at once, no queue wait; GPUs as in each figure{which})"
+    )
+
+
 def _retries_line(plan: dict) -> list[str]:
     """A job killed at its time limit resumes on its retry, which gets attempt x runtime."""
     if not plan["exceeding"]:
@@ -375,11 +385,8 @@ def render(plan: dict, profile_path: str) -> str:
             )
     lines.append(f"Linear probe: {plan['probe_jobs']} jobs, not estimated (no published time for its protocol)")
     lines.append(f"Total: {_sum(plan['gpu_hours']['total'])}")
-    wall = plan["wall_h"]
     lines += [
-        f"Wall time at jobs: {plan['jobs']}: {wall['pretrain']:,.1f} h pretraining + {wall['detect']:,.1f} h "
-        f"detection = {wall['total']:,.1f} h (every job granted at once, no queue wait; GPUs as in each figure"
-        + ("; estimated jobs only)" if missing or det["gpu_hours"] is None else ")"),
+        _wall_line(plan, partial=bool(missing) or det["gpu_hours"] is None),
         "Over their runtime: " + (", ".join(plan["exceeding"]) or "none"),
         *_retries_line(plan),
         "",
@@ -425,6 +432,12 @@ def load_profile(path: str) -> dict:
     return yaml.safe_load(file.read_text()) or {}
 
 
+def run(cfg: dict, profile: str = DEFAULT_PROFILE, as_json: bool = False) -> str:
+    """The plan of a whole workflow config under the profile folder ``profile``, as text or JSON."""
+    plan = make_plan(check(cfg), load_profile(profile))
+    return json.dumps(plan, indent=2) if as_json else render(plan, profile)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configfile", nargs="+", default=[], help="config files over workflow/config/config.yaml")
@@ -435,11 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         cfg = json.loads(args.config_json) if args.config_json else load_config(args.configfile, args.config)
-        plan = make_plan(check(cfg), load_profile(args.profile))
+        print(run(cfg, args.profile, as_json=args.json))
     except ConfigError as err:
         print(f"plan: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(plan, indent=2) if args.json else render(plan, args.profile))
     return 0
 
 

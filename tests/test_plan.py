@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.config import merge
 from pipeline.plan import DetectionSpeed, Throughput, load_config, make_plan, minutes, train_images
-from tests.conftest import run
+from tests.conftest import run, snakemake_bin
 
 # Figures of made-up GPUs with round numbers, so that every expectation below is mental arithmetic.
 THROUGHPUT = (
@@ -125,3 +125,9 @@ def test_imagenet_preset_without_torch():
     base = next(line for line in out.splitlines() if line.startswith("base "))
     assert "424.0 V100" in base and "EXCEEDS" in base  # 106 h on the profile's 4 GPUs > 33.8 h
     assert out.rstrip().endswith("no torch")
+
+
+def test_snakemake_plan_prints_the_plan_and_logs_it(tmp_path):
+    proc = run([snakemake_bin(), "plan", "--config", f"results={tmp_path / 'r'}"], timeout=120)
+    assert "Cost plan: 6 cells, profile profiles/slurm (jobs: 50)" in proc.stdout  # the demo's grid
+    assert (tmp_path / "r/logs/plan.log").read_text().startswith("Cost plan: 6 cells")
