@@ -7,7 +7,7 @@ VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: demo test setup setup-test dag lint tables clean
+.PHONY: demo test setup setup-test lock dag lint tables clean
 
 demo: setup
 	snakemake
@@ -22,6 +22,13 @@ setup:
 
 setup-test:
 	@bash .ci/setup.sh test
+
+# requirements.lock from requirements.txt + requirements-test.txt: versions kept where still allowed
+# (uv prefers the lock's pins), hashes of every file of each version. ffcv's metadata is built in
+# .venv (its setup.py imports numpy, cython and pkgconfig).
+lock: setup-test
+	uv pip compile requirements.txt requirements-test.txt --generate-hashes --python $(VENV)/bin/python \
+	  --no-build-isolation-package ffcv --custom-compile-command "make lock" -o requirements.lock
 
 dag: setup
 	snakemake --dag | dot -Tsvg > results/dag.svg

@@ -6,6 +6,7 @@
 #   snakemake tables --forcerun tables          # regenerate tables from existing metrics
 #   snakemake exports                           # every cell's weights for torchvision/Detectron2/timm
 #   snakemake claims                            # the seeds' claims as experiments (tables/claims.*)
+#   snakemake plan                              # the grid's GPU-hours and wall time before submitting
 #   snakemake --profile slurm                   # on a SLURM cluster
 from pipeline.config import ConfigError, read_command_line_values, validate
 from pipeline.grid import claims_cells, grid_cells  # (not `expand`: that is Snakemake's)
@@ -29,6 +30,7 @@ include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/export.smk"
+include: "workflow/rules/plan.smk"
 
 
 rule all:

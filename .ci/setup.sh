@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Idempotent setup: Debian packages when absent, .venv, pinned Python deps.
-# Usage: .ci/setup.sh [demo|test]   ("test" adds slurm-wlm, munge and the test tools)
+# Idempotent setup: Debian packages when absent, .venv, the locked Python environment.
+# Usage: .ci/setup.sh [demo|test]   ("test" adds slurm-wlm, munge and LaTeX;
+# the Python packages are the same for both: requirements.lock)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-demo}
@@ -18,27 +19,28 @@ if [ -n "$missing" ]; then
   apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 
-[ -x .venv/bin/python ] || { echo "[setup] creating .venv"; "$PY" -m venv .venv; }
+# VENV: where to build it (default .venv; e.g. VENV=/tmp/env to try the lock in a fresh one)
+VENV=${VENV:-.venv}
+[ -x "$VENV/bin/python" ] || { echo "[setup] creating $VENV"; "$PY" -m venv "$VENV"; }
 
-# One stamp per requirements file: `make test` after `make demo` installs only the test tools.
-stamp_of() { echo ".venv/.installed-$1-$(sha256sum "$2" | cut -c1-16)"; }
+# One environment, locked: requirements.lock pins every package (transitive ones too) with its
+# sha256 hashes, for the runtime (requirements.txt) and the test tools (requirements-test.txt).
+LOCK=requirements.lock
+stamp="$VENV/.installed-$(sha256sum "$LOCK" | cut -c1-16)"
 # pip's exit code is kept; only the noise about this machine's local package mirrors goes.
-pip_install() { .venv/bin/pip install -q "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
+pip_install() { "$VENV/bin/pip" install -q "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
 
-if [ ! -f "$(stamp_of run requirements.txt)" ]; then
-  echo "[setup] installing Python dependencies (requirements.txt)"
-  pip_install --upgrade pip wheel setuptools
-  # numpy, cython and pkgconfig first: ffcv's setup.py imports them at build time.
-  pip_install "numpy>=2.0,<2.5" cython pkgconfig
-  pip_install --no-build-isolation ffcv==1.0.2
-  pip_install -r requirements.txt
-  pip_install --no-deps -e .
-  touch "$(stamp_of run requirements.txt)"
-fi
-if [ "$what" = test ] && [ ! -f "$(stamp_of test requirements-test.txt)" ]; then
-  echo "[setup] installing test dependencies (requirements-test.txt)"
-  pip_install -r requirements-test.txt
-  touch "$(stamp_of test requirements-test.txt)"
+if [ ! -f "$stamp" ]; then
+  echo "[setup] installing the locked environment ($LOCK)"
+  # First pip and ffcv's build requirements (its setup.py imports numpy, cython and pkgconfig),
+  # from the lock: then ffcv builds from source without build isolation, against them.
+  first="$VENV/.lock-first.txt"
+  "$VENV/bin/python" -m pipeline.environment --subset pip setuptools wheel numpy cython pkgconfig > "$first"
+  pip_install --require-hashes --no-deps -r "$first"
+  pip_install --require-hashes --no-build-isolation -r "$LOCK"
+  pip_install --no-deps --no-build-isolation -e .
+  "$VENV/bin/python" -m pipeline.environment --check  # every installed version is the lock's
+  touch "$stamp"
 fi
 bash .ci/link-profiles.sh
 echo "[setup] ready ($what)"

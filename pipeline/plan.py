@@ -1,0 +1,459 @@
+"""What the configured grid will cost, before it is submitted.
+
+    snakemake plan [--configfile PRESET]                  # PLAN_PROFILE=<dir> picks the profile
+    python -m pipeline.plan [--configfile PRESET ...] [--config results=...] [--profile profiles/slurm]
+
+Per cell: training images x epochs, GPU-hours from a published throughput figure (table
+THROUGHPUT below, each entry with its source), the job's wall time on the GPUs the profile gives
+it, and whether that exceeds the job's time limit (``runtime``: grid.resources, or the profile's
+set-resources). Then the totals, the wall time at the profile's ``jobs`` limit, and detection
+transfer where a figure exists. The dataset need not be reachable: without its conversion report
+the training set's size is a known count per source (TRAIN_IMAGES).
+
+Standard library, yaml and the config code only: it never imports torch (a test holds it so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from pipeline.config import (
+    DEFAULT_CONFIG,
+    ConfigError,
+    as_section,
+    check_detector,
+    check_pretrain,
+    load_schema,
+    load_yaml,
+    merge,
+    validate_schema,
+)
+from pipeline.grid import cell_resources, grid_cells, group_id, training_set_size
+from pipeline.layout import is_resnet
+from pipeline.sections import Detect, Pretrain, Resources
+
+DEFAULT_PROFILE = "profiles/slurm"
+
+IMAGENET_TRAIN = 1_281_167  # ImageNet-1k (ILSVRC-2012) training images
+# Training images per dataset source when no conversion report says (synthetic: its config).
+TRAIN_IMAGES = {
+    "imagefolder": (IMAGENET_TRAIN, "assumed ImageNet-1k train (a folder dataset of unknown size)"),
+    "unlabeled": (IMAGENET_TRAIN, "assumed ImageNet-1k train (a folder dataset of unknown size)"),
+    "cifar10": (50_000, "CIFAR-10 train"),
+    "cifar100": (50_000, "CIFAR-100 train"),
+    "stl10": (5_000, "STL-10 train (labelled)"),
+    "stl10+unlabeled": (105_000, "STL-10 train + unlabeled"),
+}
+
+
+def per_gpu(images: int, epochs: int, hours: float, gpus: int) -> float:
+    """Images per second per GPU of a published run: images x epochs in ``hours`` on ``gpus``."""
+    return images * epochs / (hours * 3600 * gpus)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Training images per second per GPU of one backbone x resolution x method."""
+
+    backbone: str
+    resolution: float  # side of the training crops, px (a progressive schedule: its pixel mean)
+    method: str  # moco v1/v2 | moco v3 | supervised (method_key)
+    img_per_s: float  # per GPU
+    gpu: str
+    source: str
+    arch: tuple = (("width", 64), ("cifar_stem", False))  # the cell's backbone must be this one
+
+
+# FFCV's recipe trains 160 px crops for 75% of the epochs, then 192 px: this many pixels on average
+FFCV_RESOLUTION = math.sqrt(0.75 * 160**2 + 0.25 * 192**2)  # 168.6 px
+
+THROUGHPUT = (
+    Throughput(
+        "resnet50", 224, "moco v1/v2", per_gpu(IMAGENET_TRAIN, 200, 53, 8), "V100",
+        "facebookresearch/moco README: ResNet-50, 200 epochs in 53 hours on 8 V100 (MoCo v1 and v2, batch 256)",
+    ),
+    Throughput(
+        "resnet50", FFCV_RESOLUTION, "supervised", per_gpu(IMAGENET_TRAIN, 88, 77.2 / 60, 8), "A100",
+        "libffcv/ffcv-imagenet README: rn50_88_epochs, 88 epochs in 77.2 min on 8 A100 (160->192 px)",
+    ),
+    Throughput(
+        "resnet18", FFCV_RESOLUTION, "supervised", per_gpu(IMAGENET_TRAIN, 88, 187.3 / 60, 1), "A100",
+        "libffcv/ffcv-imagenet README: rn18_88_epochs, 88 epochs in 187.3 min on 1 A100 (160->192 px)",
+    ),
+)  # fmt: skip
+# Figures without an entry, said once in the output.
+UNPUBLISHED = (
+    "MoCo v3 (ResNet-50, ViT-S, ViT-B): facebookresearch/moco-v3 publishes setups "
+    "(ViT-S on 8 V100, batch 1024; ViT-B on 64 GPUs) but no training times",
+    "bench gpu: no measurement, no GPU was lent to this work (python -m pipeline.bench gpu on a GPU node)",
+    "linear probe: no published time for its protocol: not estimated",
+)
+
+
+@dataclass(frozen=True)
+class DetectionSpeed:
+    """Seconds per iteration of one detector fine-tuning, at ``images`` per iteration on ``gpus``."""
+
+    backbone: str
+    head: str
+    s_per_iter: float
+    images: int
+    gpus: int
+    gpu: str
+    source: str
+
+
+DETECTION = (
+    DetectionSpeed(
+        "resnet50", "c4", 0.551, 16, 8, "V100",
+        "facebookresearch/detectron2 MODEL_ZOO: Faster R-CNN R50-C4 1x (COCO), 0.551 s/iter on 8 V100, 16 images/iter",
+    ),
+    DetectionSpeed(
+        "resnet50", "fpn", 0.210, 16, 8, "V100",
+        "facebookresearch/detectron2 MODEL_ZOO: Faster R-CNN R50-FPN 1x (COCO), 0.210 s/iter on 8 V100, 16 images/iter",
+    ),
+)  # fmt: skip
+
+
+def method_key(p: Pretrain) -> str:
+    """The throughput table's method of a cell: what a training step computes."""
+    if p.method != "moco":
+        return p.method
+    if p.mechanism != "moco":
+        return f"moco {p.mechanism}"
+    return "moco v3" if p.variant == "v3" else "moco v1/v2"
+
+
+def find_throughput(p: Pretrain, resolution: int, table=THROUGHPUT) -> tuple[Throughput | None, float, str]:
+    """(entry, img/s per GPU at ``resolution``, note). Another resolution of the same backbone
+    and method scales with the pixels per image; no entry: (None, 0, why)."""
+    key = method_key(p)
+    same = [t for t in table if t.backbone == p.backbone and t.method == key]
+    if not same:
+        return None, 0.0, f"no figure for {p.backbone} {key}"
+    fitting = [t for t in same if all(getattr(p, k) == v for k, v in t.arch)]
+    if not fitting:
+        wanted = ", ".join(f"{k}={v}" for k, v in same[0].arch)
+        return None, 0.0, f"the figures are for {wanted}"
+    entry = min(fitting, key=lambda t: abs(t.resolution - resolution))
+    scale = (entry.resolution / resolution) ** 2
+    note = "" if scale == 1 else f"scaled x{scale:.3f} from {entry.resolution:.0f} px"
+    return entry, entry.img_per_s * scale, note
+
+
+# resources the pretrain rule sets itself (from grid.resources): default-resources do not apply
+PRETRAIN_OWN = ("runtime", "nodes")
+
+
+def profile_resources(profile: dict, rule: str, own: tuple = ()) -> dict:
+    """A rule's resources as the profile sets them: set-resources, then default-resources for
+    what the rule does not set itself (``own``)."""
+    defaults = {k: v for k, v in (profile.get("default-resources") or {}).items() if k not in own}
+    return {**defaults, **((profile.get("set-resources") or {}).get(rule) or {})}
+
+
+def minutes(value) -> float:
+    """A runtime resource in minutes: a number, a Python expression of ``attempt`` (first
+    attempt), or Snakemake's units ("2h", "1d 4h", "90m")."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(eval(text, {"__builtins__": {}}, {"attempt": 1}))  # noqa: S307 (the user's own profile)
+    except Exception:  # noqa: BLE001 (not an expression: units)
+        pass
+    unit_minutes = {"d": 1440, "h": 60, "m": 1, "min": 1, "s": 1 / 60}
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*(min|d|h|m|s)", text)
+    if not parts:
+        raise ConfigError(f"profile: runtime '{value}' is neither minutes, an expression of attempt, nor e.g. '2h'")
+    return sum(float(n) * unit_minutes[u] for n, u in parts)
+
+
+def gpus_of(resources: dict) -> int:
+    """GPUs per node of a job: its tasks_per_node (one rank per GPU), else its gres gpu:N, else 1."""
+    if resources.get("tasks_per_node"):
+        return int(resources["tasks_per_node"])
+    gres = re.search(r"gpu(?::[^:,]+)?:(\d+)", str(resources.get("gres", "")))
+    return int(gres[1]) if gres else 1
+
+
+def train_images(cfg: dict) -> tuple[int, str]:
+    """The training split's size: its conversion report when it is this dataset's, else a known count."""
+    ds = cfg["dataset"]
+    source = ds["source"]
+    report = Path(cfg["results"]) / "data/ffcv/train.json"
+    if report.is_file():
+        data = json.loads(report.read_text())
+        if _report_is_of(data.get("source") or {}, ds, cfg["results"]):
+            return int(data["num_samples"]), f"the conversion report {report}"
+        note = f"; {report} is of another dataset ({data.get('source', {}).get('root')}): ignored"
+    else:
+        note = f"; no conversion report yet ({report})"
+    if source == "synthetic":
+        return training_set_size(cfg), "the synthetic dataset's config" + note
+    key = "stl10+unlabeled" if source == "stl10" and ds.get("stl10_unlabeled") else source
+    count, what = TRAIN_IMAGES[key]
+    return count, what + note
+
+
+def _report_is_of(described: dict, ds: dict, results: str) -> bool:
+    kind = {"synthetic": "imagefolder"}.get(ds["source"], ds["source"])
+    root = Path(f"{results}/data/synthetic") if ds["source"] == "synthetic" else Path(str(ds.get("root")))
+    where = Path(str(described.get("root", ""))).expanduser().resolve()
+    return described.get("kind") == kind and where.is_relative_to(root.expanduser().resolve())
+
+
+def detection_cells(cfg: dict, cells: dict) -> list[str]:
+    """The cells with detection transfer (as the detect rule's `detects`): ResNets, chosen cells."""
+    det = cfg["detect"]
+    chosen = det.get("cells", ["all"])
+    return [
+        cid
+        for cid, params in cells.items()
+        if det["enabled"]
+        and is_resnet(params["backbone"])
+        and ("all" in chosen or cid in chosen or group_id(cid) in chosen)
+    ]
+
+
+def makespan(hours: list[float], slots: int) -> float:
+    """Wall time of independent jobs on ``slots`` parallel slots, longest first onto the slot
+    that frees first (LPT)."""
+    free = [0.0] * max(1, slots)
+    for h in sorted(hours, reverse=True):
+        heapq.heappush(free, heapq.heappop(free) + h)
+    return max(free)
+
+
+def pretraining_row(cid: str, params: dict, cfg: dict, profile: dict, images: int, table) -> dict:
+    p = as_section(Pretrain, params)
+    row = {"cell": cid, "images": images, "epochs": p.epochs, "images_x_epochs": images * p.epochs}
+    if p.method == "random":  # trains nothing: a small CPU job
+        return {**row, "gpu_hours": 0.0, "gpu": None, "note": "trains nothing", "gpus": 0, "wall_h": 0.0}
+    sized = cell_resources(p, as_section(Resources, (cfg.get("grid") or {}).get("resources") or {}))
+    res = profile_resources(profile, "pretrain", PRETRAIN_OWN)
+    nodes = int(res.get("nodes", sized["nodes"]))
+    runtime = minutes(res["runtime"]) if "runtime" in res else sized["runtime"]
+    gpus = nodes * gpus_of(res)
+    entry, img_per_s, note = find_throughput(p, cfg["data"]["crop_size"], table)
+    row = {**row, "nodes": nodes, "gpus": gpus, "runtime_min": runtime, "note": note}
+    if entry is None:
+        return {**row, "gpu_hours": None, "gpu": None, "wall_h": None}
+    gpu_hours = images * p.epochs / img_per_s / 3600
+    wall = gpu_hours / gpus
+    return {**row, "gpu_hours": gpu_hours, "gpu": entry.gpu, "source": entry.source, "img_per_s": img_per_s,
+            "wall_h": wall, "exceeds": wall * 60 > runtime}  # fmt: skip
+
+
+def detection_plan(cfg: dict, cells: dict, profile: dict, table=DETECTION) -> dict:
+    det = as_section(Detect, cfg["detect"])
+    chosen = detection_cells(cfg, cells)
+    jobs = [(cid, t) for cid in chosen for t in range(det.trials)]
+    res = profile_resources(profile, "detect")
+    out = {"cells": chosen, "jobs": len(jobs), "trials": det.trials, "ranks": det.ranks, "profile_gpus": gpus_of(res)}
+    backbones = {cells[cid]["backbone"] for cid in chosen}
+    speeds = [s for s in table if s.head == det.head and s.backbone in backbones]
+    if not jobs:
+        return {**out, "gpu_hours": 0.0, "note": "no detection transfer"}
+    if det.iterations is None or not speeds or len(backbones) > 1:
+        why = "detect.iterations unset" if det.iterations is None else f"no figure for {backbones} {det.head}"
+        return {**out, "gpu_hours": None, "note": f"not estimated ({why})"}
+    s = speeds[0]
+    per_trial = det.iterations * s.s_per_iter * (det.batch_size / s.images) * s.gpus / 3600
+    wall = per_trial / det.ranks
+    runtime = minutes(res["runtime"]) if "runtime" in res else None
+    return {**out, "per_trial_gpu_hours": per_trial, "gpu_hours": per_trial * len(jobs), "gpu": s.gpu,
+            "source": s.source, "wall_h": wall, "runtime_min": runtime,
+            "exceeds": runtime is not None and wall * 60 > runtime, "note": ""}  # fmt: skip
+
+
+def by_gpu(parts: list[dict]) -> dict[str, float]:
+    """GPU-hours summed per GPU kind (each figure's own GPU: V100-hours and A100-hours differ)."""
+    totals: dict[str, float] = {}
+    for part in parts:
+        if part.get("gpu_hours"):
+            totals[part["gpu"]] = totals.get(part["gpu"], 0.0) + part["gpu_hours"]
+    return totals
+
+
+def make_plan(cfg: dict, profile: dict, throughput=THROUGHPUT, detection=DETECTION) -> dict:
+    """The plan as numbers (render() prints it)."""
+    cells = grid_cells(cfg)
+    images, images_from = train_images(cfg)
+    rows = [pretraining_row(cid, params, cfg, profile, images, throughput) for cid, params in cells.items()]
+    detect = detection_plan(cfg, cells, profile, detection)
+    jobs = int(profile.get("jobs", 1))
+    attempts = 1 + int(profile.get("restart-times", 0))
+    grown = attempts * (attempts + 1) / 2  # the pretrain rule's runtime is cell runtime x attempt
+    pretrain_wall = makespan([r["wall_h"] for r in rows if r["wall_h"]], jobs)
+    detect_wall = makespan([detect["wall_h"]] * detect["jobs"], jobs) if detect.get("wall_h") else 0.0
+    return {
+        "cells": rows,
+        "images": images,
+        "images_from": images_from,
+        "detect": detect,
+        "probe_jobs": len(cells),
+        "jobs": jobs,
+        "gpu_hours": {"pretrain": by_gpu(rows), "total": by_gpu(rows + [detect])},
+        "not_estimated": [r["cell"] for r in rows if r["gpu_hours"] is None],
+        "wall_h": {"pretrain": pretrain_wall, "detect": detect_wall, "total": pretrain_wall + detect_wall},
+        "exceeding": [r["cell"] for r in rows if r.get("exceeds")] + (detect["cells"] if detect.get("exceeds") else []),
+        "attempts": attempts,
+        "short_after_retries": [
+            r["cell"] for r in rows if r.get("exceeds") and r["wall_h"] * 60 > r["runtime_min"] * grown
+        ],
+    }
+
+
+def _hours(h: float | None, gpu: str | None = None) -> str:
+    return "—" if h is None else f"{h:,.1f}" + (f" {gpu}" if gpu else "")
+
+
+def _wall_line(plan: dict, partial: bool) -> str:
+    wall, head = plan["wall_h"], f"Wall time at jobs: {plan['jobs']}: "
+    if not plan["gpu_hours"]["total"]:
+        return head + "not estimated (no job has a throughput figure)"
+    which = "; estimated jobs only" if partial else ""
+    return (
+        head + f"{wall['pretrain']:,.1f} h pretraining + {wall['detect']:,.1f} h detection = {wall['total']:,.1f} h "
+        f"(every job granted at once, no queue wait; GPUs as in each figure{which})"
+    )
+
+
+def _retries_line(plan: dict) -> list[str]:
+    """A job killed at its time limit resumes on its retry, which gets attempt x runtime."""
+    if not plan["exceeding"]:
+        return []
+    short = ", ".join(plan["short_after_retries"]) or "none"
+    n = plan["attempts"]
+    return [
+        f"  with restart-times: {n - 1} a killed pretraining resumes; its {n} attempts get "
+        f"{n * (n + 1) // 2}x its runtime in all; still short: {short}"
+    ]
+
+
+def _sum(hours_by_gpu: dict[str, float]) -> str:
+    return " + ".join(f"{h:,.1f} {gpu}-hours" for gpu, h in hours_by_gpu.items()) or "0 GPU-hours"
+
+
+def render(plan: dict, profile_path: str) -> str:
+    rows, det = plan["cells"], plan["detect"]
+    sources = {r["source"] for r in rows if r.get("source")} | ({det["source"]} if det.get("source") else set())
+    ref = {s: f"[{i}]" for i, s in enumerate(sorted(sources), 1)}
+    lines = [
+        f"Cost plan: {len(rows)} cells, profile {profile_path} (jobs: {plan['jobs']})",
+        f"Training images: {plan['images']:,} ({plan['images_from']})",
+        "",
+        f"{'cell':<24} {'images x epochs':>20} {'GPUs':>5} {'GPU-hours':>14} {'wall h':>8} {'limit h':>8}  figure",
+    ]
+    for r in rows:
+        limit = r.get("runtime_min")
+        flag = "  EXCEEDS its runtime" if r.get("exceeds") else ""
+        figure = " ".join(x for x in (ref.get(r.get("source"), ""), r["note"]) if x) or "—"
+        lines.append(
+            f"{r['cell']:<24} {r['images']:>11,} x {r['epochs']:<6} {r['gpus']:>5} "
+            f"{_hours(r['gpu_hours'], r['gpu']):>14} {_hours(r['wall_h']):>8} "
+            f"{_hours(None if limit is None else limit / 60):>8}  {figure}{flag}"
+        )
+    missing = plan["not_estimated"]
+    lines += ["", f"Pretraining: {_sum(plan['gpu_hours']['pretrain'])}"
+              + (f" (not estimated: {', '.join(missing)})" if missing else "")]  # fmt: skip
+    if det["jobs"]:
+        head = f"Detection transfer: {det['jobs']} jobs ({len(det['cells'])} cells x {det['trials']} trials), "
+        if det["gpu_hours"] is None:
+            lines.append(head + det["note"])
+        else:
+            over = "  EXCEEDS its runtime" if det["exceeds"] else ""
+            limit = "—" if det["runtime_min"] is None else f"{det['runtime_min'] / 60:.1f}"
+            lines.append(
+                head + f"{det['per_trial_gpu_hours']:,.1f} {det['gpu']}-hours each on {det['ranks']} GPUs: "
+                f"{det['wall_h']:.1f} h wall (limit {limit} h) {ref[det['source']]}{over}"
+            )
+        if det["profile_gpus"] != det["ranks"]:
+            lines.append(
+                f"  note: detect.ranks is {det['ranks']} but the profile gives detect jobs "
+                f"{det['profile_gpus']} GPU(s) per node (gres)"
+            )
+    lines.append(f"Linear probe: {plan['probe_jobs']} jobs, not estimated (no published time for its protocol)")
+    lines.append(f"Total: {_sum(plan['gpu_hours']['total'])}")
+    lines += [
+        _wall_line(plan, partial=bool(missing) or det["gpu_hours"] is None),
+        "Over their runtime: " + (", ".join(plan["exceeding"]) or "none"),
+        *_retries_line(plan),
+        "",
+        "Throughput figures:",
+    ]  # fmt: skip
+    used = {r["source"]: r for r in rows if r.get("source")}
+    for source, mark in ref.items():
+        speed = f"{used[source]['img_per_s']:,.1f} img/s per {used[source]['gpu']} here; " if source in used else ""
+        lines.append(f"  {mark} {speed}{source}")
+    lines += [f"  - {text}" for text in UNPUBLISHED]
+    return "\n".join(lines)
+
+
+def load_config(configfiles: list[str], overrides: list[str]) -> dict:
+    """workflow/config/config.yaml, then each --configfile, then each --config key=value
+    (a YAML value), merged as Snakemake merges them."""
+    cfg = load_yaml(DEFAULT_CONFIG)
+    for path in configfiles:
+        cfg = merge(cfg, load_yaml(path))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--config {item}: expected key=value")
+        cfg = merge(cfg, {key: yaml.safe_load(value)})
+    return cfg
+
+
+def check(cfg: dict) -> dict:
+    """The config's schema and cross-field rules, but not its folders: a plan is made before
+    the data is where the jobs will read it."""
+    validate_schema(cfg, load_schema())
+    check_pretrain(cfg["pretrain"])
+    if cfg["detect"]["enabled"]:
+        check_detector(cfg["detect"])
+    return cfg
+
+
+def load_profile(path: str) -> dict:
+    folder = Path(path)
+    file = folder / "config.yaml" if folder.is_dir() else folder
+    if not file.is_file():
+        raise ConfigError(f"profile not found: {path} (a folder with config.yaml)")
+    return yaml.safe_load(file.read_text()) or {}
+
+
+def run(cfg: dict, profile: str = DEFAULT_PROFILE, as_json: bool = False) -> str:
+    """The plan of a whole workflow config under the profile folder ``profile``, as text or JSON."""
+    plan = make_plan(check(cfg), load_profile(profile))
+    return json.dumps(plan, indent=2) if as_json else render(plan, profile)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configfile", nargs="+", default=[], help="config files over workflow/config/config.yaml")
+    ap.add_argument("--config", nargs="+", default=[], metavar="KEY=VALUE", help="as snakemake --config")
+    ap.add_argument("--config-json", help="the whole config as JSON (what `snakemake plan` passes)")
+    ap.add_argument("--profile", default=DEFAULT_PROFILE, help="Snakemake profile folder (default %(default)s)")
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = ap.parse_args(argv)
+    try:
+        cfg = json.loads(args.config_json) if args.config_json else load_config(args.configfile, args.config)
+        print(run(cfg, args.profile, as_json=args.json))
+    except ConfigError as err:
+        print(f"plan: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The cost plan (pipeline.plan): its arithmetic on a grid computed by hand, the training set's
+size, the profile's runtimes, and that it runs without torch."""
+
+import json
+import sys
+
+import pytest
+
+from pipeline.config import merge
+from pipeline.plan import DetectionSpeed, Throughput, load_config, make_plan, minutes, train_images
+from tests.conftest import run, snakemake_bin
+
+# Figures of made-up GPUs with round numbers, so that every expectation below is mental arithmetic.
+THROUGHPUT = (
+    Throughput("resnet50", 224, "moco v1/v2", 250.0, "X100", "test"),
+    Throughput("resnet50", 112, "supervised", 1000.0, "Y100", "test"),
+)
+DETECTION = (DetectionSpeed("resnet50", "fpn", 0.5, 16, 8, "Z100", "test"),)
+PROFILE = {
+    "jobs": 2,
+    "default-resources": {"runtime": 60},  # not the pretrain rule's: it sets its own runtime
+    "set-resources": {"pretrain": {"tasks_per_node": 2}, "detect": {"runtime": 20}},
+}
+
+
+def config(tmp_path) -> dict:
+    cfg = merge(
+        load_config([], []),
+        {
+            "results": str(tmp_path / "results"),
+            "dataset": {"source": "cifar10", "root": str(tmp_path / "cifar")},  # 50,000 training images
+            "data": {"crop_size": 224},
+            "pretrain": {"backbone": "resnet50", "width": 64, "cifar_stem": False, "epochs": 36, "batch_size": 256,
+                         "K": 4096},
+            "detect": {"enabled": True, "cells": ["base"], "head": "fpn", "iterations": 900, "batch_size": 8,
+                       "ranks": 2, "trials": 2},
+        },
+    )  # fmt: skip
+    cfg["grid"] = {
+        "one_at_a_time": {"batch_size": [512]},
+        "baselines": ["random", "supervised"],
+        # runtime = 10 + 0.5 x epochs x 2.5 (ResNet-50) / nodes; one node per 256 images of batch
+        "resources": {"minutes_per_epoch": 0.5, "overhead_minutes": 10, "nodes": 1, "batch_per_node": 256},
+    }
+    return cfg
+
+
+def test_plan_arithmetic_on_a_hand_computed_grid(tmp_path):
+    plan = make_plan(config(tmp_path), PROFILE, THROUGHPUT, DETECTION)
+    rows = {r["cell"]: r for r in plan["cells"]}
+    assert list(rows) == ["base", "batch_size=512", "method=random", "method=supervised"]
+    assert plan["images"] == 50_000
+    assert {r["images_x_epochs"] for r in rows.values()} == {1_800_000}  # 50,000 x 36
+
+    base = rows["base"]  # 1,800,000 / 250 img/s = 7,200 s = 2 GPU-hours; 1 node x 2 GPUs: 1 h
+    assert (base["gpus"], base["gpu"], base["runtime_min"]) == (2, "X100", 55)  # 10 + 0.5 x 36 x 2.5
+    assert base["gpu_hours"] == pytest.approx(2.0) and base["wall_h"] == pytest.approx(1.0)
+    assert base["exceeds"]  # 60 min > 55 min
+
+    wide = rows["batch_size=512"]  # 2 nodes x 2 GPUs: 0.5 h; runtime 10 + 45 / 2 = 32.5 -> 33 min
+    assert (wide["nodes"], wide["gpus"], wide["runtime_min"]) == (2, 4, 33)
+    assert wide["gpu_hours"] == pytest.approx(2.0) and wide["wall_h"] == pytest.approx(0.5)
+    assert not wide["exceeds"]
+
+    sup = rows["method=supervised"]  # 1000 img/s at 112 px = 250 img/s at 224 px (4x the pixels)
+    assert sup["img_per_s"] == pytest.approx(250.0)
+    assert sup["gpu"] == "Y100" and sup["gpu_hours"] == pytest.approx(2.0) and sup["exceeds"]
+
+    assert rows["method=random"]["gpu_hours"] == 0
+
+    det = plan["detect"]  # 900 iterations x 0.5 s x (8 / 16 images) x 8 GPUs = 1,800 GPU-s = 0.5 h
+    assert (det["cells"], det["jobs"]) == (["base"], 2)
+    assert det["per_trial_gpu_hours"] == pytest.approx(0.5)
+    assert det["wall_h"] == pytest.approx(0.25) and not det["exceeds"]  # on 2 ranks: 15 min <= 20
+
+    assert plan["gpu_hours"]["pretrain"] == pytest.approx({"X100": 4.0, "Y100": 2.0})
+    assert plan["gpu_hours"]["total"] == pytest.approx({"X100": 4.0, "Y100": 2.0, "Z100": 1.0})
+    # jobs: 2 -> walls 1.0, 1.0 on two slots, then 0.5 after one of them; detection 0.25 | 0.25
+    assert plan["wall_h"] == pytest.approx({"pretrain": 1.5, "detect": 0.25, "total": 1.75})
+    assert plan["exceeding"] == ["base", "method=supervised"]
+    assert plan["short_after_retries"] == ["base", "method=supervised"]  # no retries in the profile
+    assert plan["probe_jobs"] == 4
+
+
+def test_retries_give_time_limits_that_grow_with_the_attempt(tmp_path):
+    plan = make_plan(config(tmp_path), {**PROFILE, "restart-times": 1}, THROUGHPUT, DETECTION)
+    assert plan["attempts"] == 2  # 55 + 110 min >= 60 min
+    assert plan["exceeding"] == ["base", "method=supervised"] and plan["short_after_retries"] == []
+
+
+def test_no_figure_is_not_estimated(tmp_path):
+    cfg = config(tmp_path)
+    cfg["pretrain"]["cifar_stem"] = True  # 16x the compute of the published ResNet-50's stem
+    rows = {r["cell"]: r for r in make_plan(cfg, PROFILE, THROUGHPUT, DETECTION)["cells"]}
+    assert rows["base"]["gpu_hours"] is None and "cifar_stem=False" in rows["base"]["note"]
+
+
+@pytest.mark.parametrize(
+    "value, expected", [(90, 90), ("240 * attempt", 240), ("2h", 120), ("1d 4h", 1680), ("90m", 90)]
+)
+def test_profile_runtimes_in_minutes(value, expected):
+    assert minutes(value) == expected
+
+
+def test_training_images_from_this_datasets_report_only(tmp_path):
+    cfg = config(tmp_path)
+    report = tmp_path / "results/data/ffcv/train.json"
+    report.parent.mkdir(parents=True)
+    report.write_text(json.dumps({"source": {"kind": "cifar10", "root": cfg["dataset"]["root"]}, "num_samples": 123}))
+    assert train_images(cfg)[0] == 123
+    report.write_text(json.dumps({"source": {"kind": "cifar10", "root": "/elsewhere"}, "num_samples": 123}))
+    count, why = train_images(cfg)
+    assert count == 50_000 and "another dataset" in why
+
+
+def test_imagenet_preset_without_torch():
+    """The ImageNet v2 preset's base cell is the official run: 200 epochs of ImageNet-1k, which
+    took 53 h on 8 V100 = 424 V100-hours. The plan never imports torch."""
+    code = (
+        "import sys; from pipeline.plan import main; "
+        "main(['--configfile', 'workflow/config/presets/imagenet-mocov2.yaml']); "
+        "print('torch imported' if 'torch' in sys.modules else 'no torch')"
+    )
+    out = run([sys.executable, "-c", code], timeout=60).stdout
+    base = next(line for line in out.splitlines() if line.startswith("base "))
+    assert "424.0 V100" in base and "EXCEEDS" in base  # 106 h on the profile's 4 GPUs > 33.8 h
+    assert out.rstrip().endswith("no torch")
+
+
+def test_snakemake_plan_prints_the_plan_and_logs_it(tmp_path):
+    proc = run([snakemake_bin(), "plan", "--config", f"results={tmp_path / 'r'}"], timeout=120)
+    assert "Cost plan: 6 cells, profile profiles/slurm (jobs: 50)" in proc.stdout  # the demo's grid
+    assert (tmp_path / "r/logs/plan.log").read_text().startswith("Cost plan: 6 cells")

@@ -1,0 +1,25 @@
+# What the grid will cost, before it is submitted: per cell images x epochs and GPU-hours from
+# published throughput figures, the wall time at the profile's `jobs` limit, and every cell whose
+# estimate exceeds its time limit (pipeline.plan; python -m pipeline.plan runs it by hand).
+#
+#   snakemake plan --configfile workflow/config/presets/imagenet-mocov2.yaml
+#   PLAN_PROFILE=path/to/profile snakemake plan      # another profile than profiles/slurm
+#
+# A local rule with no output: it runs wherever Snakemake runs, every time it is asked for.
+
+
+localrules:
+    plan,
+
+
+rule plan:
+    log:
+        f"{R}/logs/plan.log",
+    conda:
+        CONDA_ENV
+    params:
+        py=PY,
+        cfg=lambda w: json.dumps(config),
+        profile=os.environ.get("PLAN_PROFILE", "profiles/slurm"),
+    shell:
+        "{params.py} -m pipeline.plan --config-json {params.cfg:q} --profile {params.profile:q} | tee {log:q}"
