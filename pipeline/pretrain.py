@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from pipeline import checkpoint, cpus, distributed, preempt
+from pipeline import checkpoint, cpus, distributed, preempt, provenance
 from pipeline.augment import view_recipes
 from pipeline.board import Board, board_dir
 from pipeline.config import ConfigError, load_stage_config, pretrain_warnings, section
@@ -436,6 +436,7 @@ def finish(
         "bn_guard": bn_guard,
         "final": log_rows[-1] if log_rows else {},
         "key_encoder": key_encoder,
+        "provenance": provenance.record(),  # CPU, flags, library versions, commit
     }  # no optimizer entry, no gradient, EMA replayed (ema_check)
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
