@@ -70,10 +70,10 @@ class Estimate:
     def hi(self) -> float | None:
         return None if self.half is None else self.mean + self.half
 
-    def text(self, decimals: int = 1, signed: bool = False) -> str:
-        """'+3.2 ± 1.1 (n=3)'; '3.2 (n=1)' without an interval."""
+    def text(self, decimals: int = 1, signed: bool = False, extra: str = "") -> str:
+        """'+3.2 ± 1.1 (n=3)'; '3.2 (n=1)' without an interval; ``extra`` goes inside the brackets."""
         mean = f"{self.mean:+.{decimals}f}" if signed else f"{self.mean:.{decimals}f}"
-        return mean + ("" if self.half is None else f" ± {self.half:.{decimals}f}") + f" (n={self.n})"
+        return mean + ("" if self.half is None else f" ± {self.half:.{decimals}f}") + f" (n={self.n}{extra})"
 
 
 def estimate(values) -> Estimate | None:
