@@ -37,7 +37,7 @@ FOOTNOTES = {
     "method's chance loss (every logit alike: no positive stands out from its negatives).",
     "(n=": "a ± b (n=k): the mean over k runs (pretraining seeds; for AP, seeds × detection trials) ± the "
     "half-width of its 95 % confidence interval (Student t, k − 1 degrees of freedom); n=1: one run, no "
-    "interval (grid.seeds adds replicates).",
+    "interval (grid.seeds, claims.seeds add replicates).",
     FAILED: "k of n failed: k of the n seeds failed (diverged or collapsed); they are counted, not averaged.",
 }
 
