@@ -21,7 +21,6 @@ left the loss plateau (their probe at random init's level); the reason says what
 from __future__ import annotations
 
 import json
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline import stats
+from pipeline.claims_plan import Budget, needs
 from pipeline.config import DEFAULT_CONFIG, ConfigError, merge, section
 from pipeline.grid import cell_id, claims_cells, claims_overrides, format_value, group_id, training_set_size
 from pipeline.layout import QUEUE_POLICIES
@@ -45,7 +45,6 @@ from pipeline.studies import (
     compare,
     delta,
     groups,
-    half_life,
     momentum,
     provenance_factory,
     seed_of,
@@ -56,11 +55,6 @@ from pipeline.tables import load_configs, markdown, results_folder, results_pars
 
 NOT_RUN = "not run"
 METRIC = "top1"  # what "helps" and "loses" are measured in: the linear probe's top-1
-# "several EMA half-lives": after 5 the key encoder keeps 2^-5 = 3 % of its initial weights
-HALF_LIVES = 5
-# "K well below the training set": at most a tenth of it (the paper's 65,536 is 5 % of ImageNet),
-# so a queue holds at most a tenth of each class's images
-QUEUE_SHARE = 0.1
 LOW_M_LOSS = 5.0  # the notes' "~5 points"
 
 
@@ -87,15 +81,8 @@ class Cells:
             for role, o in claims_overrides(self.claims, typed_base).items()
         }
         self.batch = typed_base.batch_size
-        self.images, self.classes = data_size(cfg, results)
-
-    @property
-    def steps_per_epoch(self) -> int | None:
-        """Optimisation steps per epoch (the pretraining loader drops the last partial batch)."""
-        return None if self.images is None else self.images // self.batch
-
-    def steps(self, epochs: int) -> int | None:
-        return None if self.images is None else epochs * self.steps_per_epoch
+        self.budget = Budget(*data_size(cfg, results), self.batch, self.claims.epochs)
+        self.needs = needs(self.claims, self.budget)  # each claim's cells and a-priori needs
 
     def group(self, role: str) -> Group | None:
         return self.gs.get(self.ids[role])
@@ -135,33 +122,7 @@ def data_size(cfg: dict, results: Path) -> tuple[int | None, int | None]:
     return report.get("num_samples"), len(report.get("classes", [])) or None
 
 
-# --- what an experiment must satisfy ------------------------------------------------------------
-def ema_steps(c: Cells, m: float) -> tuple[str, str | None]:
-    """(needs, why not decidable or None): a run HALF_LIVES EMA half-lives of m long."""
-    need = math.ceil(HALF_LIVES * half_life(m))
-    text = f"≥ {need:,} steps ({HALF_LIVES} EMA half-lives of m = {format_value(m)})"
-    have = c.steps(c.claims.epochs)
-    if have is None:
-        return text, "the training set's size is unknown"
-    if have >= need:
-        return text, None
-    epochs = math.ceil(need / max(c.steps_per_epoch, 1))
-    return text, f"needs ≥ {need:,} steps, has {have:,}: claims.epochs ≥ {epochs:,} at {c.steps_per_epoch} steps/epoch"
-
-
-def small_queue(c: Cells, ks: list[int]) -> tuple[str, str | None]:
-    """K well below the training set, so that the queue holds few same-class images."""
-    if c.images is None:
-        return f"K ≤ {QUEUE_SHARE:.0%} of the training set", "the training set's size is unknown"
-    limit = int(QUEUE_SHARE * c.images)
-    per_class = f"; a queue then holds ≤ {limit / c.classes:,.0f} of a class's {c.images / c.classes:,.0f} images"
-    text = f"K ≤ {limit:,} ({QUEUE_SHARE:.0%} of {c.images:,} training images{per_class if c.classes else ''})"
-    too_large = [k for k in ks if k > limit]
-    if not too_large:
-        return text, None
-    return text, f"needs K ≤ {limit:,}; K = {', '.join(f'{k:,}' for k in too_large)} too large for this data"
-
-
+# --- what only the results can tell ----------------------------------------------------------------
 def plateau_needs(c: Cells) -> str:
     return f"{c.ids['reference']} past the loss plateau (every seed's probe above random init's 95 % CI)"
 
@@ -223,13 +184,14 @@ def accuracy_claim(text, source, needs, comparisons: list[Comparison], cells) ->
     )
 
 
-def gate(c: Cells, roles: list[str], priori: list[str | None], plateau: bool = True) -> str | None:
-    """The verdict a claim gets before its numbers: not decidable a priori, not run, or its runs
-    still on the plateau; None when the numbers decide it."""
-    reasons = [r for r in priori if r]
-    if reasons:
-        return undecidable("; ".join(reasons))
-    if not c.ran(*roles):
+def gate(c: Cells, key: str, plateau: bool = True) -> str | None:
+    """The verdict claim ``key`` gets before its numbers: not decidable a priori
+    (pipeline.claims_plan), not run, or its reference still on the plateau; None when the
+    numbers decide it."""
+    need = c.needs[key]
+    if need.why_not:
+        return undecidable(need.why_not)
+    if not c.ran(*need.roles):
         return NOT_RUN
     if plateau:
         why = past_plateau(c)
@@ -245,7 +207,7 @@ PAPER = "MoCo paper (He et al. 2020)"
 
 
 def _epochs(c: Cells) -> str:
-    steps = c.steps(c.claims.epochs)
+    steps = c.budget.steps
     return f"{c.claims.epochs} epochs ({'?' if steps is None else f'{steps:,}'} steps), {c.claims.seeds} seeds"
 
 
@@ -260,11 +222,8 @@ def fifo_bound(c: Cells) -> Claim:
         "FIFO bounds a negative's age at K/B steps; random replacement keeps older keys "
         f"(run: K = {_ks(ks)}, each FIFO and random, {_epochs(c)})"
     )
-    span = max(ks) // c.batch
-    needs = f"≥ {2 * span} steps (the largest queue turned over twice)"
-    have = c.steps(c.claims.epochs)
-    priori = None if have is None or have >= 2 * span else f"needs ≥ {2 * span} steps, has {have}"
-    verdict = gate(c, roles, [priori], plateau=False)
+    needs = c.needs["fifo"].text
+    verdict = gate(c, "fifo", plateau=False)
     if verdict:
         return Claim(text, SEED_NOTES, needs, "", verdict, c.cells(*roles))
     parts, fifo_ages, random_older = [], [], []  # per run: max age - K/B; an older key than K/B kept
@@ -299,12 +258,11 @@ def low_momentum(c: Cells) -> Claim:
         f"m < 0.99 loses accuracy (~{LOW_M_LOSS:g} points) (run: m = {', '.join(map(format_value, low))} "
         f"vs m = 0.99, {_epochs(c)})"
     )
-    needs, priori = ema_steps(c, 0.99)
-    needs += "; " + plateau_needs(c)
+    needs = f"{c.needs['low_m'].text}; {plateau_needs(c)}"
     cells = c.cells(*roles, against) if against in c.ids else []
     if not low or against not in c.ids:
         return Claim(text, SEED_NOTES, needs, "claims.m needs 0.99 and a value in (0, 0.99)", NOT_RUN, cells)
-    verdict = gate(c, [*roles, against], [priori])
+    verdict = gate(c, "low_m")
     if verdict:
         return Claim(text, SEED_NOTES, needs, "", verdict, cells)
     comparisons = [compare_roles(c, r, against, direction=-1, magnitude=LOW_M_LOSS) for r in roles]
@@ -318,7 +276,7 @@ def zero_momentum(c: Cells) -> Claim:
     role = next((f"m={m}" for m in c.claims.m if m == 0), None)
     if role is None:
         return Claim(text, source, needs, "claims.m has no 0", NOT_RUN, [])
-    verdict = gate(c, [role, "random"], [], plateau=False)
+    verdict = gate(c, "zero_m", plateau=False)
     if verdict:
         return Claim(text, source, needs, "", verdict, c.cells(role, "random"))
     v = c.value(role)
@@ -372,11 +330,10 @@ def larger_queue(c: Cells) -> Claim:
     ks = sorted(c.claims.K)
     roles = [f"K={k},fifo" for k in ks]
     text = f"A larger queue helps (the source: K from 1,024 to 65,536) (run: K = {_ks(ks)}, FIFO, {_epochs(c)})"
-    needs, priori = small_queue(c, ks)
-    needs += "; " + plateau_needs(c)
+    needs = f"{c.needs['larger_K'].text}; {plateau_needs(c)}"
     if len(ks) < 2:
         return Claim(text, SEED_BLOG, needs, "claims.K has one value", NOT_RUN, c.cells(*roles))
-    verdict = gate(c, roles, [priori])
+    verdict = gate(c, "larger_K")
     if verdict:
         return Claim(text, SEED_BLOG, needs, "", verdict, c.cells(*roles))
     comparisons = [compare_roles(c, b, a, direction=1) for a, b in zip(roles, roles[1:])]
@@ -386,11 +343,10 @@ def larger_queue(c: Cells) -> Claim:
 def slow_momentum(c: Cells) -> Claim:
     text = f"m = 0.9999 is too slow: the key encoder barely moves (run: m = 0.9999 vs 0.999, {_epochs(c)})"
     roles = ["m=0.9999", "m=0.999"]
-    needs, priori = ema_steps(c, 0.9999)
-    needs += "; " + plateau_needs(c)
+    needs = f"{c.needs['slow_m'].text}; {plateau_needs(c)}"
     if not {0.999, 0.9999} <= set(c.claims.m):
         return Claim(text, SEED_BLOG, needs, "claims.m lacks 0.999 or 0.9999", NOT_RUN, [])
-    verdict = gate(c, roles, [priori])
+    verdict = gate(c, "slow_m")
     if verdict:
         return Claim(text, SEED_BLOG, needs, "", verdict, c.cells(*roles))
     return accuracy_claim(text, SEED_BLOG, needs, [compare_roles(c, *roles, direction=-1)], c.cells(*roles))
@@ -399,7 +355,7 @@ def slow_momentum(c: Cells) -> Claim:
 def longer_schedule(c: Cells) -> Claim:
     e, le = c.claims.epochs, c.claims.long_epochs
     text = f"A longer schedule helps (the source: 200 vs 100 epochs) (run: {le} vs {e} epochs, {c.claims.seeds} seeds)"
-    verdict = gate(c, ["reference", "long"], [])
+    verdict = gate(c, "longer")
     if verdict:
         return Claim(text, SEED_BLOG, plateau_needs(c), "", verdict, c.cells("reference", "long"))
     comparison = compare_roles(c, "long", "reference", direction=1)
@@ -409,7 +365,7 @@ def longer_schedule(c: Cells) -> Claim:
 def memory_bank(c: Cells) -> Claim:
     text = f"A memory bank's stale keys do worse than MoCo's queue (run: same K, {_epochs(c)})"
     source = PAPER + ", Figure 3"
-    verdict = gate(c, ["reference", "memory_bank"], [])
+    verdict = gate(c, "memory_bank")
     if verdict:
         return Claim(text, source, plateau_needs(c), "", verdict, c.cells("reference", "memory_bank"))
     comparison = compare_roles(c, "memory_bank", "reference", direction=-1)
@@ -432,7 +388,7 @@ CLAIMS = [
 def claims_table(c: Cells, prov) -> Table:
     rows = [claim(c) for claim in CLAIMS]
     e, le = c.claims.epochs, c.claims.long_epochs
-    steps = c.steps(e)
+    steps = c.budget.steps
     budget = f"{e} epochs = {steps:,} steps of batch {c.batch}" if steps is not None else f"{e} epochs"
     cannot = [r.text.split(" (")[0] for r in rows if r.verdict.startswith(NOT_DECIDABLE)]
     notes = [

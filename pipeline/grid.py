@@ -12,6 +12,7 @@ import math
 
 import yaml
 
+from pipeline.claims_plan import Budget, role_seeds
 from pipeline.config import ConfigError, as_section, merge, pretrain_cell, section
 from pipeline.layout import QUEUE_POLICIES
 from pipeline.sections import Claims, Grid, Pretrain, Resources
@@ -144,7 +145,8 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
 
 
 def claims_cells(cfg: dict) -> dict[str, dict]:
-    """The claims study's cells: id -> full pretrain parameters (validated), ``claims.seeds`` of each."""
+    """The claims study's cells: id -> full pretrain parameters (validated); ``claims.seeds`` of
+    each cell a claim this budget can decide needs, one of the others (pipeline.claims_plan)."""
     base = section("pretrain", cfg["pretrain"])
     if "claims" not in cfg:
         raise ConfigError("the config has no 'claims' section (workflow/config/config.yaml has one)")
@@ -154,7 +156,10 @@ def claims_cells(cfg: dict) -> dict[str, dict]:
             f"(pretrain) is method={base.method} variant={base.variant} mechanism={base.mechanism}"
         )
     claims = section("claims", cfg["claims"])
-    return _cells(cfg, list(claims_overrides(claims, base).values()), claims.seeds)
+    overrides = claims_overrides(claims, base)
+    budget = Budget(training_set_size(cfg), None, base.batch_size, claims.epochs)
+    seeds = role_seeds(claims, budget, overrides)
+    return _cells(cfg, [r for role, o in overrides.items() for r in _replicates([o], seeds[role], cfg["pretrain"])], 1)
 
 
 def _cells(cfg: dict, overrides: list[dict], seeds: int | None = None) -> dict[str, dict]:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline import stats
+from pipeline.claims_plan import half_life
 from pipeline.config import ConfigError, as_section, merge
 from pipeline.grid import AXES, BASE_ID, format_value, group_id, parse_cell_id
 from pipeline.layout import BACKBONE_LABELS, cell_file
@@ -358,13 +359,6 @@ def one_axis(
         prov([g for g in sel.values()], vary={axis}),
     )
     return compare(table, gs.get(reference), reference)
-
-
-def half_life(m: float) -> float:
-    """Steps after which the EMA weight of a query-encoder state has halved: ln 0.5 / ln m."""
-    if m <= 0:
-        return 0.0
-    return math.inf if m >= 1 else math.log(0.5) / math.log(m)
 
 
 def momentum(

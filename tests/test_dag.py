@@ -143,8 +143,11 @@ def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost
         "probe": len(cells),
         "claims": 1,
     }
-    # 11 cells around the base and random init, claims.seeds (3) of each
-    assert len({group_id(c) for c in cells}) == 12 and len(cells) == 36 and {"base", "method=random"} <= set(cells)
+    # 11 cells around the base and random init: claims.seeds (3) of the 8 a decidable claim needs, one
+    # of m = 0.5, 0.9, 0.999, 0.9999 (200 steps are not 5 EMA half-lives of 0.99: 345 steps)
+    assert (
+        len({group_id(c) for c in cells}) == 12 and len(cells) == 8 * 3 + 4 and {"base", "method=random"} <= set(cells)
+    )
 
 
 def test_a_config_whose_claims_cannot_run_fails_that_target_alone(tmp_path):

@@ -494,7 +494,7 @@ def test_empty_results(tmp_path):
 
 
 def test_half_life_of_the_momentum():
-    from pipeline.studies import half_life
+    from pipeline.claims_plan import half_life
 
     assert half_life(0.5) == 1.0 and half_life(0) == 0.0 and half_life(1) == float("inf")
     assert half_life(0.999) == pytest.approx(692.8, abs=0.1) and half_life(0.9) == pytest.approx(6.579, abs=1e-3)
