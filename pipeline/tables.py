@@ -257,7 +257,8 @@ def run(results: Path, cfg: dict | None = None, figures: bool = True) -> str:
     df = collect(results, expected_cells(cfg))
     out = results / "tables"
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(df.drop(columns=["params"]).to_csv(index=False), out / "cells.csv")
+    # raw per-cell numbers (where each ran: the tables' footnotes and each cell's summary.json)
+    atomic_write_text(df.drop(columns=["params", "provenance"], errors="ignore").to_csv(index=False), out / "cells.csv")
     tables = studies(df, cfg, results)
     for t in tables:
         write_table(t, out)
