@@ -229,7 +229,7 @@ def curves(results: Path, cell: str, status: str):
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle(f"{cell}" + (" (diverged)" if status == "fail" else ""))
+    fig.suptitle(f"{cell}" + (" (failed: diverged or collapsed)" if status == "fail" else ""))
     fig.tight_layout()
     return fig
 
