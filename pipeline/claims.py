@@ -1,5 +1,5 @@
-"""The seeds' claims as experiments: one row per claim, with what was measured here and whether
-the claim's direction holds on this data (``snakemake claims``).
+"""The seeds' claims as experiments: one row per claim, with what was run, what the experiment
+must satisfy to decide it, what was measured and the verdict the data support (``snakemake claims``).
 
 Reads whatever exists under ``<results>/cells`` (a claim whose cells are missing is "not run"),
 so it also renders after a partial run:
@@ -9,22 +9,30 @@ so it also renders after a partial run:
 Writes ``<results>/tables/claims.{md,csv,tex}`` (the claims) and, as the studies behind them,
 ``claims_momentum`` (each m: EMA half-life, the queue's span K/B, drift, probe) and
 ``claims_queue`` (FIFO vs random replacement per K: key ages, negatives' drift, probe).
-A claim is judged by the direction of the difference only; with one seed per cell there is no
-noise estimate, which the table's footnote says.
+
+Each accuracy claim is a paired difference by seed (cell seed s − its comparison's seed s) with
+its 95 % CI (pipeline.stats): ``holds`` when the CI excludes 0 on the claimed side (and reaches
+a claimed size), ``contradicted`` when it excludes 0 on the other side (or the claimed size),
+``inconclusive`` otherwise (one seed included), ``not decidable here (...)`` when the experiment
+cannot decide it: too few steps for the EMA, a queue too large for the data, or runs that never
+left the loss plateau (their probe at random init's level); the reason says what would.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from pipeline import stats
+from pipeline.claims_plan import Budget, needs
 from pipeline.config import DEFAULT_CONFIG, ConfigError, merge, section
-from pipeline.grid import cell_id, claims_cells, claims_overrides, format_value, group_id
+from pipeline.grid import cell_id, claims_cells, claims_overrides, format_value, group_id, training_set_size
 from pipeline.layout import QUEUE_POLICIES
+from pipeline.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
 from pipeline.studies import (
     QUEUE_METRICS,
     Group,
@@ -34,30 +42,37 @@ from pipeline.studies import (
     _metric_table,
     _row,
     collect,
+    compare,
+    delta,
     groups,
     momentum,
     provenance_factory,
+    seed_of,
     value,
+    with_environment,
 )
 from pipeline.tables import load_configs, markdown, results_folder, results_parser, write_table
 
-HOLDS, FAILS, NOT_RUN = "holds", "does not hold", "not run"
+NOT_RUN = "not run"
 METRIC = "top1"  # what "helps" and "loses" are measured in: the linear probe's top-1
+LOW_M_LOSS = 5.0  # the notes' "~5 points"
 
 
 @dataclass
 class Claim:
-    text: str
+    text: str  # the claim, and what was run to test it
     source: str
+    needs: str  # what the experiment must satisfy to decide it
     measured: str
     verdict: str
     cells: list[str]
 
 
 class Cells:
-    """The claims' cells by role (pipeline.grid.claims_overrides), as groups of seeds."""
+    """The claims' cells by role (pipeline.grid.claims_overrides), as groups of seeds, and the
+    size of the experiment (steps, training images, classes)."""
 
-    def __init__(self, df: pd.DataFrame, cfg: dict):
+    def __init__(self, df: pd.DataFrame, cfg: dict, results: Path):
         self.gs = groups(df)
         base = cfg["pretrain"]
         self.claims, typed_base = section("claims", cfg["claims"]), section("pretrain", base)
@@ -66,6 +81,8 @@ class Cells:
             for role, o in claims_overrides(self.claims, typed_base).items()
         }
         self.batch = typed_base.batch_size
+        self.budget = Budget(*data_size(cfg, results), self.batch, self.claims.epochs)
+        self.needs = needs(self.claims, self.budget)  # each claim's cells and a-priori needs
 
     def group(self, role: str) -> Group | None:
         return self.gs.get(self.ids[role])
@@ -73,105 +90,218 @@ class Cells:
     def cells(self, *roles) -> list[str]:
         return [c for r in roles if self.group(r) is not None for c in self.group(r).cells["cell"]]
 
-    def top1(self, role: str) -> Value:
+    def value(self, role: str, metric: str = METRIC) -> Value:
         g = self.group(role)
-        return value(None if g is None else g.cells, METRIC)
+        return value(None if g is None else g.cells, metric)
 
-    def final(self, role: str, key: str) -> float | None:
-        """A last-epoch log value (queue ages, drifts), mean over the group's seeds."""
+    def by_seed(self, role: str, key: str, failed_too: bool = False) -> dict[int, float]:
+        """seed -> a cell's value of ``key`` (a metric or a last-epoch log value), the failed
+        seeds' too when asked (their probe still ran: m = 0's direct measure)."""
         g = self.group(role)
         if g is None or key not in g.cells:
-            return None
-        vals = pd.to_numeric(g.cells[key], errors="coerce").dropna()
-        return float(vals.mean()) if len(vals) else None
+            return {}
+        rows = g.cells if failed_too else g.cells[g.cells["status"] != "fail"]
+        vals = {seed_of(c): pd.to_numeric(c[key], errors="coerce") for _, c in rows.iterrows()}
+        return {s: float(v) for s, v in vals.items() if not pd.isna(v)}
 
-    def failure(self, role: str) -> str | None:
-        g = self.group(role)
-        found = [] if g is None else [f for f in g.cells["failure"] if isinstance(f, str)]
-        return found[0] if found else None
-
-    def shown(self, role: str) -> str:
-        """The role's top-1, or "fail" with why (pretrain.failure)."""
-        v, why = self.top1(role), self.failure(role)
-        return f"{pct(v)} ({why})" if v.status == "fail" and why else pct(v)
+    def ran(self, *roles) -> bool:
+        return all(self.value(r).status != "missing" for r in roles)
 
 
-def pct(v: Value) -> str:
-    return "fail" if v.status == "fail" else "—" if v.mean is None else f"{v.mean:.1f}"
+def data_size(cfg: dict, results: Path) -> tuple[int | None, int | None]:
+    """(training images, classes): the embedded data's from the config, else the conversion report."""
+    n = training_set_size(cfg)
+    if n is not None:
+        from pipeline.synthetic import CLASSES
+
+        return n, len(CLASSES)
+    try:
+        report = json.loads((results / "data" / "ffcv" / "train.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None, None
+    return report.get("num_samples"), len(report.get("classes", [])) or None
 
 
-def ran(*values: Value) -> bool:
-    return all(v.status != "missing" for v in values)
+# --- what only the results can tell ----------------------------------------------------------------
+def plateau_needs(c: Cells) -> str:
+    return f"{c.ids['reference']} past the loss plateau (every seed's probe above random init's 95 % CI)"
 
 
-def verdict(holds: bool) -> str:
-    return HOLDS if holds else FAILS
+def past_plateau(c: Cells, role: str = "reference") -> str | None:
+    """Why the ``role`` runs (the reference every accuracy claim rests on) cannot decide an
+    accuracy claim, or None: a seed that failed, or whose linear top-1 is within (or below)
+    random init's CI, is still on the plateau where the pretext loss sits near chance and the
+    encoder is no better than a random one."""
+    rand = c.value("random")
+    if rand.half is None:
+        return f"needs ≥ 2 random-init seeds to tell a trained encoder from a random one (has {rand.n})"
+    ref = c.value(role)
+    stuck = {s: v for s, v in c.by_seed(role, METRIC).items() if v <= rand.mean + rand.half}
+    stuck_failed = len(ref.failed_seeds)
+    if not stuck and not stuck_failed:
+        return None
+    n = ref.n + ref.failed
+    seeds = ", ".join(f"seed {s}: {v:.1f}" for s, v in sorted(stuck.items()))
+    failed = f"{stuck_failed} failed" if stuck_failed else ""
+    return (
+        f"{len(stuck) + stuck_failed} of {n} seeds of {c.ids[role]} still on the plateau "
+        f"({'; '.join(x for x in (seeds, failed) if x)}; random init {rand.estimate.text()}): needs a longer run"
+    )
 
 
-def better(a: Value, b: Value) -> bool:
-    """a beats b in linear top-1 (a failed run beats nothing; anything beats a failed run)."""
-    if a.status == "fail":
-        return False
-    return b.status == "fail" or a.mean > b.mean
+def undecidable(reason: str) -> str:
+    return f"{NOT_DECIDABLE} ({reason})"
 
 
-# --- the claims ---------------------------------------------------------------------------------
+# --- comparisons ----------------------------------------------------------------------------------
+@dataclass
+class Comparison:
+    label: str
+    verdict: str
+    text: str
+
+
+def compare_roles(c: Cells, a: str, b: str, direction: int, magnitude: float | None = None) -> Comparison:
+    """Δ = a − b in linear top-1, paired by seed; the claim: Δ has the sign of ``direction``
+    (by at least ``magnitude``). A seed that failed on either side makes it inconclusive."""
+    d = delta(c.value(a), c.value(b))
+    label = f"{c.ids[a]} − {c.ids[b]}"
+    shown = "no pair" if d.estimate is None else d.estimate.text(signed=True)
+    if d.failed:
+        return Comparison(label, INCONCLUSIVE, f"{label}: Δ {shown}, {d.failed} of {d.pairs} seeds failed")
+    verdict, why = stats.judge(d.estimate, direction, magnitude)
+    return Comparison(label, verdict, f"{label}: Δ {shown} ({why})")
+
+
+def accuracy_claim(text, source, needs, comparisons: list[Comparison], cells) -> Claim:
+    return Claim(
+        text,
+        source,
+        needs,
+        "; ".join(x.text for x in comparisons),
+        stats.combine([x.verdict for x in comparisons]),
+        cells,
+    )
+
+
+def gate(c: Cells, key: str, plateau: bool = True) -> str | None:
+    """The verdict claim ``key`` gets before its numbers: not decidable a priori
+    (pipeline.claims_plan), not run, or its reference still on the plateau; None when the
+    numbers decide it."""
+    need = c.needs[key]
+    if need.why_not:
+        return undecidable(need.why_not)
+    if not c.ran(*need.roles):
+        return NOT_RUN
+    if plateau:
+        why = past_plateau(c)
+        if why:
+            return undecidable(why)
+    return None
+
+
+# --- the claims -----------------------------------------------------------------------------------
 SEED_NOTES = "seed 000 (MoCo notes)"
 SEED_BLOG = "seed 002 (MoCo explainer)"
 PAPER = "MoCo paper (He et al. 2020)"
 
 
+def _epochs(c: Cells) -> str:
+    steps = c.budget.steps
+    return f"{c.claims.epochs} epochs ({'?' if steps is None else f'{steps:,}'} steps), {c.claims.seeds} seeds"
+
+
+def _ks(ks) -> str:
+    return " vs ".join(f"{k:,}" for k in ks)
+
+
 def fifo_bound(c: Cells) -> Claim:
-    roles = [f"K={k},{p}" for k in c.claims.K for p in QUEUE_POLICIES]
-    text = "FIFO bounds a negative's age at K/B steps; random replacement keeps arbitrarily old keys"
-    if not all(c.group(r) is not None and c.final(r, "queue_age_max") is not None for r in roles):
-        return Claim(text, SEED_NOTES, "", NOT_RUN, c.cells(*roles))
-    parts, holds = [], True
-    for k in c.claims.K:
+    ks = sorted(c.claims.K)
+    roles = [f"K={k},{p}" for k in ks for p in QUEUE_POLICIES]
+    text = (
+        "FIFO bounds a negative's age at K/B steps; random replacement keeps older keys "
+        f"(run: K = {_ks(ks)}, each FIFO and random, {_epochs(c)})"
+    )
+    needs = c.needs["fifo"].text
+    verdict = gate(c, "fifo", plateau=False)
+    if verdict:
+        return Claim(text, SEED_NOTES, needs, "", verdict, c.cells(*roles))
+    parts, fifo_ages, random_older = [], [], []  # per run: max age - K/B; an older key than K/B kept
+    for k in ks:
         span = k // c.batch
-        fifo, rand = (c.final(f"K={k},{p}", "queue_age_max") for p in QUEUE_POLICIES)
-        drift = [c.final(f"K={k},{p}", "negative_drift_max") for p in QUEUE_POLICIES]
-        holds &= fifo == span and rand > span
-        parts.append(
-            f"K={k} (K/B={span}): max age FIFO {fifo:.0f}, random {rand:.0f}; negatives' max drift "
-            f"{_num(drift[0])}% vs {_num(drift[1])}%; top-1 "
-            f"{pct(c.top1(f'K={k},fifo'))} vs {pct(c.top1(f'K={k},random'))}"
-        )
-    return Claim(text, SEED_NOTES, "; ".join(parts), verdict(holds), c.cells(*roles))
+        fifo, rand = (c.by_seed(f"K={k},{p}", "queue_age_max", failed_too=True) for p in QUEUE_POLICIES)
+        fifo_ages += [age - span for age in fifo.values()]
+        random_older += [age > span for age in rand.values()]
+        parts.append(f"K={k} (K/B={span}): max age FIFO {_range(fifo)}, random {_range(rand)} ({len(fifo)} seeds)")
+    if any(excess > 0 for excess in fifo_ages):
+        verdict = CONTRADICTED  # a FIFO key older than K/B steps: the bound is broken
+    elif min(len(fifo_ages), len(random_older)) < 2:
+        verdict = INCONCLUSIVE
+    elif all(excess == 0 for excess in fifo_ages) and all(random_older):
+        verdict = HOLDS
+    else:
+        verdict = CONTRADICTED if not any(random_older) else INCONCLUSIVE
+    return Claim(text, SEED_NOTES, needs, "; ".join(parts), verdict, c.cells(*roles))
 
 
-def _num(x: float | None) -> str:
-    return "?" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+def _range(vals: dict) -> str:
+    if not vals:
+        return "?"
+    lo, hi = min(vals.values()), max(vals.values())
+    return f"{lo:.0f}" if lo == hi else f"{lo:.0f}–{hi:.0f}"
 
 
 def low_momentum(c: Cells) -> Claim:
     low = [m for m in c.claims.m if 0 < m < 0.99]
-    high = [m for m in c.claims.m if m in (0.99, 0.999)]
-    roles = [f"m={m}" for m in low + high]
-    text = "m < 0.99 loses accuracy (~5 points): at m = 0.5 the key encoder's half-life is ~1 step"
-    vals = {m: c.top1(f"m={m}") for m in low + high}
-    if not low or not high or not ran(*vals.values()):
-        return Claim(text, SEED_NOTES, "", NOT_RUN, c.cells(*roles))
-    best = max(high, key=lambda m: -math.inf if vals[m].mean is None else vals[m].mean)
-    gaps = ", ".join(f"m={format_value(m)}: {c.shown(f'm={m}')}" for m in low)
-    holds = all(better(vals[best], vals[m]) for m in low)
-    return Claim(
-        text, SEED_NOTES, f"top-1 {gaps} vs m={format_value(best)}: {pct(vals[best])}", verdict(holds), c.cells(*roles)
+    roles, against = [f"m={m}" for m in low], "m=0.99"
+    text = (
+        f"m < 0.99 loses accuracy (~{LOW_M_LOSS:g} points) (run: m = {', '.join(map(format_value, low))} "
+        f"vs m = 0.99, {_epochs(c)})"
     )
+    needs = f"{c.needs['low_m'].text}; {plateau_needs(c)}"
+    cells = c.cells(*roles, against) if against in c.ids else []
+    if not low or against not in c.ids:
+        return Claim(text, SEED_NOTES, needs, "claims.m needs 0.99 and a value in (0, 0.99)", NOT_RUN, cells)
+    verdict = gate(c, "low_m")
+    if verdict:
+        return Claim(text, SEED_NOTES, needs, "", verdict, cells)
+    comparisons = [compare_roles(c, r, against, direction=-1, magnitude=LOW_M_LOSS) for r in roles]
+    return accuracy_claim(text, SEED_NOTES, needs, comparisons, cells)
 
 
 def zero_momentum(c: Cells) -> Claim:
-    text = "m = 0 (the key encoder is the query encoder): training fails"
+    text = f"m = 0 (the key encoder is the query encoder): training fails (run: m = 0, {_epochs(c)}; random init)"
+    source = PAPER + ", §4.1 momentum ablation"
+    needs = "≥ 2 seeds of m = 0 and of random init (the direct measure: the probe at random init's level)"
     role = next((f"m={m}" for m in c.claims.m if m == 0), None)
-    if role is None or not ran(c.top1(role)):
-        return Claim(text, PAPER + ", §4.1 momentum ablation", "", NOT_RUN, c.cells(role) if role else [])
-    failure = c.failure(role)
-    measured = failure or f"trained without failing: top-1 {pct(c.top1(role))}"
-    return Claim(text, PAPER + ", §4.1 momentum ablation", measured, verdict(failure is not None), c.cells(role))
+    if role is None:
+        return Claim(text, source, needs, "claims.m has no 0", NOT_RUN, [])
+    verdict = gate(c, "zero_m", plateau=False)
+    if verdict:
+        return Claim(text, source, needs, "", verdict, c.cells(role, "random"))
+    v = c.value(role)
+    runs, failed = v.n + v.failed, v.failed
+    # the direct measure: the probe of every seed, failed ones included, against random init's
+    d = stats.paired(c.by_seed(role, METRIC, failed_too=True), c.by_seed("random", METRIC))
+    above, why = stats.judge(d)
+    measured = (
+        f"{failed} of {runs} seeds failed by the loss rule (diverged, or the loss at the method's chance); "
+        f"probe − random init: Δ {'no pair' if d is None else d.text(signed=True)} ({why})"
+    )
+    if d is None or d.half is None:
+        verdict = INCONCLUSIVE
+    elif above == HOLDS:  # the probe is above random init: it learned
+        verdict = CONTRADICTED if failed == 0 else INCONCLUSIVE
+    else:
+        verdict = HOLDS if failed == runs else INCONCLUSIVE
+    return Claim(text, source, needs, measured, verdict, c.cells(role, "random"))
 
 
 def key_encoder(c: Cells) -> Claim:
-    text = "The key encoder never receives gradients and has no optimizer state; it is the EMA of the query encoder"
+    text = (
+        "The key encoder never receives gradients and has no optimizer state; it is the EMA of the query encoder "
+        "(checked in every trained claims run)"
+    )
     records = [
         (cell, rec)
         for g in c.gs.values()
@@ -179,8 +309,9 @@ def key_encoder(c: Cells) -> Claim:
         for cell, rec in zip(g.cells["cell"], g.cells["key_encoder"])
         if isinstance(rec, dict)
     ]
+    needs = "≥ 2 trained runs with a momentum encoder"
     if not records:
-        return Claim(text, SEED_NOTES, "", NOT_RUN, [])
+        return Claim(text, SEED_NOTES, needs, "", NOT_RUN, [])
     held = sum(bool(r["holds"]) for _, r in records)
     errors = [r["ema_replay"]["max_relative_error"] for _, r in records]
     grads = sum(
@@ -191,66 +322,54 @@ def key_encoder(c: Cells) -> Claim:
         f"{held} of {len(records)} trained runs: key parameters in the optimizer, with state or with "
         f"gradients: {grads}; the last steps replayed as the EMA: max relative error {max(errors):.1e}"
     )
-    return Claim(text, SEED_NOTES, measured, verdict(held == len(records)), [c for c, _ in records])
+    verdict = CONTRADICTED if held < len(records) else HOLDS if len(records) >= 2 else INCONCLUSIVE
+    return Claim(text, SEED_NOTES, needs, measured, verdict, [c for c, _ in records])
 
 
 def larger_queue(c: Cells) -> Claim:
     ks = sorted(c.claims.K)
     roles = [f"K={k},fifo" for k in ks]
-    text = "A larger queue helps (K from 1024 to 65,536 steadily improves accuracy)"
-    vals = [c.top1(r) for r in roles]
-    if len(ks) < 2 or not ran(*vals):
-        return Claim(text, SEED_BLOG, "", NOT_RUN, c.cells(*roles))
-    holds = all(better(b, a) for a, b in zip(vals, vals[1:]))
-    measured = "top-1 " + ", ".join(f"K={k}: {pct(v)}" for k, v in zip(ks, vals))
-    return Claim(text, SEED_BLOG, measured, verdict(holds), c.cells(*roles))
+    text = f"A larger queue helps (the source: K from 1,024 to 65,536) (run: K = {_ks(ks)}, FIFO, {_epochs(c)})"
+    needs = f"{c.needs['larger_K'].text}; {plateau_needs(c)}"
+    if len(ks) < 2:
+        return Claim(text, SEED_BLOG, needs, "claims.K has one value", NOT_RUN, c.cells(*roles))
+    verdict = gate(c, "larger_K")
+    if verdict:
+        return Claim(text, SEED_BLOG, needs, "", verdict, c.cells(*roles))
+    comparisons = [compare_roles(c, b, a, direction=1) for a, b in zip(roles, roles[1:])]
+    return accuracy_claim(text, SEED_BLOG, needs, comparisons, c.cells(*roles))
 
 
 def slow_momentum(c: Cells) -> Claim:
-    text = "m = 0.9999 is too slow: the key encoder barely moves (worse than m = 0.999)"
+    text = f"m = 0.9999 is too slow: the key encoder barely moves (run: m = 0.9999 vs 0.999, {_epochs(c)})"
+    roles = ["m=0.9999", "m=0.999"]
+    needs = f"{c.needs['slow_m'].text}; {plateau_needs(c)}"
     if not {0.999, 0.9999} <= set(c.claims.m):
-        return Claim(text, SEED_BLOG, "", NOT_RUN, [])
-    fast, slow = c.top1("m=0.999"), c.top1("m=0.9999")
-    if not ran(fast, slow):
-        return Claim(text, SEED_BLOG, "", NOT_RUN, c.cells("m=0.999", "m=0.9999"))
-    return Claim(
-        text,
-        SEED_BLOG,
-        f"top-1 m=0.9999: {pct(slow)} vs m=0.999: {pct(fast)}",
-        verdict(better(fast, slow)),
-        c.cells("m=0.999", "m=0.9999"),
-    )
+        return Claim(text, SEED_BLOG, needs, "claims.m lacks 0.999 or 0.9999", NOT_RUN, [])
+    verdict = gate(c, "slow_m")
+    if verdict:
+        return Claim(text, SEED_BLOG, needs, "", verdict, c.cells(*roles))
+    return accuracy_claim(text, SEED_BLOG, needs, [compare_roles(c, *roles, direction=-1)], c.cells(*roles))
 
 
 def longer_schedule(c: Cells) -> Claim:
-    text = "A longer schedule helps (200 epochs work much better than 100)"
-    short, long = c.top1("reference"), c.top1("long")
-    cells = c.cells("reference", "long")
-    if not ran(short, long):
-        return Claim(text, SEED_BLOG, "", NOT_RUN, cells)
     e, le = c.claims.epochs, c.claims.long_epochs
-    return Claim(
-        text,
-        SEED_BLOG,
-        f"top-1 {le} epochs: {pct(long)} vs {e} epochs: {pct(short)}",
-        verdict(better(long, short)),
-        cells,
-    )
+    text = f"A longer schedule helps (the source: 200 vs 100 epochs) (run: {le} vs {e} epochs, {c.claims.seeds} seeds)"
+    verdict = gate(c, "longer")
+    if verdict:
+        return Claim(text, SEED_BLOG, plateau_needs(c), "", verdict, c.cells("reference", "long"))
+    comparison = compare_roles(c, "long", "reference", direction=1)
+    return accuracy_claim(text, SEED_BLOG, plateau_needs(c), [comparison], c.cells("reference", "long"))
 
 
 def memory_bank(c: Cells) -> Claim:
-    text = "A memory bank's stale keys do worse than MoCo's queue (same K)"
-    moco, bank = c.top1("reference"), c.top1("memory_bank")
-    cells = c.cells("reference", "memory_bank")
-    if not ran(moco, bank):
-        return Claim(text, PAPER + ", Figure 3", "", NOT_RUN, cells)
-    return Claim(
-        text,
-        PAPER + ", Figure 3",
-        f"top-1 MoCo: {pct(moco)} vs memory bank: {c.shown('memory_bank')}",
-        verdict(better(moco, bank)),
-        cells,
-    )
+    text = f"A memory bank's stale keys do worse than MoCo's queue (run: same K, {_epochs(c)})"
+    source = PAPER + ", Figure 3"
+    verdict = gate(c, "memory_bank")
+    if verdict:
+        return Claim(text, source, plateau_needs(c), "", verdict, c.cells("reference", "memory_bank"))
+    comparison = compare_roles(c, "memory_bank", "reference", direction=-1)
+    return accuracy_claim(text, source, plateau_needs(c), [comparison], c.cells("reference", "memory_bank"))
 
 
 CLAIMS = [
@@ -266,28 +385,33 @@ CLAIMS = [
 
 
 # --- tables -------------------------------------------------------------------------------------
-def claims_table(c: Cells, cfg: dict, prov) -> Table:
+def claims_table(c: Cells, prov) -> Table:
     rows = [claim(c) for claim in CLAIMS]
     e, le = c.claims.epochs, c.claims.long_epochs
-    seeds = section("grid", cfg.get("grid")).seeds
+    steps = c.budget.steps
+    budget = f"{e} epochs = {steps:,} steps of batch {c.batch}" if steps is not None else f"{e} epochs"
+    cannot = [r.text.split(" (")[0] for r in rows if r.verdict.startswith(NOT_DECIDABLE)]
     notes = [
-        f"Cells: the base cell trained {e} epochs (the schedule claim: {le}), varied one setting at a "
-        f"time; {seeds} seed{'s' * (seeds > 1)} per cell; accuracy is the linear probe's top-1.",
-        "holds / does not hold: the direction of the measured difference only. "
-        + (
-            "With one seed per cell the noise is unknown: differences of a point or two may be seed noise."
-            if seeds == 1
-            else "Means over the seeds; compare the differences with the ± of claims_momentum."
-        ),
+        f"Cells: the base cell trained {e} epochs (the schedule claim: {le}), varied one setting at a time, "
+        f"{c.claims.seeds} seeds each (claims.seeds), and random init; accuracy is the linear probe's top-1.",
+        "Δ a − b: a's seed s minus b's seed s, mean ± 95 % CI (Student t) over the n seeds both ran. "
+        "holds: the CI excludes 0 on the claimed side (and reaches a claimed size); contradicted: it excludes "
+        "0 on the other side (or lies short of the claimed size); inconclusive: otherwise, or one seed, or a "
+        "seed that failed (for the m = 0 claim a failure is its evidence); the invariants (FIFO bound, key "
+        "encoder) hold when every run satisfies them (≥ 2 runs).",
+        f"not decidable here: the experiment cannot decide the claim (the needs column; the reason says what "
+        f"would). This budget ({budget}, {c.claims.seeds} seeds) cannot decide: "
+        + ("; ".join(cannot) if cannot else "none of them")
+        + ".",
         "not run: a cell the claim needs has no result yet (snakemake claims computes them).",
     ]
     return Table(
         "claims",
         "The seeds' claims, measured",
-        ["claim", "source", "measured", "verdict"],
+        ["claim", "source", "needs", "measured", "verdict"],
         [],
         [],
-        [Row([r.text, r.source, r.measured or "—", r.verdict], [], r.cells) for r in rows],
+        [Row([r.text, r.source, r.needs, r.measured or "—", r.verdict], [], r.cells) for r in rows],
         prov([g for g in (c.group(r) for r in c.ids) if g is not None], vary=set()),
         notes=notes,
     )
@@ -314,11 +438,11 @@ def queue_table(c: Cells, prov) -> Table:
         "Ages and drifts at the end of training; drift = ||θk(now) − θk(when encoded)|| / "
         "||θk(now)|| over the keys in the queue (a count sketch of the parameters, ~2% error)."
     )
-    return table
+    return compare(table, c.group("reference"), c.ids["reference"])
 
 
 def claims_tables(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
-    c = Cells(df, cfg)
+    c = Cells(df, cfg, results)
     prov = provenance_factory(df, cfg, results)
     mom = momentum(
         c.gs,
@@ -327,7 +451,7 @@ def claims_tables(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
         name="claims_momentum",
         metrics=["top1", "knn_top1", "drift", "negative_drift_mean"],
     )
-    return [claims_table(c, cfg, prov), mom, queue_table(c, prov)]
+    return with_environment([claims_table(c, prov), mom, queue_table(c, prov)], df)
 
 
 def run(results: Path, cfg: dict) -> str:

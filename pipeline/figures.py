@@ -2,7 +2,9 @@
 
 - accuracy_vs_K: linear (solid) and kNN (dashed) top-1 over the number of negatives, one line
   per mechanism (end-to-end, memory bank, MoCo), log x (the paper's Figure 3)
-- accuracy_vs_m: top-1 over the key-encoder momentum; diverged runs marked "fail"
+- accuracy_vs_m: top-1 over the key-encoder momentum; failed runs marked "fail"
+
+Points are means over seeds, error bars their 95 % confidence intervals (pipeline.stats).
 - staleness: queue age (mean solid, max dashed, in steps) over the epochs, one line per cell
 - bn_leak: instance accuracy and the kNN monitor over the epochs, the BN-leak guard on and off
 - curves/<cell>: pretraining loss, instance accuracy (and the kNN monitor if logged),
@@ -54,11 +56,11 @@ def _no_data(ax, text="no data yet") -> None:
 
 
 def _plot_values(ax, xs, vals, **kw):
-    """Points with a mean (error bars for seeds); diverged ones as red crosses on the x axis."""
+    """Points with a mean (error bars: the 95 % CI over seeds); failed ones as red crosses on the x axis."""
     ok = [(x, v) for x, v in zip(xs, vals) if v.status == "ok"]
     if ok:
         ax.errorbar(
-            [x for x, _ in ok], [v.mean for _, v in ok], yerr=[v.std or 0 for _, v in ok], marker="o", capsize=3, **kw
+            [x for x, _ in ok], [v.mean for _, v in ok], yerr=[v.half or 0 for _, v in ok], marker="o", capsize=3, **kw
         )
     return [x for x, v in zip(xs, vals) if v.status == "fail"]
 
@@ -73,7 +75,7 @@ def _mark_fails(ax, xs) -> None:
             ms=9,
             mew=2,
             transform=ax.get_xaxis_transform(),
-            label="fail (diverged)",
+            label="fail (diverged or collapsed)",
         )
 
 
@@ -227,7 +229,7 @@ def curves(results: Path, cell: str, status: str):
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle(f"{cell}" + (" (diverged)" if status == "fail" else ""))
+    fig.suptitle(f"{cell}" + (" (failed: diverged or collapsed)" if status == "fail" else ""))
     fig.tight_layout()
     return fig
 

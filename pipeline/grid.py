@@ -12,6 +12,7 @@ import math
 
 import yaml
 
+from pipeline.claims_plan import Budget, role_seeds
 from pipeline.config import ConfigError, as_section, merge, pretrain_cell, section
 from pipeline.layout import QUEUE_POLICIES
 from pipeline.sections import Claims, Grid, Pretrain, Resources
@@ -126,7 +127,8 @@ def grid_cells(cfg: dict) -> dict[str, dict]:
 def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
     """The cells the claims study needs (``snakemake claims``), as overrides of the base cell,
     by role: a reference cell trained ``claims.epochs``; around it each m, each K under each
-    queue policy and the memory bank; and the reference trained ``claims.long_epochs``."""
+    queue policy and the memory bank; the reference trained ``claims.long_epochs``; and random
+    init (the level a run on the loss plateau sits at, and m = 0's direct measure)."""
     short = {"epochs": claims.epochs}
 
     def policy(name):  # the base's own policy (unset: FIFO) is the same cell as the base's
@@ -138,11 +140,13 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
         **{f"K={k},{p}": {**short, "K": k, **policy(p)} for k in claims.K for p in QUEUE_POLICIES},
         "memory_bank": {**short, "mechanism": "memory_bank"},
         "long": {"epochs": claims.long_epochs},
+        "random": {"method": "random"},  # the grid's baseline cell: no training, any length
     }
 
 
 def claims_cells(cfg: dict) -> dict[str, dict]:
-    """The claims study's cells: id -> full pretrain parameters (validated; grid.seeds apply)."""
+    """The claims study's cells: id -> full pretrain parameters (validated); ``claims.seeds`` of
+    each cell a claim this budget can decide needs, one of the others (pipeline.claims_plan)."""
     base = section("pretrain", cfg["pretrain"])
     if "claims" not in cfg:
         raise ConfigError("the config has no 'claims' section (workflow/config/config.yaml has one)")
@@ -151,14 +155,20 @@ def claims_cells(cfg: dict) -> dict[str, dict]:
             "claims: the claims vary the queue and the momentum of MoCo v1/v2; the base cell "
             f"(pretrain) is method={base.method} variant={base.variant} mechanism={base.mechanism}"
         )
-    return _cells(cfg, list(claims_overrides(section("claims", cfg["claims"]), base).values()))
+    claims = section("claims", cfg["claims"])
+    overrides = claims_overrides(claims, base)
+    budget = Budget(training_set_size(cfg), None, base.batch_size, claims.epochs)
+    seeds = role_seeds(claims, budget, overrides)
+    return _cells(cfg, [r for role, o in overrides.items() for r in _replicates([o], seeds[role], cfg["pretrain"])], 1)
 
 
-def _cells(cfg: dict, overrides: list[dict]) -> dict[str, dict]:
+def _cells(cfg: dict, overrides: list[dict], seeds: int | None = None) -> dict[str, dict]:
+    """The cells of ``overrides``, ``seeds`` of each (None: grid.seeds)."""
     base, typed_base = cfg["pretrain"], section("pretrain", cfg["pretrain"])  # typed once, not per cell
     num_samples = training_set_size(cfg)
+    seeds = section("grid", cfg.get("grid")).seeds if seeds is None else seeds
     cells: dict[str, dict] = {}
-    for override in _replicates(overrides, section("grid", cfg.get("grid")).seeds, base):
+    for override in _replicates(overrides, seeds, base):
         params = merge(base, override)
         cid = cell_id(base, params)
         check_cell(cid, typed_base, override, num_samples)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from pipeline import checkpoint, cpus, distributed, preempt
+from pipeline import checkpoint, cpus, distributed, preempt, provenance
 from pipeline.augment import view_recipes
 from pipeline.board import Board, board_dir
 from pipeline.config import ConfigError, load_stage_config, pretrain_warnings, section
@@ -59,8 +59,9 @@ LOG_COLUMNS = [
     "negative_drift_max",
     "seconds",
 ]
-# A pretext loss this close to ln(candidates) means every logit is alike: the encoder tells the
-# positive from no negative any more (the paper's "training fails" at m = 0)
+# A pretext loss this close to the method's chance loss (Method.chance_loss: ln(candidates) for
+# one cross-entropy) means every logit is alike: the encoder tells the positive from no negative
+# any more (the paper's "training fails" at m = 0)
 CHANCE_LOSS_FRACTION = 0.99
 
 
@@ -335,7 +336,7 @@ class Trainer:
             "seconds": round(s.seconds, 2),
         }
         row.update(model.diagnostics())  # m, drifts, queue ages: whatever the method reports
-        row["chance_loss"] = round(math.log(max(s.candidates, 1)), 5)
+        row["chance_loss"] = round(model.chance_loss(max(s.candidates, 1)), 5)
         return row
 
 
@@ -396,7 +397,7 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
 
 def failure(log_rows: list[dict]) -> str | None:
     """Why a run counts as failed, or None: its loss diverged, or its last epoch's pretext loss
-    sits at chance, ln(candidates) (the paper's m = 0 row: training fails)."""
+    sits at the method's chance loss (the paper's m = 0 row: training fails)."""
     if not log_rows:
         return None
     last = log_rows[-1]
@@ -404,7 +405,7 @@ def failure(log_rows: list[dict]) -> str | None:
         return f"diverged: loss {last['loss']} at epoch {last['epoch']}"
     chance = last.get("chance_loss")
     if chance and last["loss"] >= CHANCE_LOSS_FRACTION * chance:
-        return f"collapsed: loss {last['loss']:.3f} at chance, ln({round(math.exp(chance))}) = {chance:.3f}"
+        return f"collapsed: loss {last['loss']:.3f} at chance ({chance:.3f}: every logit alike)"
     return None
 
 
@@ -435,6 +436,7 @@ def finish(
         "bn_guard": bn_guard,
         "final": log_rows[-1] if log_rows else {},
         "key_encoder": key_encoder,
+        "provenance": provenance.record(),  # CPU, flags, library versions, commit
     }  # no optimizer entry, no gradient, EMA replayed (ema_check)
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)

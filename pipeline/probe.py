@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from pipeline import checkpoint, cpus
+from pipeline import checkpoint, cpus, provenance
 from pipeline.augment import DeviceCrop, normalize
 from pipeline.board import Board, board_dir
 from pipeline.config import ConfigError, as_section, load_stage_config
@@ -249,6 +249,7 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
         "feature_dim": int(train_x.shape[1]),
         "config": cfg,
         "timing": watch.report(),
+        "provenance": provenance.record(),  # CPU, flags, library versions, commit
     }
     atomic_write_json(metrics, out)
     board = Board(board_dir(out.parent, "probe"), "probe")  # the training curve

@@ -208,9 +208,11 @@ class Grid:
 
 @dataclass(frozen=True, kw_only=True)
 class Claims:
-    """snakemake claims: cells around the base trained ``epochs``, and ``long_epochs`` once."""
+    """snakemake claims: cells around the base trained ``epochs``, and ``long_epochs`` once;
+    ``seeds`` of each (paired by seed; a verdict needs a 95 % CI, so >= 2)."""
 
     epochs: int = 5
     long_epochs: int = 10
+    seeds: int = 3
     m: tuple = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999)
     K: tuple = (256, 1024)  # each under FIFO and random replacement

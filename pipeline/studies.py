@@ -2,8 +2,10 @@
 
 ``collect`` reads whatever exists under ``<results>/cells/*`` (plus the cells the grid expects,
 so that a cell not computed yet still gets its row). Cells that differ only in ``seed`` form
-one *group*, shown as mean ± std. Each study function returns a ``Table`` (rows of key strings
-and ``Value``s) that pipeline.tables renders as Markdown, CSV and LaTeX.
+one *group*, shown as mean ± the half-width of its 95 % confidence interval, with n. Rows compare
+with a reference group (the base, or random init) paired by seed (pipeline.stats). Each study
+function returns a ``Table`` (rows of key strings and ``Value``s) that pipeline.tables renders as
+Markdown, CSV and LaTeX.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline import stats
+from pipeline.claims_plan import half_life
 from pipeline.config import ConfigError, as_section, merge
 from pipeline.grid import AXES, BASE_ID, format_value, group_id, parse_cell_id
 from pipeline.layout import BACKBONE_LABELS, cell_file
+from pipeline.provenance import environment_note
 from pipeline.sections import Detect, Pretrain
 
 METRICS = {
@@ -49,6 +54,7 @@ SAMPLES = "_samples"  # column suffix: a metric's values per trial within the ce
 PAPER_M = [0, 0.5, 0.9, 0.99, 0.999, 0.9999]  # the MoCo paper's momentum rows, and the seeds' m = 0.5
 MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": "MoCo"}
 METHOD_LABELS = {"moco": "MoCo", "supervised": "supervised", "random": "random init"}
+RANDOM_ID, RANDOM_LABEL = "method=random", METHOD_LABELS["random"]  # the main table's reference
 SEPARATE = {"method", "variant", "backbone", "mechanism", "K", "m", "epochs", "seed", "shuffle_bn"}  # own study or none
 # the BN leak's signature (paper 3.3): without the guard the pretext task gets easier (instance
 # accuracy up) while the representation gets worse (probe accuracy down)
@@ -104,6 +110,8 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
         "probe_mode": probe.get("mode"),
         "failure": summary.get("failure") or ("diverged" if summary.get("diverged") else None),
         "key_encoder": summary.get("key_encoder"),
+        # where its pretraining and its probe ran (pipeline.provenance); None: not recorded
+        "provenance": [r.get("provenance") for r in (summary, probe) if r],
         **{k: final.get(k) for k in QUEUE_METRICS},
     }
     row.update({k: probe.get(k) for k in ("top1", "top5", "knn_top1")})
@@ -147,32 +155,72 @@ def collect(results: Path, expected: dict[str, dict] | None = None) -> pd.DataFr
 # --- groups of seeds -------------------------------------------------------------------------
 @dataclass
 class Value:
-    """One table entry: mean ± std over the group's seeds that have the metric."""
+    """One table entry: mean and 95 % CI over the group's seeds that have the metric; the seeds
+    that failed are counted, never averaged."""
 
     mean: float | None = None
     std: float | None = None
-    n: int = 0  # seeds with a value
-    failed: int = 0  # seeds whose pretraining diverged (excluded from the mean)
+    n: int = 0  # values behind the mean: seeds (for detection, seeds x trials)
+    failed: int = 0  # seeds whose pretraining failed (diverged or collapsed)
+    by_seed: dict = field(default_factory=dict)  # seed -> its value (its trials' mean): for pairing
+    failed_seeds: frozenset = frozenset()
 
     @property
     def status(self) -> str:
         return "ok" if self.n else ("fail" if self.failed else "missing")
 
+    @property
+    def half(self) -> float | None:
+        """Half-width of the 95 % CI of the mean (Student t; None for n < 2)."""
+        return stats.ci_half_width(self.std, self.n)
+
+    @property
+    def estimate(self) -> stats.Estimate | None:
+        return None if self.mean is None else stats.Estimate(self.mean, self.half, self.n)
+
+
+def seed_of(cell: pd.Series) -> int:
+    s = cell.get("seed")
+    return 0 if s is None or (isinstance(s, float) and math.isnan(s)) else int(s)
+
 
 def value(cells: pd.DataFrame | None, metric: str) -> Value:
-    """Mean ± sample std over the group's seeds (and, for detection, over each seed's trials)."""
+    """Mean, sample std and n over the group's seeds that did not fail (for detection, over each
+    seed's trials), each seed's own value, and the seeds that failed."""
     if cells is None or cells.empty:
         return Value()
-    failed = int((cells["status"] == "fail").sum())
-    ok = cells["status"] != "fail"
-    if metric + SAMPLES in cells:
-        vals = [float(v) for samples in cells.loc[ok, metric + SAMPLES] for v in samples]
-    else:
-        vals = cells.loc[ok, metric].dropna().astype(float).tolist()
+    failed = frozenset(seed_of(c) for _, c in cells[cells["status"] == "fail"].iterrows())
+    by_seed, vals = {}, []
+    for _, c in cells[cells["status"] != "fail"].iterrows():
+        samples = c.get(metric + SAMPLES) if metric + SAMPLES in cells else [c.get(metric)]
+        samples = [float(v) for v in samples if v is not None and not pd.isna(v)]
+        if samples:
+            vals += samples
+            by_seed[seed_of(c)] = sum(samples) / len(samples)
     if not vals:
-        return Value(failed=failed)
+        return Value(failed=len(failed), failed_seeds=failed)
     std = statistics.stdev(vals) if len(vals) > 1 else None  # sample std, as detect.summarize_trials
-    return Value(statistics.fmean(vals), std, len(vals), failed)
+    return Value(statistics.fmean(vals), std, len(vals), len(failed), by_seed, failed)
+
+
+@dataclass
+class Delta:
+    """A row's paired difference from its table's reference: seed s minus the reference's seed s,
+    over the seeds both ran without failing; ``failed`` of the ``pairs`` seeds both ran failed
+    on either side (not averaged)."""
+
+    estimate: stats.Estimate | None
+    pairs: int
+    failed: int
+
+
+def delta(v: Value, ref: Value) -> Delta | None:
+    """Paired Δ of a row's value against the reference's (None when either was not computed)."""
+    if v.status == "missing" or ref.status == "missing":
+        return None
+    seeds = (v.by_seed.keys() | v.failed_seeds) & (ref.by_seed.keys() | ref.failed_seeds)
+    failed = len(seeds & (v.failed_seeds | ref.failed_seeds))
+    return Delta(stats.paired(v.by_seed, ref.by_seed), len(seeds), failed)
 
 
 @dataclass
@@ -204,6 +252,8 @@ class Row:
     keys: list[str]
     values: list[Value]
     cells: list[str] = field(default_factory=list)
+    delta: Delta | None = None  # against the table's reference (Table.compared)
+    reference: bool = False  # this row is the reference
 
 
 @dataclass
@@ -217,6 +267,8 @@ class Table:
     provenance: str = ""
     groups: list[tuple[str, list[str]]] = field(default_factory=list)  # LaTeX: spanning header, short headers
     notes: list[str] = field(default_factory=list)  # footnotes of this table's own
+    compared: tuple[str, str] | None = None  # (metric, reference label): a paired-Δ column
+    environment: str = ""  # where the runs behind it ran (pipeline.provenance)
 
     def decimals(self) -> list[int]:
         """Decimals shown for each value column."""
@@ -260,6 +312,19 @@ def _metric_table(name, title, keys, rows, metrics, prov) -> Table:
     return Table(name, title, keys, list(metrics), [METRICS[m] for m in metrics], rows, prov, column_groups(metrics))
 
 
+def compare(table: Table, ref: Group | None, label: str, metric: str = "top1") -> Table:
+    """Give every row its paired Δ in ``metric`` against the reference group ``ref`` (labelled
+    ``label``): the row's seed s minus the reference's seed s."""
+    table.compared = (metric, label)
+    cells = None if ref is None else ref.cells
+    ref_value, ref_cells = value(cells, metric), set() if cells is None else set(cells["cell"])
+    i = table.metrics.index(metric)
+    for row in table.rows:
+        row.reference = bool(ref_cells) and set(row.cells) == ref_cells
+        row.delta = None if row.reference else delta(row.values[i], ref_value)
+    return table
+
+
 def _is_moco(g: Group) -> bool:
     return g.get("method") == "moco"
 
@@ -285,7 +350,7 @@ def one_axis(
     sel = {g.params.get(axis): g for g in gs.values() if _is_moco(g) and differs(g, ref) <= {axis}}
     values = sorted({*sel, *fixed}, key=_sort_key)
     rows = [_row([format_value(v)], sel.get(v), metrics) for v in values]
-    return _metric_table(
+    table = _metric_table(
         name or f"ablation_{axis}",
         title or f"Ablation over {axis}",
         [axis],
@@ -293,13 +358,7 @@ def one_axis(
         metrics,
         prov([g for g in sel.values()], vary={axis}),
     )
-
-
-def half_life(m: float) -> float:
-    """Steps after which the EMA weight of a query-encoder state has halved: ln 0.5 / ln m."""
-    if m <= 0:
-        return 0.0
-    return math.inf if m >= 1 else math.log(0.5) / math.log(m)
+    return compare(table, gs.get(reference), reference)
 
 
 def momentum(
@@ -339,7 +398,7 @@ def bn_leak(gs: dict[str, Group], prov) -> Table:
         g = sel.get(on)
         guard = "" if g is None else next((str(x) for x in g.cells["bn_guard"] if isinstance(x, str)), "")
         rows.append(_row([format_value(on), guard], g, BN_LEAK_METRICS))
-    return _metric_table(
+    table = _metric_table(
         "shuffle_bn",
         "The BN leak: the ShuffleBN guard on and off (paper, 3.3)",
         ["shuffle_bn", "BN-leak guard"],
@@ -347,6 +406,7 @@ def bn_leak(gs: dict[str, Group], prov) -> Table:
         BN_LEAK_METRICS,
         prov(list(sel.values()), vary={"shuffle_bn"}),
     )
+    return compare(table, sel.get(True), "guard on")
 
 
 def _sort_key(v):
@@ -406,7 +466,7 @@ def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
         if "mechanism" not in g.diff and (g.id == BASE_ID or set(g.diff) & {"method", "variant", "backbone"})
     ]
     base = gs[BASE_ID].params if BASE_ID in gs else {}
-    for fixed in (BASE_ID, "method=supervised", "method=random"):
+    for fixed in (BASE_ID, "method=supervised", RANDOM_ID):
         if fixed not in gs:  # always a row, "—" until computed
             picked.append(Group(fixed, parse_cell_id(fixed), merge(base, parse_cell_id(fixed)), None))
     order = {"moco": 0, "supervised": 1, "random": 2}
@@ -454,11 +514,33 @@ def _methods_like(gs, prov, name, title, metrics) -> Table:
 
 
 def methods(gs, prov) -> Table:
-    return _methods_like(gs, prov, "methods", "MoCo vs supervised vs random init", ABLATION_METRICS)
+    """The main table: each method with its paired Δ against random init, and a sentence on
+    the base cell that states no direction its CI does not support."""
+    table = _methods_like(gs, prov, "methods", "MoCo vs supervised vs random init", ABLATION_METRICS)
+    compare(table, gs.get(RANDOM_ID), RANDOM_LABEL)
+    base = next((r for r in table.rows if r.cells and BASE_ID in r.cells), None)
+    if base is not None:
+        table.notes.append(direction_sentence("MoCo (base cell)", RANDOM_LABEL, base.delta, METRICS["top1"]))
+    return table
+
+
+def direction_sentence(row: str, ref: str, d: Delta | None, metric: str) -> str:
+    """What a paired Δ says about the direction of a difference, and no more than its CI does."""
+    if d is None or d.estimate is None:
+        return f"{row} vs {ref}: no pair of seeds computed yet."
+    verdict, why = stats.judge(d.estimate)
+    failed = f"; {d.failed} of {d.pairs} seed pairs failed and are not in it" if d.failed else ""
+    head = f"{row} − {ref}, {metric}, paired by seed: Δ {d.estimate.text(signed=True)}{failed}"
+    if verdict == stats.HOLDS:
+        return f"{head}: {row} is above {ref} on this data ({why})."
+    if verdict == stats.CONTRADICTED:
+        return f"{head}: {row} is below {ref} on this data ({why})."
+    return f"{head}: these runs show no direction ({why})."
 
 
 def detection(gs, prov) -> Table:
     table = _methods_like(gs, prov, "detection", "Transfer to detection (Faster R-CNN)", DETECTION_METRICS)
+    compare(table, gs.get(RANDOM_ID), RANDOM_LABEL, metric="AP50")
     for column, what in (("det_setup", "Fine-tuning normalisation and batch"), ("det_protocol", "Scored as")):
         note = per_row_note(table, gs, column)
         if note:
@@ -484,9 +566,10 @@ def every_cell(gs, prov) -> Table:
     """Every group of the grid (product designs included), one row each."""
     order = sorted(gs.values(), key=lambda g: (g.id != BASE_ID, len(g.diff), g.id))
     rows = [_row([g.id], g, ABLATION_METRICS) for g in order]
-    return _metric_table(
+    table = _metric_table(
         "grid", "Every cell of the grid", ["cell"], rows, ABLATION_METRICS, prov(order, vary=set(AXES))
     )
+    return compare(table, gs.get(BASE_ID), BASE_ID)
 
 
 # --- provenance ------------------------------------------------------------------------------
@@ -594,4 +677,14 @@ def studies(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
         every_cell(gs, prov),
     ]
     extra_axes = sorted({a for g in gs.values() if len(g.diff) == 1 for a in g.diff} - SEPARATE, key=AXES.index)
-    return out + [one_axis(gs, a, prov) for a in extra_axes]
+    return with_environment(out + [one_axis(gs, a, prov) for a in extra_axes], df)
+
+
+def with_environment(tables: list[Table], df: pd.DataFrame) -> list[Table]:
+    """Each table's footnote on where its runs ran: the provenance its cells recorded."""
+    records = {} if df.empty else dict(zip(df["cell"], df["provenance"]))
+    for t in tables:
+        cells = dict.fromkeys(c for r in t.rows for c in r.cells)
+        note = environment_note([rec for c in cells for rec in (records.get(c) or [])])
+        t.environment = note or ""
+    return tables

@@ -1,7 +1,8 @@
 """Every cell's metrics -> paper-style tables (Markdown, CSV, LaTeX/booktabs) and figures.
 
-Reads whatever exists under ``<results>/cells/*`` (a cell not computed yet is "—", a diverged
-one "fail", replicate seeds mean ± std), so it works without Snakemake and after a partial run:
+Reads whatever exists under ``<results>/cells/*`` (a cell not computed yet is "—", a failed one
+"fail", replicate seeds mean ± 95 % CI with n, each row's Δ against its table's reference paired
+by seed), so it works without Snakemake and after a partial run:
 
     python -m pipeline.tables results/
     python -m pipeline.tables results-tiny --config workflow/config/config.yaml \\
@@ -18,80 +19,95 @@ import csv
 import io
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 
 from pipeline.config import ConfigError, load_yaml, merge
 from pipeline.grid import grid_cells
 from pipeline.io import atomic_write_text
 from pipeline.layout import TABLE_FORMATS
-from pipeline.studies import Table, Value, collect, studies
+from pipeline.studies import METRIC_GROUPS, METRICS, Delta, Row, Table, Value, collect, studies
 
 MISSING = "—"
 FAIL = "fail"
-PARTIAL = "‡"
+FAILED = "failed)"  # the mark of a value some of whose seeds failed: "(n=2; 1 of 3 failed)"
+REFERENCE = "reference"
 FOOTNOTES = {
     MISSING: f"{MISSING}: not computed (the cell is not in the grid, or its jobs have not run or failed).",
-    FAIL: f"{FAIL}: pretraining failed: its loss diverged (non-finite) or sat at chance, ln(number of logits), "
-    "where no positive stands out from its negatives.",
-    "±": "mean ± std (sample standard deviation) over the seeds of a cell (cells differing only in seed); "
-    "detection columns: over every fine-tuning trial of those seeds (detect.trials).",
-    PARTIAL: f"{PARTIAL}: some seeds diverged; they are excluded from the mean.",
+    FAIL: f"{FAIL} (k of k): every seed's pretraining failed: its loss diverged (non-finite) or sat at the "
+    "method's chance loss (every logit alike: no positive stands out from its negatives).",
+    "(n=": "a ± b (n=k): the mean over k runs (pretraining seeds; for AP, seeds × detection trials) ± the "
+    "half-width of its 95 % confidence interval (Student t, k − 1 degrees of freedom); n=1: one run, no "
+    "interval (grid.seeds, claims.seeds add replicates).",
+    FAILED: "k of n failed: k of the n seeds failed (diverged or collapsed); they are counted, not averaged.",
 }
 
 
 # --- formatting ------------------------------------------------------------------------------
-def fmt(v: Value, typical_n: int | None = None, decimals: int = 1) -> str:
-    """'mean ± std', marked when seeds diverged, and '(n=k)' when k is not the table's usual n."""
+def fmt(v: Value, decimals: int = 1) -> str:
+    """'mean ± CI half-width (n=k)', with 'j of m failed' when seeds failed."""
     if v.status == "missing":
         return MISSING
     if v.status == "fail":
-        return FAIL
-    text = f"{v.mean:.{decimals}f}" + (f" ± {v.std:.{decimals}f}" if v.std is not None else "")
-    return text + (PARTIAL if v.failed else "") + (f" (n={v.n})" if typical_n and v.n != typical_n else "")
+        return f"{FAIL} ({v.failed} of {v.failed})"
+    failed = f"; {v.failed} of {v.n + v.failed} failed" if v.failed else ""
+    return v.estimate.text(decimals, extra=failed)
 
 
-def formatted(row, typical_n: int | None, table: Table) -> list[str]:
-    return [fmt(v, typical_n, d) for v, d in zip(row.values, table.decimals())]
+def fmt_delta(row: Row, decimals: int = 1) -> str:
+    """A row's paired Δ: '+3.0 ± 1.2 (n=5)', with the pairs in which a run failed."""
+    d: Delta | None = row.delta
+    if row.reference:
+        return REFERENCE
+    if d is None or (d.estimate is None and not d.failed):
+        return MISSING
+    failed = f"{d.failed} of {d.pairs} failed" if d.failed else ""
+    if d.estimate is None:
+        return f"{MISSING} ({failed})"
+    return d.estimate.text(decimals, signed=True, extra=failed and f"; {failed}")
 
 
-def typical_runs(table: Table) -> int | None:
-    """The most common number of runs behind a number of the table (the smaller on a tie)."""
-    counts = Counter(v.n for r in table.rows for v in r.values if v.n)
-    return min(counts, key=lambda n: (-counts[n], n)) if counts else None
+def headers(table: Table) -> list[str]:
+    """The value columns' headers, the Δ column's last."""
+    if table.compared is None:
+        return table.columns
+    metric, ref = table.compared
+    return table.columns + [f"Δ {METRICS[metric]} vs {ref} (paired by seed)"]
 
 
-def runs_note(table: Table) -> str | None:
-    """How many runs stand behind the numbers: seeds of a cell (for AP, seeds x fine-tuning trials)."""
-    n = typical_runs(table)
-    if n is None:
+def formatted(row: Row, table: Table) -> list[str]:
+    cells = [fmt(v, d) for v, d in zip(row.values, table.decimals())]
+    if table.compared is not None:
+        cells.append(fmt_delta(row, table.decimals()[table.metrics.index(table.compared[0])]))
+    return cells
+
+
+def delta_note(table: Table) -> str | None:
+    if table.compared is None:
         return None
-    what = "(pretraining seeds; for AP, seeds × detection trials)"
-    if any(v.n and v.n != n for r in table.rows for v in r.values):
-        return f"n = {n} runs {what} behind every number not marked (n=k)"
-    if n == 1:
-        return "n = 1: every number comes from a single run (one seed); grid.seeds adds replicates"
-    return f"n = {n}: every number comes from {n} runs {what}"
+    metric, ref = table.compared
+    return (
+        f"Δ vs {ref}: each row's {METRICS[metric]} minus {ref}'s, paired by seed (seed s − seed s), "
+        "mean ± 95 % CI over the n pairs; a pair in which either run failed is counted as failed, not averaged."
+    )
 
 
 def footnotes(table: Table) -> list[str]:
-    texts = [fmt(v) for r in table.rows for v in r.values]
+    texts = [t for r in table.rows for t in formatted(r, table)]
     notes = [note for mark, note in FOOTNOTES.items() if any(mark in t for t in texts)]
-    return notes + [n for n in [runs_note(table)] if n] + table.notes
+    return notes + [n for n in (delta_note(table), table.environment) if n] + table.notes
 
 
 def markdown(table: Table) -> str:
-    header = table.keys + table.columns
+    header = table.keys + headers(table)
     lines = [
         f"### {table.title}",
         "",
         f"_{table.provenance}_",
         "",
         "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(table.keys) + "---:|" * len(table.columns),
+        "|" + "---|" * len(table.keys) + "---:|" * (len(header) - len(table.keys)),
     ]
-    n = typical_runs(table)
-    lines += ["| " + " | ".join(r.keys + formatted(r, n, table)) + " |" for r in table.rows]
+    lines += ["| " + " | ".join(r.keys + formatted(r, table)) + " |" for r in table.rows]
     notes = footnotes(table)
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
@@ -103,18 +119,33 @@ def row_status(values: list[Value]) -> str:
     return states.pop() if len(states) == 1 else "partial"
 
 
+def _num(x: float | None) -> str | float:
+    return "" if x is None else round(x, 4)
+
+
 def to_csv(table: Table) -> str:
-    """Same rows as the paper layout; per metric its mean, std and number of seeds (empty if none)."""
+    """Same rows as the paper layout; per metric its mean, std, 95 % CI half-width, number of
+    values and of failed seeds (empty if none); then the paired Δ, its CI, pairs and failed pairs."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
+    stats_of = ("", "_std", "_ci95", "_n", "_failed")
+    compared = []
+    if table.compared is not None:
+        compared = [f"delta_{table.compared[0]}{s}" for s in ("", "_ci95", "_n", "_failed")]
     w.writerow(
-        table.keys + [f"{m}{s}" for m in table.metrics for s in ("", "_std", "_n")] + ["status", "cells", "provenance"]
+        table.keys
+        + [f"{m}{s}" for m in table.metrics for s in stats_of]
+        + compared
+        + ["status", "cells", "provenance", "environment"]
     )
     for r in table.rows:
         nums = []
         for v in r.values:
-            nums += ["" if v.mean is None else round(v.mean, 4), "" if v.std is None else round(v.std, 4), v.n]
-        w.writerow(r.keys + nums + [row_status(r.values), ";".join(r.cells), table.provenance])
+            nums += [_num(v.mean), _num(v.std), _num(v.half), v.n, v.failed]
+        if compared:
+            e = r.delta and r.delta.estimate
+            nums += [_num(e and e.mean), _num(e and e.half), e.n if e else 0, r.delta.failed if r.delta else 0]
+        w.writerow(r.keys + nums + [row_status(r.values), ";".join(r.cells), table.provenance, table.environment])
     return buf.getvalue()
 
 
@@ -132,7 +163,15 @@ TEX_ESCAPES = {
     "^": r"\textasciicircum{}",
     MISSING: "---",
     "±": r"$\pm$",
-    PARTIAL: r"$^\ddagger$",
+    "Δ": r"$\Delta$",
+    "−": "-",
+    "×": r"$\times$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+    "≈": r"$\approx$",
+    "→": r"$\to$",
+    "‖": r"$\|$",
+    "θ": r"$\theta$",
 }
 TEX_HEADERS = {
     "K": "$K$",
@@ -158,21 +197,23 @@ def tex_headers(table: Table) -> list[str]:
     """Header rows: spanning group headers with \\cmidrule under them, then the column headers."""
     keys = [tex_header(h) for h in table.keys]
     if not table.groups or sum(len(g[1]) for g in table.groups) != len(table.columns):
-        return [" & ".join(keys + [tex_header(h) for h in table.columns]) + r" \\"]
+        return [" & ".join(keys + [tex_header(h) for h in headers(table)]) + r" \\"]
+    groups = table.groups
+    if table.compared is not None:
+        groups = [*groups, (f"Δ vs {table.compared[1]}", [METRIC_GROUPS[table.compared[0]][1]])]
     spans, rules, col = [""] * len(keys), [], len(keys) + 1
-    for label, shorts in table.groups:
+    for label, shorts in groups:
         spans.append(rf"\multicolumn{{{len(shorts)}}}{{c}}{{{tex_escape(label)}}}")
         rules.append(rf"\cmidrule(lr){{{col}-{col + len(shorts) - 1}}}")
         col += len(shorts)
-    shorts = [tex_header(s) for _, group in table.groups for s in group]
+    shorts = [tex_header(s) for _, group in groups for s in group]
     return [" & ".join(spans) + r" \\", "".join(rules), " & ".join(keys + shorts) + r" \\"]
 
 
 def latex(table: Table) -> str:
     """A booktabs table float (needs only \\usepackage{booktabs}); \\input it into a paper."""
-    spec = "l" * len(table.keys) + "r" * len(table.columns)
-    n = typical_runs(table)
-    body = [" & ".join(tex_escape(c) for c in r.keys + formatted(r, n, table)) + r" \\" for r in table.rows]
+    spec = "l" * len(table.keys) + "r" * len(headers(table))
+    body = [" & ".join(tex_escape(c) for c in r.keys + formatted(r, table)) + r" \\" for r in table.rows]
     notes = [tex_escape(n) for n in footnotes(table)]
     lines = [
         "% generated by pipeline.tables (python -m pipeline.tables <results>); do not edit",
@@ -216,7 +257,8 @@ def run(results: Path, cfg: dict | None = None, figures: bool = True) -> str:
     df = collect(results, expected_cells(cfg))
     out = results / "tables"
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(df.drop(columns=["params"]).to_csv(index=False), out / "cells.csv")
+    # raw per-cell numbers (where each ran: the tables' footnotes and each cell's summary.json)
+    atomic_write_text(df.drop(columns=["params", "provenance"], errors="ignore").to_csv(index=False), out / "cells.csv")
     tables = studies(df, cfg, results)
     for t in tables:
         write_table(t, out)

@@ -127,15 +127,27 @@ def test_a_different_existing_profile_is_left_alone(tmp_path):
 # --- `snakemake claims`: its own cells, the default target unchanged ---------------------------
 def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost(tmp_path):
     from pipeline.config import DEFAULT_CONFIG, load_yaml, validate
-    from pipeline.grid import claims_cells
+    from pipeline.grid import claims_cells, group_id
 
     default = jobs_planned(dry_run(tmp_path).stdout)
     assert default["probe"] == 6 and "claims" not in default  # the grid's 6 cells, as before the claims
     claims = jobs_planned(dry_run(tmp_path, target=["claims"]).stdout)
     cells = claims_cells(validate(load_yaml(DEFAULT_CONFIG)))
-    # pretraining and probe of each claims cell (the base cell among them), no detection transfer
-    assert claims == {"synthetic": 1, "convert": 2, "pretrain": len(cells), "probe": len(cells), "claims": 1}
-    assert len(cells) == 11 and "base" in cells
+    # pretraining and probe of each claims cell (the base cell among them), no detection transfer;
+    # random init's 3 seeds are written by their own rule (no training)
+    assert claims == {
+        "synthetic": 1,
+        "convert": 2,
+        "pretrain": len(cells) - 3,
+        "pretrain_random_init": 3,
+        "probe": len(cells),
+        "claims": 1,
+    }
+    # 11 cells around the base and random init: claims.seeds (3) of the 8 a decidable claim needs, one
+    # of m = 0.5, 0.9, 0.999, 0.9999 (200 steps are not 5 EMA half-lives of 0.99: 345 steps)
+    assert (
+        len({group_id(c) for c in cells}) == 12 and len(cells) == 8 * 3 + 4 and {"base", "method=random"} <= set(cells)
+    )
 
 
 def test_a_config_whose_claims_cannot_run_fails_that_target_alone(tmp_path):

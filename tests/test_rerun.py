@@ -147,7 +147,7 @@ def test_regenerate_tables_without_snakemake(done, tmp_path):
     proc = run([sys.executable, "-m", "pipeline.tables", str(copy)], timeout=300)
     assert "| MoCo (base cell) |" in proc.stdout
     assert (copy / "tables" / "ablation_K.tex").is_file() and (copy / "figures" / "curves" / "K=128.pdf").is_file()
-    assert "| 128 | 35.0 | 30.0 |" in (copy / "tables" / "ablation_K.md").read_text()
+    assert "| 128 | 35.0 (n=1) | 30.0 (n=1) |" in (copy / "tables" / "ablation_K.md").read_text()
 
 
 def test_impossible_cell_is_rejected(done):

@@ -6,10 +6,13 @@ import math
 
 import pytest
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from pipeline.moco import MoCo
+from pipeline.moco.mechanisms import EndToEnd
 from pipeline.moco.staleness import NegativeDrift, ParameterSketch, history_length
+from pipeline.moco.v3 import MoCoV3
 from pipeline.models import Encoder, build_backbone, projection_head
 from pipeline.pretrain import failure
 
@@ -105,7 +108,8 @@ def rows(*losses, candidates=257):
 
 def test_a_loss_at_chance_is_a_failure():
     # what m = 0 does on the embedded data: the loss climbs to ln(K + 1) and stays there
-    assert failure(rows(5.16622, 5.54896, 5.54902, 5.54903)) == "collapsed: loss 5.549 at chance, ln(257) = 5.549"
+    collapsed = failure(rows(5.16622, 5.54896, 5.54902, 5.54903))
+    assert collapsed == "collapsed: loss 5.549 at chance (5.549: every logit alike)"
     assert failure(rows(5.3, float("nan"))).startswith("diverged")
     assert failure(rows(5.2, 4.9, 4.5)) is None  # learning: well below chance
     assert failure(rows(5.5, 5.4, 5.45)) is None  # 5.45 < 0.99 ln 257 = 5.494: still learning
@@ -115,3 +119,34 @@ def test_a_loss_at_chance_is_a_failure():
 def test_chance_is_the_uniform_softmax_over_the_candidates():
     logits = torch.zeros(8, 257)  # every logit alike: no positive stands out
     assert float(F.cross_entropy(logits, torch.zeros(8, dtype=torch.long))) == pytest.approx(math.log(257))
+
+
+class Constant(nn.Module):
+    """An encoder whose every embedding is the same vector: every logit alike, the loss at chance."""
+
+    def __init__(self, dim=4):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return self.w.expand(x.shape[0], -1)
+
+
+@pytest.mark.parametrize(
+    "make, chance",
+    [
+        # one cross-entropy over the batch's 8 keys: ln 8
+        (lambda: EndToEnd(Constant(), T=0.2, shuffle_bn=False), math.log(8)),
+        # MoCo v3 logs 2T (CE1 + CE2): at T = 0.2, 0.4 (ln 8 + ln 8) = 1.664, not ln 8 = 2.079
+        (lambda: MoCoV3(Constant(), nn.Identity(), T=0.2, m=0.99), 0.4 * 2 * math.log(8)),
+        (lambda: MoCoV3(Constant(), nn.Identity(), T=1.0, m=0.99), 2.0 * 2 * math.log(8)),
+    ],
+)
+def test_each_method_reports_its_own_chance_loss(make, chance):
+    """The collapse rule compares the logged loss with Method.chance_loss: for each method, the
+    loss its forward logs when every logit is alike."""
+    model = make()
+    x = torch.zeros(8, 3, 4, 4)
+    loss, logits, _ = model(x, x, torch.arange(8))
+    assert float(loss.detach()) == pytest.approx(chance, rel=1e-5)
+    assert model.chance_loss(logits.shape[1]) == pytest.approx(chance, rel=1e-9)

@@ -1,5 +1,7 @@
-"""Tables and figures from synthetic metrics: numbers, "—" for missing cells, "fail" for diverged
-runs, mean ± std over seeds, valid LaTeX (booktabs), figures as PNG + PDF, the CLI."""
+"""Tables and figures from synthetic metrics: numbers, "—" for missing cells, "fail" for failed
+runs, mean ± 95 % CI and n over seeds, Δ paired by seed, where the runs ran, valid LaTeX
+(booktabs), figures as PNG + PDF, the CLI. Expected intervals are computed by hand with the t
+quantiles of a printed table: t(0.975, 1) = 12.706, t(0.975, 2) = 4.303."""
 
 import csv
 import json
@@ -15,6 +17,7 @@ from pipeline.config import merge
 from pipeline.detect import summarize_trials
 from pipeline.grid import parse_cell_id
 from pipeline.layout import STUDY_NAMES
+from pipeline.pretrain import rows_to_csv
 from pipeline.tables import latex
 from pipeline.tables import run as write_tables
 
@@ -47,14 +50,15 @@ CONFIG = {
         "baselines": ["random", "supervised"],
     },
 }
-LOG_HEADER = "epoch,loss,inst_acc,knn,lr,m,queue_age_mean,queue_age_p99,queue_age_max,drift,seconds\n"
+T_975 = {1: 12.706, 2: 4.303}  # t(0.975, dof), from a printed table
 
 
 FROZEN = "frozen BN (pretrained statistics), batch 4"
 
 
-def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE, det_norm=FROZEN):
-    """A cell's outputs as the pipeline writes them (pretrain/, probe.json, detect.json)."""
+def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE, det_norm=FROZEN, provenance=None):
+    """A cell's outputs as the pipeline writes them (pretrain/, probe.json, detect.json);
+    ``provenance``: the record its summary.json and probe.json carry (None: an older run's)."""
     params = merge(base, parse_cell_id(cell))
     d = results / "cells" / cell
     (d / "pretrain").mkdir(parents=True, exist_ok=True)
@@ -79,9 +83,7 @@ def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE,
             for e in (1, 2)
         ]
     )
-    (d / "pretrain" / "log.csv").write_text(
-        LOG_HEADER + "".join(",".join(str(r[k]) for k in LOG_HEADER.strip().split(",")) + "\n" for r in rows)
-    )
+    (d / "pretrain" / "log.csv").write_text(rows_to_csv(rows))  # the real columns (pretrain.LOG_COLUMNS)
     (d / "pretrain" / "summary.json").write_text(
         json.dumps(
             {
@@ -89,6 +91,7 @@ def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE,
                 "epochs_run": len(rows),
                 "diverged": diverged,
                 "final": rows[-1] if rows else {},
+                **({"provenance": provenance} if provenance else {}),
             }
         )
     )
@@ -104,6 +107,7 @@ def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE,
                     "per_class_top1": {},
                     "curve": [{"epoch": e, "train_loss": 1.0 / e, "val_top1": top1 * e / 3} for e in (1, 2, 3)],
                     "config": {"probe": {"mode": "cached", "epochs": 3}},
+                    **({"provenance": provenance} if provenance else {}),
                 }
             )
         )
@@ -190,37 +194,89 @@ def test_k_ablation_numbers_and_missing_cell(results):
     assert float(rows["1024"]["AP75"]) == pytest.approx(11.2)
     assert rows["16384"]["status"] == "missing" and rows["16384"]["top1"] == ""
     md = md_rows(results, "ablation_K")
-    assert md["16384"] == ["—"] * 5
+    assert md["16384"] == ["—"] * 6  # five metrics and the Δ
     assert "—: not computed" in (results / "tables" / "ablation_K.md").read_text()
 
 
-def test_seeds_mean_and_std(results):
+def test_seeds_mean_and_confidence_interval(results):
     rows = {r["K"]: r for r in read_csv(results, "ablation_K")}
     base = rows["4096"]
+    # 60 and 62: mean 61, sample std sqrt(2); 95 % CI half-width t(0.975, 1) * sqrt(2) / sqrt(2) = 12.706
     assert float(base["top1"]) == 61.0 and float(base["top1_std"]) == pytest.approx(2**0.5, abs=1e-3)
-    assert base["top1_n"] == "2" and base["cells"] == "base;seed=1"
-    # runs per number differ within the table (2 seeds of the base, 1 elsewhere): the unusual
-    # count is marked on its number, the usual one stated under the table
-    assert md_rows(results, "ablation_K")["4096"][:2] == ["61.0 ± 1.4 (n=2)", "51.0 ± 1.4 (n=2)"]
-    assert md_rows(results, "ablation_K")["1024"][0] == "55.0"
+    assert float(base["top1_ci95"]) == pytest.approx(T_975[1], abs=1e-3)
+    assert base["top1_n"] == "2" and base["top1_failed"] == "0" and base["cells"] == "base;seed=1"
+    # every number carries its n; one run has no interval
+    assert md_rows(results, "ablation_K")["4096"][:2] == ["61.0 ± 12.7 (n=2)", "51.0 ± 12.7 (n=2)"]
+    assert md_rows(results, "ablation_K")["1024"][0] == "55.0 (n=1)"
     text = (results / "tables" / "ablation_K.md").read_text()
-    assert (
-        "mean ± std" in text
-        and "n = 1 runs (pretraining seeds; for AP, seeds × detection trials) behind every number not marked (n=k)"
-        in text
-    )
+    assert "a ± b (n=k): the mean over k runs" in text and "95 % confidence interval (Student t" in text
 
 
 def test_every_table_says_how_many_runs_stand_behind_its_numbers(results):
-    """A uniform count is stated once under the table; a single seed is called that."""
     for name in STUDY_NAMES:
         text = (results / "tables" / f"{name}.md").read_text()
-        assert re.search(r"\nn = \d+(: every number comes from| runs .* not marked \(n=k\))", text), name
-    assert "n = 2: every number comes from 2 runs" in (results / "tables" / "shuffle_bn.md").read_text()
+        assert "(n=" in text and "a ± b (n=k)" in text, name
+    tex = (results / "tables" / "ablation_K.tex").read_text()
+    assert "\\pm" in tex and "(n=2)" in tex and r"$\Delta$" in tex
+
+
+def test_paired_delta_against_the_base_by_seed(tmp_path):
+    """Δ = cell seed s − base seed s: the seed-to-seed spread of the base cancels; a failed seed
+    is counted, not averaged; the main table's sentence states no more than the CI supports."""
+    r = tmp_path / "r"
+    for seed, (base, k, m, rand) in enumerate(
+        [(60.0, 63.0, 50.0, 20.0), (50.0, 54.0, 9.0, 21.0), (70.0, 72.0, 65.0, 19.0)]
+    ):
+        suffix = f",seed={seed}" if seed else ""
+        fake_cell(r, f"seed={seed}" if seed else "base", base)
+        fake_cell(r, f"K=1024{suffix}", k)
+        fake_cell(r, f"m=0.9{suffix}", m, diverged=seed == 1)
+        fake_cell(r, f"method=random{suffix}", rand)
+    write_tables(r, {}, figures=False)
+    # K=1024 − base: 3, 4, 2: mean 3, std 1, half-width 4.303 / sqrt(3) = 2.484
+    k = {row["K"]: row for row in read_csv(r, "ablation_K")}["1024"]
+    assert float(k["delta_top1"]) == 3.0 and float(k["delta_top1_ci95"]) == pytest.approx(T_975[2] / 3**0.5, abs=1e-3)
+    assert md_rows(r, "ablation_K")["1024"][-1] == "+3.0 ± 2.5 (n=3)"
+    # unpaired, the base's own spread (60, 50, 70: std 10) gives ± 4.303 * 10 / sqrt(3) = 24.8
+    assert md_rows(r, "ablation_K")["4096"][0] == "60.0 ± 24.8 (n=3)"
+    # m=0.9: seed 1 diverged; pairs of seeds 0 and 2: -10, -5: mean -7.5, std 3.536, half 12.706 * 3.536 / 1.414 = 31.8
+    m = md_rows(r, "ablation_m")["0.9"]
+    assert m[2] == "57.5 ± 95.3 (n=2; 1 of 3 failed)" and m[-1] == "-7.5 ± 31.8 (n=2; 1 of 3 failed)"
+    # base − random init: 40, 29, 51: mean 40, std 11, half 4.303 * 11 / sqrt(3) = 27.3: CI [12.7, 67.3]
+    main = (r / "tables" / "main.md").read_text()
+    assert md_rows(r, "methods")["MoCo (base cell)"][-1] == "+40.0 ± 27.3 (n=3)"
+    assert md_rows(r, "methods")["random init"][-1] == "reference"
+    assert "Δ +40.0 ± 27.3 (n=3): MoCo (base cell) is above random init on this data" in main
+
+
+def test_a_difference_the_ci_does_not_support_states_no_direction(tmp_path):
+    r = tmp_path / "r"
+    for seed, (base, rand) in enumerate([(43.3, 18.5), (18.0, 18.4), (22.0, 18.6)]):  # issue 30's seeds
+        fake_cell(r, f"seed={seed}" if seed else "base", base)
+        fake_cell(r, "method=random" + (f",seed={seed}" if seed else ""), rand)
+    main = write_tables(r, {}, figures=False)
+    # 24.8, -0.4, 3.4: mean 9.267, deviations 15.53, -9.67, -5.87: variance 369.1 / 2, std 13.59;
+    # half 4.303 * 13.59 / sqrt(3) = 33.7: the CI includes 0
+    assert "Δ +9.3 ± 33.7 (n=3): these runs show no direction" in main and "is above" not in main
+
+
+def test_each_table_names_where_its_runs_ran(tmp_path):
+    amd = {
+        "cpu": {"model": "AMD EPYC 7B13", "flags": ["avx2"]},
+        "versions": {"torch": "2.4.0", "torchvision": "0.19.0", "numpy": "1.26.4", "ffcv": "1.0.2"},
+        "commit": "0123456789abcdef",
+    }
+    r = tmp_path / "r"
+    fake_cell(r, "base", 60.0, provenance=amd)
+    fake_cell(r, "K=1024", 55.0, provenance=amd)
+    fake_cell(r, "m=0.9", 50.0, provenance={**amd, "cpu": {"model": "Intel Xeon", "flags": ["avx2", "avx512f"]}})
+    write_tables(r, {}, figures=False)
     assert (
-        "\\pm" in (results / "tables" / "ablation_K.tex").read_text()
-        and "(n=2)" in (results / "tables" / "ablation_K.tex").read_text()
+        "Ran on: CPU: AMD EPYC 7B13 (avx2, no avx512f); versions: torch 2.4.0, torchvision 0.19.0, numpy 1.26.4, "
+        "ffcv 1.0.2; commit: 0123456789ab." in (r / "tables" / "ablation_K.md").read_text()
     )
+    assert "CPU DIFFER across runs" in (r / "tables" / "ablation_m.md").read_text()
+    assert "AMD EPYC 7B13" in read_csv(r, "ablation_K")[0]["environment"]
 
 
 def test_bn_leak_study(tmp_path):
@@ -257,13 +313,15 @@ def test_momentum_paper_rows_fail_and_partial(results):
         ["693", "16"],
         ["6,931", "16"],
     ]
-    assert md["0"][2:] == ["fail"] * 6
-    assert md["0.9"][2] == "50.0" and md["0.9"][-1] == "1.00"  # the final key-encoder drift: 0.01 = 1%
-    assert md["0.99"][2] == "61.0 ± 1.4 (n=2)"
-    assert md["0.999"][2] == "58.0‡"  # one seed diverged: excluded from the mean, marked
-    assert md["0.9999"][2:] == ["—"] * 6  # not in the grid
+    assert md["0"][2:] == ["fail (1 of 1)"] * 6 + ["— (1 of 1 failed)"]
+    assert md["0.9"][2] == "50.0 (n=1)" and md["0.9"][-2] == "1.00 (n=1)"  # the final key-encoder drift: 0.01 = 1%
+    assert md["0.9"][-1] == "-10.0 (n=1)"  # 50 − the base's seed 0 (60)
+    assert md["0.99"][2] == "61.0 ± 12.7 (n=2)" and md["0.99"][-1] == "reference"
+    assert md["0.999"][2] == "58.0 (n=1; 1 of 2 failed)"  # one seed diverged: counted, not averaged
+    assert md["0.9999"][2:] == ["—"] * 7  # not in the grid
     text = (results / "tables" / "ablation_m.md").read_text()
-    assert "fail: pretraining failed: its loss diverged" in text and "‡: some seeds diverged" in text
+    assert "fail (k of k): every seed's pretraining failed: its loss diverged" in text
+    assert "k of n failed: k of the n seeds failed" in text
     rows = {r["m"]: r for r in read_csv(results, "ablation_m")}
     assert rows["0"]["status"] == "fail" and rows["0"]["top1"] == ""
 
@@ -271,15 +329,19 @@ def test_momentum_paper_rows_fail_and_partial(results):
 def test_method_comparison_and_detection(results):
     md = md_rows(results, "methods")
     assert list(md) == ["MoCo (base cell)", "MoCo", "supervised", "random init"]
-    assert md["MoCo (base cell)"][:3] == ["v2", "ResNet-18 (width 16)", "61.0 ± 1.4 (n=2)"]
-    assert md["MoCo"][:3] == ["v3", "ViT-S", "63.0"]
-    assert md["supervised"][2] == "70.0" and md["random init"][2] == "20.0"
+    assert md["MoCo (base cell)"][:3] == ["v2", "ResNet-18 (width 16)", "61.0 ± 12.7 (n=2)"]
+    assert md["MoCo"][:3] == ["v3", "ViT-S", "63.0 (n=1)"]
+    assert md["supervised"][2] == "70.0 (n=1)" and md["random init"][2] == "20.0 (n=1)"
+    # paired with random init's one seed (0): 60 − 20; one pair, no interval, no direction claimed
+    assert md["MoCo (base cell)"][-1] == "+40.0 (n=1)" and md["random init"][-1] == "reference"
+    assert "these runs show no direction (n = 1: no interval)" in (results / "tables" / "main.md").read_text()
     det = md_rows(results, "detection")
-    assert det["MoCo"][2:] == ["—", "—", "—"]  # ViT cell: no detection transfer
-    # AP50, AP, AP75 over 3 trials; 2 seeds x 1 trial; the random init's single run is the usual n
-    assert det["supervised"][2:] == ["36.0 ± 2.0 (n=3)", "18.0 ± 1.0 (n=3)", "14.4 ± 0.8 (n=3)"]
-    assert det["MoCo (base cell)"][2:] == ["32.0 ± 2.8 (n=2)", "16.0 ± 1.4 (n=2)", "12.8 ± 1.1 (n=2)"]
-    assert det["random init"][2] == "6.0"
+    assert det["MoCo"][2:] == ["—", "—", "—", "—"]  # ViT cell: no detection transfer
+    # AP50, AP, AP75 over 3 trials (std 2, 1, 0.8: half-width 4.303 std / sqrt 3); 2 seeds x 1 trial
+    # (AP50 30, 34: std 2.83, half 12.706 * 2.83 / sqrt 2 = 25.4)
+    assert det["supervised"][2:5] == ["36.0 ± 5.0 (n=3)", "18.0 ± 2.5 (n=3)", "14.4 ± 2.0 (n=3)"]
+    assert det["MoCo (base cell)"][2:5] == ["32.0 ± 25.4 (n=2)", "16.0 ± 12.7 (n=2)", "12.8 ± 10.2 (n=2)"]
+    assert det["random init"][2] == "6.0 (n=1)"
     rows = {r["method"]: r for r in read_csv(results, "detection")}
     assert rows["supervised"]["AP_n"] == "3" and float(rows["supervised"]["AP_std"]) == pytest.approx(1.0)
     # which normalisation and batch each number came from, and how it was scored
@@ -311,9 +373,9 @@ def test_mechanisms_over_k(results):
 
 
 def test_epochs_and_grid_tables(results):
-    assert md_rows(results, "ablation_epochs")["60"][0] == "65.0"
+    assert md_rows(results, "ablation_epochs")["60"][0] == "65.0 (n=1)"
     grid = md_rows(results, "grid")
-    assert list(grid)[0] == "base" and "seed=1" not in grid and grid["m=0"][0] == "fail"
+    assert list(grid)[0] == "base" and "seed=1" not in grid and grid["m=0"][0] == "fail (1 of 1)"
 
 
 def test_every_table_states_its_provenance(results):
@@ -358,8 +420,8 @@ def test_latex_is_booktabs_with_consistent_columns(results):
     for name in STUDY_NAMES:
         tex = (results / "tables" / f"{name}.tex").read_text()
         check_latex_structure(tex)
-        assert "—" not in tex and "±" not in tex  # pdflatex-safe: --- and $\pm$
-    assert r"61.0 $\pm$ 1.4" in (results / "tables" / "ablation_K.tex").read_text()
+        assert "—" not in tex and "±" not in tex and "Δ" not in tex  # pdflatex-safe: ---, $\pm$, $\Delta$
+    assert r"61.0 $\pm$ 12.7" in (results / "tables" / "ablation_K.tex").read_text()
     assert r"\multicolumn{3}{c}{linear top-1}" in (results / "tables" / "mechanisms.tex").read_text()
 
 
@@ -416,7 +478,7 @@ def test_cli_without_snakemake(tmp_path):
     fake_cell(r, "K=1024", 55.0, ap=14.0)
     proc = run([sys.executable, "-m", "pipeline.tables", str(r)], cwd=REPO, timeout=300)
     assert "### MoCo vs supervised vs random init" in proc.stdout and "| MoCo (base cell) |" in proc.stdout
-    assert md_rows(r, "ablation_K")["1024"][0] == "55.0"
+    assert md_rows(r, "ablation_K")["1024"][0] == "55.0 (n=1)"
     # no config: only the cells found, the dataset from the conversion report if any
     assert "dataset: unknown" in (r / "tables" / "ablation_K.md").read_text()
     assert (r / "figures" / "curves" / "K=1024.png").is_file()
@@ -427,12 +489,12 @@ def test_cli_without_snakemake(tmp_path):
 def test_empty_results(tmp_path):
     text = write_tables(tmp_path, figures=False)
     assert "No cell results" in text
-    assert md_rows(tmp_path, "ablation_m")["0.9"] == ["6.58", "?"] + ["—"] * 6
+    assert md_rows(tmp_path, "ablation_m")["0.9"] == ["6.58", "?"] + ["—"] * 7
     check_latex_structure((tmp_path / "tables" / "methods.tex").read_text())
 
 
 def test_half_life_of_the_momentum():
-    from pipeline.studies import half_life
+    from pipeline.claims_plan import half_life
 
     assert half_life(0.5) == 1.0 and half_life(0) == 0.0 and half_life(1) == float("inf")
     assert half_life(0.999) == pytest.approx(692.8, abs=0.1) and half_life(0.9) == pytest.approx(6.579, abs=1e-3)

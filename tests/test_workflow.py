@@ -90,10 +90,14 @@ def test_tiny_workflow_end_to_end(tiny_results):
     # K=256 at batch 64: the oldest key in the queue is K/B = 4 steps old
     assert float(rows[-1]["queue_age_max"]) == 256 / 64
     # the key encoder of the finished run: no optimizer entry, no gradient, the EMA replayed
-    check = json.loads((results / "cells" / "base" / "pretrain" / "summary.json").read_text())["key_encoder"]
+    summary = json.loads((results / "cells" / "base" / "pretrain" / "summary.json").read_text())
+    check = summary["key_encoder"]
     assert check["holds"] and check["ema_replay"]["steps"] == 3, check
+    # where it ran: this CPU, these libraries; every table's footnote names it
+    assert summary["provenance"]["versions"]["torch"] and summary["provenance"]["cpu"]["model"]
     main = (results / "tables" / "main.md").read_text()
     assert "random init" in main and "MoCo (base cell)" in main
+    assert f"Ran on: CPU: {summary['provenance']['cpu']['model']}" in main
     assert (results / "tables" / "ablation_K.md").is_file() and (results / "tables" / "ablation_m.md").is_file()
     shuffle = {r["shuffle_bn"]: r for r in csv.DictReader((results / "tables" / "shuffle_bn.csv").open())}
     assert shuffle["true"]["BN-leak guard"] == "keys shuffled across 4 BN sub-batches per rank"
@@ -335,6 +339,7 @@ def test_paper_presets_hold_the_reference_settings():
     assert v2["claims"] == {
         "epochs": 100,
         "long_epochs": 200,
+        "seeds": 3,
         "m": [0.0, 0.5, 0.9, 0.99, 0.999, 0.9999],
         "K": [16384, 65536],
     }

@@ -5,6 +5,8 @@ the loop (pipeline.pretrain) never inspects a model and a new method touches one
 
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 
@@ -26,6 +28,11 @@ class Method(nn.Module):
 
     def after_step(self, step: int) -> None:
         """After optimisation step ``step`` (counted from 0 over the whole run)."""
+
+    def chance_loss(self, candidates: int) -> float:
+        """The logged loss when every logit is alike (no positive stands out from its
+        ``candidates`` - 1 negatives): one cross-entropy over uniform logits, ln(candidates)."""
+        return math.log(candidates)
 
     def diagnostics(self) -> dict:
         """This method's values for the epoch's log row (log.csv columns)."""

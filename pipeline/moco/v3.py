@@ -50,6 +50,10 @@ class MoCoV3(Method):
     def on_step(self, progress: float) -> None:
         self.m = momentum_at(self.m0, progress)
 
+    def chance_loss(self, candidates: int) -> float:
+        """Two cross-entropies (one per view), each scaled by 2T: 2T (ln c + ln c)."""
+        return 2 * self.T * 2 * math.log(candidates)
+
     def diagnostics(self) -> dict:
         return momentum_diagnostics(self.encoder_k, self.encoder_q, self.m)
 

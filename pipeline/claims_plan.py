@@ -1,0 +1,121 @@
+"""What each claim of ``snakemake claims`` needs from its experiment, known before anything runs:
+which cells (by role, pipeline.grid.claims_overrides) and whether the configured budget can
+decide it (enough steps for the EMA, a queue small enough for the data).
+
+Standard library only: pipeline.grid uses it while Snakemake builds the DAG, to run
+``claims.seeds`` seeds of the cells a decidable claim needs and one seed of the others (their
+rows in claims_momentum / claims_queue still show them). pipeline.claims states the same needs
+in the table, and adds what only the results can tell (runs still on the loss plateau).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pipeline.layout import QUEUE_POLICIES
+from pipeline.sections import Claims
+
+# "several EMA half-lives": after 5 the key encoder keeps 2^-5 = 3 % of its initial weights
+HALF_LIVES = 5
+# "K well below the training set": at most a tenth of it (the paper's 65,536 is 5 % of ImageNet),
+# so that a queue holds at most a tenth of each class's images
+QUEUE_SHARE = 0.1
+LOW_M_AGAINST = 0.99  # "m < 0.99 loses": each m below it against m = 0.99
+
+
+def half_life(m: float) -> float:
+    """Steps after which the EMA weight of a query-encoder state has halved: ln 0.5 / ln m."""
+    if m <= 0:
+        return 0.0
+    return math.inf if m >= 1 else math.log(0.5) / math.log(m)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The size of the claims' experiment: training images (None: unknown before conversion),
+    classes, global batch and the reference's epochs."""
+
+    images: int | None
+    classes: int | None
+    batch: int
+    epochs: int
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Optimisation steps per epoch (the pretraining loader drops the last partial batch)."""
+        return None if self.images is None else self.images // self.batch
+
+    @property
+    def steps(self) -> int | None:
+        return None if self.images is None else self.epochs * self.steps_per_epoch
+
+
+UNKNOWN = "the training set's size is unknown"
+
+
+def ema_steps(b: Budget, m: float) -> tuple[str, str | None]:
+    """(needs, why not decidable or None): a run HALF_LIVES EMA half-lives of m long."""
+    need = math.ceil(HALF_LIVES * half_life(m))
+    text = f"≥ {need:,} steps ({HALF_LIVES} EMA half-lives of m = {m:g})"
+    if b.steps is None:
+        return text, UNKNOWN
+    if b.steps >= need:
+        return text, None
+    epochs = math.ceil(need / max(b.steps_per_epoch, 1))
+    return (
+        text,
+        f"needs ≥ {need:,} steps, has {b.steps:,}: claims.epochs ≥ {epochs:,} at {b.steps_per_epoch} steps/epoch",
+    )
+
+
+def small_queue(b: Budget, ks: list[int]) -> tuple[str, str | None]:
+    """K well below the training set, so that the queue holds few same-class images."""
+    if b.images is None:
+        return f"K ≤ {QUEUE_SHARE:.0%} of the training set", UNKNOWN
+    limit = int(QUEUE_SHARE * b.images)
+    per_class = ""
+    if b.classes:
+        per_class = f"; a queue then holds ≤ {limit / b.classes:,.0f} of a class's {b.images / b.classes:,.0f} images"
+    text = f"K ≤ {limit:,} ({QUEUE_SHARE:.0%} of {b.images:,} training images{per_class})"
+    too_large = [k for k in ks if k > limit]
+    if not too_large:
+        return text, None
+    return text, f"needs K ≤ {limit:,}; K = {', '.join(f'{k:,}' for k in too_large)} too large for this data"
+
+
+def queue_turnover(b: Budget, ks: list[int]) -> tuple[str, str | None]:
+    """The largest queue turned over twice, so that random replacement can keep older keys."""
+    need = 2 * max(ks) // b.batch
+    text = f"≥ {need:,} steps (the largest queue turned over twice)"
+    if b.steps is None:
+        return text, UNKNOWN
+    return text, None if b.steps >= need else f"needs ≥ {need:,} steps, has {b.steps:,}"
+
+
+@dataclass(frozen=True)
+class Need:
+    roles: tuple[str, ...]  # the cells it compares (pipeline.grid.claims_overrides' roles)
+    text: str  # what the experiment must satisfy
+    why_not: str | None  # why this budget cannot decide it (None: it can, as far as is known)
+
+
+def needs(claims: Claims, b: Budget) -> dict[str, Need]:
+    """Each claim's cells and a-priori needs, by claim key (pipeline.claims.CLAIMS' order)."""
+    ks = sorted(claims.K)
+    low = [m for m in claims.m if 0 < m < LOW_M_AGAINST]
+    short = ("reference", "random")  # every accuracy claim: the reference past the plateau
+    out = {"fifo": Need(tuple(f"K={k},{p}" for k in ks for p in QUEUE_POLICIES), *queue_turnover(b, ks))}
+    out["low_m"] = Need((*(f"m={m}" for m in low), f"m={LOW_M_AGAINST}", *short), *ema_steps(b, LOW_M_AGAINST))
+    out["zero_m"] = Need(tuple(f"m={m}" for m in claims.m if m == 0) + ("random",), "≥ 2 seeds of each", None)
+    out["larger_K"] = Need((*(f"K={k},fifo" for k in ks), *short), *small_queue(b, ks))
+    out["slow_m"] = Need(("m=0.999", "m=0.9999", *short), *ema_steps(b, 0.9999))
+    out["longer"] = Need(("long", *short), "", None)
+    out["memory_bank"] = Need(("memory_bank", *short), "", None)
+    return out
+
+
+def role_seeds(claims: Claims, b: Budget, roles) -> dict[str, int]:
+    """Seeds of each role: ``claims.seeds`` where a claim this budget can decide needs it, else 1."""
+    decidable = {r for n in needs(claims, b).values() if n.why_not is None for r in n.roles}
+    return {r: claims.seeds if r in decidable else 1 for r in roles}
