@@ -8,7 +8,9 @@ pipeline.figures take theirs from here, and a test holds the config schema to th
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 
 RESNETS = ("resnet18", "resnet50")
 VITS = ("vit_tiny", "vit_small", "vit_base")
@@ -78,3 +80,19 @@ def stage_config(**sections) -> str:
     """The JSON a stage receives: only its own sections, so that unrelated edits of the
     config do not invalidate its outputs (Snakemake reruns a job whose params changed)."""
     return json.dumps(sections, sort_keys=True, separators=(",", ":"))
+
+
+def folder_state(root) -> str | None:
+    """A short hash of the folders under ``root`` as the file system records them: each one's
+    path relative to ``root`` (never the absolute path), modification time and entry count.
+    Adding, removing, renaming or replacing a file (cp -r, rsync, mv, tar x: each touches its
+    folder) changes it; rewriting a file's bytes in place does not. Lists names, reads no file
+    (an ImageNet split: ~1,000 folders). None when ``root`` is missing."""
+    if not root or not os.path.isdir(root):
+        return None
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(root, followlinks=True):  # e.g. a subset of symlinked classes
+        dirs.sort()
+        rel = os.path.relpath(folder, root)
+        digest.update(f"{rel}\0{os.stat(folder).st_mtime_ns}\0{len(dirs) + len(files)}\n".encode())
+    return digest.hexdigest()[:16]
