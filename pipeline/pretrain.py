@@ -188,7 +188,8 @@ class Trainer:
         """Run to the last epoch; returns False if the loss diverged."""
         p = self.p
         self._resume_rng = None
-        self.load_state()
+        if not self.load_state() and self.board is not None:
+            self.board.drop_earlier_runs()  # a fresh start: the folder's curves are another run's
         while self.epoch < p.epochs:
             skip = self.step_in_epoch
             if skip == 0:
@@ -423,7 +424,7 @@ def retire_state(path: Path, env) -> None:
     resumes from it and trains afresh. Kept, not deleted: it holds the optimizer and RNG state."""
     if env.is_main and path.is_file():
         os.replace(path, path.with_name("finished.pt"))
-        log(f"finished: state kept as {path.with_name('finished.pt')} (never resumed from)")
+        log(f"finished: state kept as {path.with_name('finished.pt')}, which no run resumes")
     distributed.barrier()
 
 
