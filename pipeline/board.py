@@ -18,7 +18,16 @@ class Board:
         from torch.utils.tensorboard import SummaryWriter
 
         self.stage = stage
+        self.earlier = sorted(Path(folder).glob("events.out.tfevents.*"))  # before this writer's
         self.writer = SummaryWriter(str(folder))
+
+    def drop_earlier_runs(self) -> int:
+        """Remove the event files written before this board opened: a run that starts fresh
+        (not resumed) owns its folder; TensorBoard would draw an earlier run's curve as its
+        own. Returns how many were removed."""
+        for path in self.earlier:
+            path.unlink(missing_ok=True)
+        return len(self.earlier)
 
     def add(self, row: dict, step: int, skip=("epoch",)) -> None:
         for key, value in row.items():

@@ -1,6 +1,10 @@
 """One checkpoint format for resume, probe and detection transfer, and the pretraining's
 resume state (with the epoch's running statistics, EpochStats).
 
+A resume state also carries the fingerprint of its run (everything that determines it,
+pipeline.pretrain.run_fingerprint): a run resumes only from a state with its own fingerprint,
+and sets any other aside (``last.stale-<hash>.pt``, kept) to start fresh.
+
 A checkpoint is a dict of tensors and plain values only, so it loads with
 ``torch.load(weights_only=True)``: {"format", "arch", "method", "backbone" (query backbone
 state), "model", "optimizer", "epoch", "step", "rng", "log", "config"}. The resume state adds,
@@ -10,6 +14,9 @@ diagnostics state.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
 from pathlib import Path
 from typing import NamedTuple
@@ -123,12 +130,58 @@ def save_resume_state(path: Path, model, optimizer, stats: EpochStats, env, **fi
     distributed.barrier()
 
 
-def load_resume_state(path: Path, model, optimizer, env, device) -> Resumed | None:
+def fingerprint_hash(fingerprint: dict | None) -> str:
+    """A short hash of a fingerprint (canonical JSON): it names a state set aside."""
+    text = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def flat(fingerprint: dict, prefix: str = "") -> dict:
+    """Nested keys as dotted ones: {"pretrain": {"lr": 0.06}} -> {"pretrain.lr": 0.06}."""
+    out = {}
+    for key, value in fingerprint.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def differences(old: dict | None, new: dict) -> str:
+    """What differs between two fingerprints, as 'key old -> new' items (absent: "-")."""
+    if old is None:
+        return "the state has no fingerprint (written before runs were fingerprinted)"
+    old, new = flat(old), flat(new)
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k, "-") != new.get(k, "-"))
+    return ", ".join(f"{k} {json.dumps(old.get(k, '-'))} -> {json.dumps(new.get(k, '-'))}" for k in keys)
+
+
+def set_aside(path: Path, old: dict | None, env) -> Path:
+    """Rename another run's state to ``last.stale-<hash of its fingerprint>[.n].pt`` (rank 0,
+    the other ranks wait): never resumed from, never deleted."""
+    stem = f"{path.stem}.stale-{fingerprint_hash(old)}"
+    target = next(
+        t for n in range(1, 10**6) if not (t := path.with_name(f"{stem}{'' if n == 1 else f'.{n}'}.pt")).exists()
+    )
+    distributed.barrier()  # every rank has read the state before it moves
+    if env.is_main:
+        os.replace(path, target)
+    distributed.barrier()
+    return target
+
+
+def load_resume_state(path: Path, model, optimizer, env, device, fingerprint: dict, log=print) -> Resumed | None:
     """Restore model, optimizer, this rank's BN statistics and the method's diagnostics from
-    ``path``; None when there is nothing to resume."""
+    ``path``; None when there is nothing to resume, or when ``path`` holds another run's state
+    (its fingerprint differs): then it is set aside and one line says what differed."""
     if not Path(path).is_file():
         return None
     state = load(path)
+    if state.get("fingerprint") != fingerprint:
+        changed = differences(state.get("fingerprint"), fingerprint)
+        target = set_aside(Path(path), state.get("fingerprint"), env)
+        log(f"{path} is another run's state ({changed}): set aside as {target.name}; starting fresh")
+        return None
     if state["world_size"] != env.world_size and state["step_in_epoch"]:
         raise CheckpointError(
             f"{path} was written mid-epoch by {state['world_size']} ranks; resume it with the "

@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from pipeline.sections import Claims, Convert, Data, Dataset, Detect, Grid, Launch, Pretrain, Probe
+from pipeline.sections import INIT, RUNTIME, Claims, Convert, Data, Dataset, Detect, Grid, Launch, Pretrain, Probe
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = REPO / "workflow" / "config" / "config.schema.yaml"
@@ -86,6 +86,30 @@ def typed_sections(cfg: dict) -> dict:
     """Each section of a (validated) stage config that has a type, typed; e.g. a probe stage's
     ``{"data": Data(...), "probe": Probe(...)}``."""
     return {name: section(name, values) for name, values in cfg.items() if name in SECTION_TYPES}
+
+
+def result_part(name: str, values: dict, drop: tuple[str, ...] = (RUNTIME,), untrained: bool = False) -> dict:
+    """Section ``name``'s keys that determine its stage's result (pipeline.sections: a field's
+    "sets"): all but the RUNTIME keys (and the kinds in ``drop``); of a pretraining that trains
+    nothing (the random-init baseline, ``untrained``), only the INIT keys."""
+    typed = section(name, values)
+
+    def kept(f: dataclasses.Field) -> bool:
+        sets, unless = f.metadata.get("sets"), f.metadata.get("unless")
+        if untrained:
+            return sets == INIT
+        return sets not in drop or (unless is not None and unless(typed))
+
+    return {f.name: values[f.name] for f in dataclasses.fields(typed) if f.name in values and kept(f)}
+
+
+def result_config(sections: dict, drop: tuple[str, ...] = (RUNTIME,)) -> dict:
+    """result_part of each typed section of a stage's config (name -> validated dict)."""
+    untrained = sections.get("pretrain", {}).get("method") == "random"
+    return {
+        name: result_part(name, values, drop, untrained) if name in SECTION_TYPES else values
+        for name, values in sections.items()
+    }
 
 
 def pretrain_cell(base: Pretrain, override: dict, where: str = "pretrain", num_samples: int | None = None) -> Pretrain:

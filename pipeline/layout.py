@@ -8,7 +8,9 @@ pipeline.figures take theirs from here, and a test holds the config schema to th
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 
 RESNETS = ("resnet18", "resnet50")
 VITS = ("vit_tiny", "vit_small", "vit_base")
@@ -78,3 +80,23 @@ def stage_config(**sections) -> str:
     """The JSON a stage receives: only its own sections, so that unrelated edits of the
     config do not invalidate its outputs (Snakemake reruns a job whose params changed)."""
     return json.dumps(sections, sort_keys=True, separators=(",", ":"))
+
+
+def folder_state(root) -> str | None:
+    """A short hash of the folders under ``root`` as the file system records them: each one's
+    path relative to ``root`` (never the absolute path) and modification time. Adding,
+    removing, renaming or replacing a file (cp -r, rsync, mv, tar x: each touches its folder)
+    changes it; rewriting a file's bytes in place does not. Reads no file, and lists only
+    folders that hold folders (a folder's link count says so, where the file system keeps it):
+    an ImageNet split costs ~1,000 stat calls. None when ``root`` is missing."""
+    if not root or not os.path.isdir(root):
+        return None
+    digest, stack = hashlib.sha256(), [str(root)]
+    while stack:
+        folder = stack.pop()
+        info = os.stat(folder)
+        digest.update(f"{os.path.relpath(folder, root)}\0{info.st_mtime_ns}\n".encode())
+        if info.st_nlink != 2:  # 2: no subfolders (1: a file system that does not count them)
+            with os.scandir(folder) as entries:  # is_dir follows links: a subset of symlinked classes
+                stack.extend(sorted((e.path for e in entries if e.is_dir()), reverse=True))
+    return digest.hexdigest()[:16]

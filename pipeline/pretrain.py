@@ -4,7 +4,9 @@ baseline, on an FFCV dataset.
 Runs as one process, under torchrun, or as one srun task per GPU (rank and world size come
 from the environment; see pipeline.distributed). Resumes exactly from ``--state`` (a folder
 outside the rule's outputs) after a kill, a requeue or a time limit: the resume state is
-written at every epoch end and every ``checkpoint_every`` steps.
+written at every epoch end and every ``checkpoint_every`` steps. It resumes only its own run
+(the state's fingerprint, run_fingerprint, must match) and, once its outputs are written,
+renames its state to ``finished.pt``, which no run resumes from.
 
     python -m pipeline.pretrain --config workflow/config/config.yaml \\
         --data results/data/ffcv --out results/cells/base/pretrain --state results/state/base
@@ -14,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import io
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -30,7 +34,7 @@ from tqdm import tqdm
 from pipeline import checkpoint, cpus, distributed, preempt, provenance
 from pipeline.augment import view_recipes
 from pipeline.board import Board, board_dir
-from pipeline.config import ConfigError, load_stage_config, pretrain_warnings, section
+from pipeline.config import ConfigError, load_stage_config, pretrain_warnings, result_config, section
 from pipeline.data import eval_loader, is_converted, two_view_loader
 from pipeline.features import features_of
 from pipeline.io import atomic_write_json, atomic_write_text
@@ -75,6 +79,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def run_fingerprint(cfg: dict, data_dir: Path) -> dict:
+    """Everything that determines a run, and nothing that differs between a job and its requeue
+    (no time, host or absolute path): its sections' result keys (pipeline.config.result_config;
+    the seed among them) and its training data, the .beton's size and its report's hash."""
+    beton, report = data_dir / "train.beton", data_dir / "train.json"
+    data = {
+        "train.beton bytes": beton.stat().st_size if beton.is_file() else None,
+        "train.json sha256": hashlib.sha256(report.read_bytes()).hexdigest()[:16] if report.is_file() else None,
+    }
+    sections = result_config({name: cfg[name] for name in SECTIONS})
+    return json.loads(json.dumps({**sections, "data files": data}))  # plain lists, as a state loads
+
+
 def queue_checksum(model: nn.Module) -> str:
     q = getattr(model, "queue", None)
     return "-" if q is None else f"{float(q.keys.double().sum()):.10f}/{int(q.ptr)}"
@@ -87,6 +104,7 @@ class Trainer:
         self.p, self.d, self.env = section("pretrain", cfg["pretrain"]), section("data", cfg["data"]), env
         self.watch = watch or Stopwatch()
         self.state_path = state_dir / "last.pt"
+        self.fingerprint = run_fingerprint(cfg, data_dir)
         self.progress = progress and env.is_main
         p, d = self.p, self.d
         report = data_dir / "train.json"  # the conversion's report (absent: a hand-made .beton)
@@ -153,10 +171,13 @@ class Trainer:
                 epoch=self.epoch,
                 step_in_epoch=self.step_in_epoch,
                 log=self.log_rows,
+                fingerprint=self.fingerprint,
             )
 
     def load_state(self) -> bool:
-        resumed = checkpoint.load_resume_state(self.state_path, self.model, self.optimizer, self.env, self.device)
+        resumed = checkpoint.load_resume_state(
+            self.state_path, self.model, self.optimizer, self.env, self.device, self.fingerprint, log
+        )
         if resumed is None:
             return False
         self.epoch, self.step_in_epoch, self.log_rows, self.stats, self._resume_rng = resumed
@@ -168,7 +189,8 @@ class Trainer:
         """Run to the last epoch; returns False if the loss diverged."""
         p = self.p
         self._resume_rng = None
-        self.load_state()
+        if not self.load_state() and self.board is not None:
+            self.board.drop_earlier_runs()  # a fresh start: the folder's curves are another run's
         while self.epoch < p.epochs:
             skip = self.step_in_epoch
             if skip == 0:
@@ -379,7 +401,7 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
     failed = failure(trainer.log_rows)
     if failed and ok:
         log(f"warning: training failed ({failed}); the cell is reported as failed")
-    return finish(
+    summary = finish(
         cfg,
         arch,
         out_dir,
@@ -393,6 +415,18 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
         key_encoder=key_encoder,
         failure=failed,
     )
+    retire_state(trainer.state_path, env)
+    return summary
+
+
+def retire_state(path: Path, env) -> None:
+    """A finished run's state becomes ``finished.pt`` (replacing an earlier one), once its outputs
+    exist: a later run, even with the same fingerprint (e.g. after a code fix, --forcerun), never
+    resumes from it and trains afresh. Kept, not deleted: it holds the optimizer and RNG state."""
+    if env.is_main and path.is_file():
+        os.replace(path, path.with_name("finished.pt"))
+        log(f"finished: state kept as {path.with_name('finished.pt')}, which no run resumes")
+    distributed.barrier()
 
 
 def failure(log_rows: list[dict]) -> str | None:

@@ -253,6 +253,7 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     }
     atomic_write_json(metrics, out)
     board = Board(board_dir(out.parent, "probe"), "probe")  # the training curve
+    board.drop_earlier_runs()  # a probe never resumes: earlier curves are another run's
     for point in curve:
         board.add(point, step=point["epoch"])
     board.close()

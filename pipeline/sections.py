@@ -11,6 +11,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# What a key sets (field metadata "sets"); unmarked keys determine their stage's result.
+# A rule's params, which Snakemake compares to decide a rerun, and a pretraining run's
+# fingerprint, which decides a resume, hold the result keys only (pipeline.config.result_part).
+RUNTIME = "runtime"  # resources, logging or monitoring: never changes a result's meaning
+JOBS = "jobs"  # which jobs exist (e.g. detect.trials), not what one of them computes
+INIT = "init"  # pretrain: with the seed, all an untrained (random-init) network depends on
+
+
+def runtime(default, unless=None):
+    """A RUNTIME key; ``unless(section)`` names the sections where it does change the result.
+    Thread and worker counts change float rounding only (the order of summed terms, measured
+    in README "Rerunning"): the same experiment, as on a GPU run to run."""
+    return field(default=default, metadata={"sets": RUNTIME, "unless": unless})
+
+
+def marked(default, sets: str):
+    return field(default=default, metadata={"sets": sets})
+
 
 @dataclass(frozen=True, kw_only=True)
 class Synthetic:
@@ -40,7 +58,7 @@ class Convert:
     write_mode: str = "auto"  # auto: raw while the split's pixels fit 4 GiB, else proportion
     compress_probability: float = 0.5  # proportion: share of JPEG images
     smart_threshold: int = 3 * 128 * 128  # smart: JPEG for images above this many raw bytes
-    workers: int = 2  # processes that check and write images
+    workers: int = runtime(2)  # processes that check and write images (same .beton)
     strict: bool = False  # fail on the first unreadable image instead of skipping it
 
 
@@ -48,23 +66,25 @@ class Convert:
 class Data:
     loader: str = "ffcv"  # ffcv | torchvision
     crop: str = "loader"  # loader: crops drawn while decoding | device: drawn on the device
-    crop_size: int = 32
-    workers: int | None = None  # loader workers per job; None: from the job's threads
+    crop_size: int = marked(32, INIT)  # (a ViT's image size)
+    # loader workers per job; None: from the job's threads. The torchvision loader draws its
+    # crops in the workers, from per-worker RNGs: there the count changes the crops
+    workers: int | None = runtime(None, unless=lambda d: d.loader == "torchvision" and d.crop == "loader")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Pretrain:
     """One pretraining cell (the base cell of the grid)."""
 
-    method: str = "moco"  # moco | supervised | random
+    method: str = marked("moco", INIT)  # moco | supervised | random
     variant: str = "v2"
     mechanism: str = "moco"  # how negatives are produced: moco | end_to_end | memory_bank
-    backbone: str = "resnet18"
-    width: int = 16  # ResNet: channels of the first stage
-    cifar_stem: bool = True  # 3x3 stem without max-pool, for small images
-    norm: str = "bn"  # ResNet normalisation: bn | gn
-    patch_size: int = 16  # ViT
-    depth: int | None = None  # ViT depth override; None: the architecture's
+    backbone: str = marked("resnet18", INIT)
+    width: int = marked(16, INIT)  # ResNet: channels of the first stage
+    cifar_stem: bool = marked(True, INIT)  # 3x3 stem without max-pool, for small images
+    norm: str = marked("bn", INIT)  # ResNet normalisation: bn | gn
+    patch_size: int = marked(16, INIT)  # ViT
+    depth: int | None = marked(None, INIT)  # ViT depth override; None: the architecture's
     mlp_dim: int = 4096  # hidden width of v3's projector and predictor
     dim: int = 128  # embedding dimension
     K: int = 256  # queue size (negatives)
@@ -87,10 +107,10 @@ class Pretrain:
     bank_m: float = 0.5  # momentum of memory-bank entries
     amp: bool = True  # bf16 autocast on CUDA
     compile: bool = False  # torch.compile
-    knn_every: int = 10  # kNN monitor every N epochs and the last; 0: off
-    checkpoint_every: int = 0  # resume state every N steps too; 0: at epoch ends only
-    seed: int = 0
-    threads: int = 1
+    knn_every: int = runtime(10)  # kNN monitor every N epochs and the last; 0: off
+    checkpoint_every: int = runtime(0)  # resume state every N steps too; 0: at epoch ends only
+    seed: int = marked(0, INIT)
+    threads: int = runtime(1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +125,7 @@ class Probe:
     knn_k: int = 200
     knn_t: float = 0.07
     seed: int = 0
-    threads: int = 1
+    threads: int = runtime(1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,8 +148,8 @@ class Voc:
 
 @dataclass(frozen=True, kw_only=True)
 class Detect:
-    enabled: bool = True
-    cells: tuple[str, ...] = ("base", "method=random", "method=supervised")  # or ("all",)
+    enabled: bool = marked(True, JOBS)
+    cells: tuple[str, ...] = marked(("base", "method=random", "method=supervised"), JOBS)  # or ("all",)
     root: str | None = None  # COCO folder or VOCdevkit; None: the embedded scenes
     dataset: str = "auto"  # layout of root: auto | coco | voc
     voc: Voc = field(default_factory=Voc)
@@ -151,9 +171,11 @@ class Detect:
     train_sizes: tuple[int, ...] | None = None  # multi-scale training sides; None: image_size
     voc_metric: str = "auto"  # 11point | area | auto (11point on a 2007 test set)
     seed: int = 0
-    trials: int = 1  # fine-tuning runs per cell
-    threads: int = 1
-    workers: int = 0  # image-decoding processes; 0: in the main process
+    trials: int = marked(1, JOBS)  # fine-tuning runs per cell
+    threads: int = runtime(1)
+    # image-decoding processes; 0: in the main process. Not RUNTIME: the training flips are
+    # drawn in the workers, from per-worker RNGs
+    workers: int = 0
     ranks: int = 1  # processes per fine-tuning, one per GPU
 
 
@@ -203,7 +225,7 @@ class Grid:
     baselines: tuple = ()  # random | supervised
     only: tuple | None = None  # run only these cells (ids); None: all
     seeds: int = 1  # replicates of every cell
-    resources: Resources = field(default_factory=Resources)
+    resources: Resources = field(default_factory=Resources, metadata={"sets": RUNTIME})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,8 +5,9 @@ import shlex
 import sys
 
 # only pipeline.layout, pipeline.grid and pipeline.config: building the DAG imports no torch
-from pipeline.config import load_schema
+from pipeline.config import load_schema, result_config, result_part
 from pipeline.grid import cell_params, cell_resources as grid_cell_resources, group_id
+from pipeline.sections import JOBS, RUNTIME
 from pipeline.layout import (
     CLAIMS_TABLES,
     FIGURES,
@@ -14,6 +15,7 @@ from pipeline.layout import (
     cell_file,
     TABLE_FORMATS,
     figure_files,
+    folder_state,
     is_resnet,
     stage_config,
     table_files,
@@ -23,6 +25,18 @@ R = config["results"]
 CELL_ID = load_schema()["$defs"]["cell_id"]["pattern"].strip("^$")  # one pattern: the schema's
 PY = shlex.quote(sys.executable)  # the interpreter running snakemake (.venv), also on SLURM nodes
 CONDA_ENV = "../envs/moco.yaml"
+
+
+def job_config(sections_of, drop=(RUNTIME,)):
+    """A rule's config params, from ``sections_of(wildcards)`` (section name -> dict): ``key``,
+    the sections' result keys (pipeline.config.result_config), which Snakemake compares to
+    decide a rerun; ``cfg``, the whole sections, which the job reads. ``cfg`` is a function of
+    ``threads`` because Snakemake does not compare such params (they are "derived"): a change
+    of threads, workers or monitor frequency reruns nothing."""
+    return {
+        "key": lambda w: stage_config(**result_config(sections_of(w), drop)),
+        "cfg": lambda w, threads: stage_config(**sections_of(w)),
+    }
 
 
 def params_of(cell):
@@ -101,10 +115,10 @@ def cell_nodes(wildcards):
     return cell_resources(wildcards.cell)["nodes"]
 
 
-def tables_config():
+def tables_sections(wildcards=None):
     """What the tables state and which cells they expect (grid.resources does not matter)."""
     grid = {k: v for k, v in config["grid"].items() if k != "resources"}
-    return stage_config(
+    return dict(
         dataset=config["dataset"],
         pretrain=config["pretrain"],
         grid=grid,
@@ -120,16 +134,10 @@ def claims_inputs(wildcards):
     return [cell_file(R, cell, "probe") for cell in CLAIMS_CELLS]
 
 
-def claims_config():
+def claims_sections(wildcards=None):
     """What the claims tables state and which cells they read."""
-    grid = {k: v for k, v in config["grid"].items() if k != "resources"}
-    return stage_config(
-        dataset=config["dataset"],
-        pretrain=config["pretrain"],
-        grid=grid,
-        probe=config["probe"],
-        claims=config["claims"],
-    )
+    sections = {k: v for k, v in tables_sections().items() if k != "detect"}
+    return {**sections, "claims": config["claims"]}
 
 
 def for_report(path, caption, **marks):

@@ -44,7 +44,12 @@ rule convert:
             if DS["source"] == "stl10" and w.split == "train" and DS.get("stl10_unlabeled")
             else w.split
         ),
-        cfg=lambda w: json.dumps(config["convert"], sort_keys=True),
+        # Snakemake compares `key` and `source_state` (the dataset folder's content may change
+        # under the same path: the conversion then reruns); the job reads `cfg`, the whole
+        # section (a function of threads: not compared, see job_config)
+        key=lambda w: json.dumps(result_part("convert", config["convert"]), sort_keys=True),
+        source_state=lambda w: None if DS["source"] == "synthetic" else folder_state(split_root(w)),
+        cfg=lambda w, threads: json.dumps(config["convert"], sort_keys=True),
         beton=lambda w, output: os.path.splitext(output.report)[0] + ".beton",
         report_only="" if LOADER == "ffcv" else " --report-only",
     shell:

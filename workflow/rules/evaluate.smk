@@ -17,7 +17,7 @@ rule probe:
     threads: config["probe"].get("threads", 2)
     params:
         py=PY,
-        cfg=lambda w: stage_config(data=config["data"], probe=config["probe"]),
+        **job_config(lambda w: {"data": config["data"], "probe": config["probe"]}),
         data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder
     shell:
         "{params.py} -m pipeline.probe --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
@@ -41,9 +41,7 @@ rule detect:
     params:
         py=PY,
         # how many trials and which cells do not change a trial: raising trials adds jobs only
-        cfg=lambda w: stage_config(
-            detect={k: v for k, v in config["detect"].items() if k not in ("trials", "cells", "enabled")}
-        ),
+        **job_config(lambda w: {"detect": result_part("detect", config["detect"], drop=(JOBS,))}),
         root=detection_root(),
         seed=lambda w: config["detect"]["seed"] + int(w.trial),
         # several ranks: torchrun starts one process per GPU of the job (DDP, SyncBN with norm bn)

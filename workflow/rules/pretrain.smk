@@ -1,5 +1,6 @@
 # Stage 2: pretraining, one job per ablation cell. The resume state lives in results/state,
-# outside the declared outputs, so a killed or requeued job continues where it stopped.
+# outside the declared outputs, so a killed or requeued job continues where it stopped; it
+# carries its run's fingerprint, so a job with another config never resumes it (pipeline.pretrain).
 #
 # How the ranks start (config launch.launcher):
 #   direct    locally one process; under a SLURM profile that sets the `mpi` resource
@@ -25,6 +26,7 @@ rule pretrain:
         checkpoint=cell_file(R, "{cell}", "checkpoint"),
         log_csv=cell_file(R, "{cell}", "log"),
         summary=cell_file(R, "{cell}", "summary"),
+        config=cell_file(R, "{cell}", "config"),  # declared: a failed rerun leaves no stale one
     log:
         f"{R}/logs/pretrain/{{cell}}.log",
     benchmark:
@@ -47,7 +49,7 @@ rule pretrain:
         module=lambda w, resources: pretrain_launch.module_args(
             cell_launch(w.cell), f"{R}/logs/pretrain/submitit/{w.cell}"
         ),
-        cfg=lambda w: stage_config(data=config["data"], pretrain=params_of(w.cell)),
+        **job_config(lambda w: {"data": config["data"], "pretrain": params_of(w.cell)}),
         state=lambda w: f"{R}/state/{w.cell}",
         out=lambda w, output: os.path.dirname(output.checkpoint),
         data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder

@@ -30,7 +30,7 @@ rule tables:
     params:
         py=PY,
         results=lambda w, output: os.path.dirname(os.path.dirname(output.main)),
-        cfg=lambda w: tables_config(),
+        **job_config(tables_sections),
     shell:
         "{params.py} -m pipeline.tables {params.results:q} --config {params.cfg:q} > {log:q} 2>&1"
 
@@ -51,6 +51,6 @@ rule claims:
     params:
         py=PY,
         results=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
-        cfg=lambda w: claims_config(),
+        **job_config(claims_sections),
     shell:
         "{params.py} -m pipeline.claims {params.results:q} --config {params.cfg:q} > {log:q} 2>&1"
