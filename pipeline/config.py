@@ -188,13 +188,16 @@ def check_pretrain(p: Pretrain | dict, where: str = "pretrain", num_samples: int
             f"{where}: bn_splits={p.bn_splits} does not divide the batch size {p.batch_size} "
             f"(BatchNorm normalises each rank's batch in that many equal sub-batches)"
         )
+    if p.symmetric and (p.variant == "v3" or p.mechanism != "moco"):
+        raise ConfigError(f"{where}: symmetric applies to MoCo v1/v2's queue (v3's loss is symmetric already)")
     if p.variant == "v3" or p.mechanism != "moco":
         return  # no queue
-    if p.K % p.batch_size != 0:
+    keys = p.batch_size * (1 + p.symmetric)  # per step: the symmetric loss enqueues both views' keys
+    if p.K % keys != 0:
         raise ConfigError(
-            f"{where}: K={p.K} is not a multiple of the global batch size "
-            f"{p.batch_size} (the queue is refilled whole batches at a time); "
-            f"use e.g. K={max(1, p.K // p.batch_size) * p.batch_size}"
+            f"{where}: K={p.K} is not a multiple of {'2 x ' * p.symmetric}the global batch size "
+            f"{p.batch_size} (the keys enqueued per step: the queue is refilled whole batches at a time); "
+            f"use e.g. K={max(1, p.K // keys) * keys}"
         )
 
 

@@ -118,6 +118,20 @@ def test_queue_must_be_multiple_of_batch(cfg):
         validate(cfg)
 
 
+@pytest.mark.parametrize(
+    "pretrain, expect",
+    [
+        ({"K": 1536, "batch_size": 512}, "K=1536 is not a multiple of 2 x the global batch size 512"),  # 2B keys a step
+        ({"variant": "v3"}, "symmetric applies to MoCo v1/v2's queue"),
+        ({"mechanism": "end_to_end"}, "symmetric applies to MoCo v1/v2's queue"),
+    ],
+)
+def test_symmetric_loss_is_checked(cfg, pretrain, expect):
+    cfg["pretrain"].update(symmetric=True, **pretrain)
+    with pytest.raises(ConfigError, match=expect):
+        validate(cfg)
+
+
 def test_shell_reaching_strings_are_restricted(cfg):
     cfg["results"] = "results; rm -rf /"
     with pytest.raises(ConfigError, match="results"):
