@@ -128,6 +128,8 @@ def merge(base: dict, override: dict) -> dict:
 
 
 def _schema_error(err: jsonschema.ValidationError, prefix: str = "") -> ConfigError:
+    # anyOf [a list of values, null] (e.g. grid.supervised's keys): name the values allowed
+    err = next((e for e in err.context or () if e.validator == "enum"), err)
     key = ".".join(str(p) for p in err.absolute_path)
     key = f"{prefix}{'.' if prefix and key else ''}{key}" or "<root>"
     schema = err.schema if isinstance(err.schema, dict) else {}
@@ -174,6 +176,9 @@ def _non_finite(value, path=()):
 def check_pretrain(p: Pretrain | dict, where: str = "pretrain", num_samples: int | None = None) -> None:
     """Cross-field rules of one pretraining cell (a dict: as grid.py passes it)."""
     p = as_section(Pretrain, p)
+    drops = list(p.lr_step_epochs or [])
+    if drops != sorted(set(drops)) or (drops and drops[-1] >= p.epochs):
+        raise ConfigError(f"{where}: lr_step_epochs={drops} must increase and stay below epochs={p.epochs}")
     if p.method != "moco":
         return
     vit = p.backbone.startswith("vit")
