@@ -27,7 +27,8 @@ def recipe(name: str, crop_size: int) -> nn.Module:
     ``v2`` (aug+ of MoCo v2 / SimCLR): jitter (0.4, 0.4, 0.4, 0.1) p=0.8, grayscale p=0.2,
     Gaussian blur sigma 0.1-2 p=0.5. ``v3a``/``v3b``: the two asymmetric views of MoCo v3
     (BYOL's recipe): jitter (0.4, 0.4, 0.2, 0.1) p=0.8, grayscale p=0.2, then blur p=1.0 (a)
-    or blur p=0.1 + solarize (threshold 0.5) p=0.2 (b). ``none``: normalisation only.
+    or blur p=0.1 + solarize (threshold 0.5) p=0.2 (b). ``cifar``: the MoCo CIFAR-10 demo's
+    (moco colab-notebook branch): v2 without the blur. ``none``: normalisation only.
     kornia draws every parameter per sample; the jitter order is drawn once per batch."""
     k = _blur_kernel(crop_size)
     jitter = K.ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8)
@@ -48,10 +49,12 @@ def recipe(name: str, crop_size: int) -> nn.Module:
             K.RandomGrayscale(p=0.2),
             K.RandomGaussianBlur((k, k), sigma=(0.1, 2.0), p=0.5),
         ]
+    elif name == "cifar":
+        ops = [K.ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8), K.RandomGrayscale(p=0.2)]
     elif name == "none":
         ops = []
     else:
-        raise ValueError(f"unknown augmentation recipe '{name}' (v1, v2, v3a, v3b, none; v3 = v3a + v3b)")
+        raise ValueError(f"unknown augmentation recipe '{name}' (v1, v2, v3a, v3b, cifar, none; v3 = v3a + v3b)")
     return Photometric(ops)
 
 

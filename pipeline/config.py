@@ -152,6 +152,8 @@ def merge(base: dict, override: dict) -> dict:
 
 
 def _schema_error(err: jsonschema.ValidationError, prefix: str = "") -> ConfigError:
+    # anyOf [a list of values, null] (e.g. grid.supervised's keys): name the values allowed
+    err = next((e for e in err.context or () if e.validator == "enum"), err)
     key = ".".join(str(p) for p in err.absolute_path)
     key = f"{prefix}{'.' if prefix and key else ''}{key}" or "<root>"
     schema = err.schema if isinstance(err.schema, dict) else {}
@@ -198,6 +200,9 @@ def _non_finite(value, path=()):
 def check_pretrain(p: Pretrain | dict, where: str = "pretrain", num_samples: int | None = None) -> None:
     """Cross-field rules of one pretraining cell (a dict: as grid.py passes it)."""
     p = as_section(Pretrain, p)
+    drops = list(p.lr_step_epochs or [])
+    if drops != sorted(set(drops)) or (drops and drops[-1] >= p.epochs):
+        raise ConfigError(f"{where}: lr_step_epochs={drops} must increase and stay below epochs={p.epochs}")
     if p.method != "moco":
         return
     vit = p.backbone.startswith("vit")
@@ -212,13 +217,16 @@ def check_pretrain(p: Pretrain | dict, where: str = "pretrain", num_samples: int
             f"{where}: bn_splits={p.bn_splits} does not divide the batch size {p.batch_size} "
             f"(BatchNorm normalises each rank's batch in that many equal sub-batches)"
         )
+    if p.symmetric and (p.variant == "v3" or p.mechanism != "moco"):
+        raise ConfigError(f"{where}: symmetric applies to MoCo v1/v2's queue (v3's loss is symmetric already)")
     if p.variant == "v3" or p.mechanism != "moco":
         return  # no queue
-    if p.K % p.batch_size != 0:
+    keys = p.batch_size * (1 + p.symmetric)  # per step: the symmetric loss enqueues both views' keys
+    if p.K % keys != 0:
         raise ConfigError(
-            f"{where}: K={p.K} is not a multiple of the global batch size "
-            f"{p.batch_size} (the queue is refilled whole batches at a time); "
-            f"use e.g. K={max(1, p.K // p.batch_size) * p.batch_size}"
+            f"{where}: K={p.K} is not a multiple of {'2 x ' * p.symmetric}the global batch size "
+            f"{p.batch_size} (the keys enqueued per step: the queue is refilled whole batches at a time); "
+            f"use e.g. K={max(1, p.K // keys) * keys}"
         )
 
 

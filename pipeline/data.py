@@ -77,7 +77,34 @@ def two_view_loader(
         dataset = TwoViewDataset(converted_source(path), crop_size, scale, ratio, flip)
         return TwoViewLoader(TorchLoader(dataset, batch_size, workers, seed, True, distributed, drop_last))
     return TwoViewLoader(
-        _ffcv_two_view(path, batch_size, crop_size, scale, ratio, flip, workers, seed, distributed, threads, drop_last)
+        _ffcv_views(path, batch_size, crop_size, scale, ratio, flip, workers, seed, distributed, threads, drop_last)
+    )
+
+
+def crop_loader(
+    path,
+    batch_size: int,
+    crop_size: int,
+    scale_min: float = 0.08,
+    workers: int = 2,
+    seed: int = 0,
+    threads: int | None = None,
+    loader: str = "ffcv",
+    indices=None,
+):
+    """Yields (image, label, index): one random resized crop + flip of each whole stored image
+    (so a crop can reach its corners), drawn while decoding, in a random order; only the
+    samples ``indices`` (all if None), each once an epoch (no batch dropped). The augmented
+    probe's view: the references' RandomResizedCrop(224) + flip of the full image."""
+    _check_choice(loader, "loader")
+    scale = (scale_min, 1.0)
+    if loader == "torchvision":
+        dataset = TwoViewDataset(converted_source(path), crop_size, scale, RATIO, flip=True, views=1)
+        if indices is not None:
+            dataset = torch.utils.data.Subset(dataset, list(indices))
+        return TorchLoader(dataset, batch_size, workers, seed, True, drop_last=False)
+    return _ffcv_views(
+        path, batch_size, crop_size, scale, RATIO, True, workers, seed, False, threads, False, views=1, indices=indices
     )
 
 
@@ -180,7 +207,21 @@ def _int_pipeline():
     return [IntDecoder(), ToTensor(), Squeeze(1)]
 
 
-def _ffcv_two_view(path, batch_size, crop_size, scale, ratio, flip, workers, seed, distributed, threads, drop_last):
+def _ffcv_views(
+    path,
+    batch_size,
+    crop_size,
+    scale,
+    ratio,
+    flip,
+    workers,
+    seed,
+    distributed,
+    threads,
+    drop_last,
+    views=2,
+    indices=None,
+):
     path = _beton(path)
     from ffcv.loader import Loader, OrderOption
     from ffcv.pipeline import PipelineSpec
@@ -191,12 +232,9 @@ def _ffcv_two_view(path, batch_size, crop_size, scale, ratio, flip, workers, see
     def view(number):  # crop + flip fused with decoding, drawn from (seed, view, batch, sample)
         return SeededRandomResizedCrop((crop_size, crop_size), scale, ratio, seed=seed, view=number, flip=flip)
 
-    pipelines = {
-        "image": [view(1), ToTensor(), ToTorchImage()],
-        "label": _int_pipeline(),
-        "index": _int_pipeline(),
-        "image2": PipelineSpec("image", decoder=view(2), transforms=[ToTensor(), ToTorchImage()]),
-    }
+    pipelines = {"image": [view(1), ToTensor(), ToTorchImage()], "label": _int_pipeline(), "index": _int_pipeline()}
+    if views == 2:
+        pipelines["image2"] = PipelineSpec("image", decoder=view(2), transforms=[ToTensor(), ToTorchImage()])
     # RANDOM, not QUASI_RANDOM: the latter raises NotImplementedError with distributed=True.
     loader = Loader(
         path,
@@ -207,6 +245,7 @@ def _ffcv_two_view(path, batch_size, crop_size, scale, ratio, flip, workers, see
         distributed=distributed,
         drop_last=drop_last,
         pipelines=pipelines,
+        indices=None if indices is None else np.asarray(indices, dtype=np.int64),
     )
     _restore_threads(threads)
     return loader
@@ -269,12 +308,13 @@ def _as_chw(image: np.ndarray) -> torch.Tensor:
 
 
 class TwoViewDataset(torch.utils.data.Dataset):
-    """Decode once, crop twice: (view1, label, index, view2) (FFCV's output layout)."""
+    """Decode once, crop twice: (view1, label, index, view2) (FFCV's output layout);
+    views=1: (view1, label, index)."""
 
-    def __init__(self, source, crop_size: int, scale, ratio, flip: bool):
+    def __init__(self, source, crop_size: int, scale, ratio, flip: bool, views: int = 2):
         from torchvision.transforms import v2
 
-        self.source = source
+        self.source, self.views = source, views
         ops = [v2.RandomResizedCrop((crop_size, crop_size), scale=tuple(scale), ratio=tuple(ratio), antialias=True)]
         self.transform = v2.Compose(ops + ([v2.RandomHorizontalFlip()] if flip else []))
 
@@ -283,7 +323,8 @@ class TwoViewDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         image = _as_chw(self.source.load(i))
-        return self.transform(image), self.source.labels[i], i, self.transform(image)
+        first = (self.transform(image), self.source.labels[i], i)
+        return first if self.views == 1 else (*first, self.transform(image))
 
 
 class CentreViewDataset(torch.utils.data.Dataset):

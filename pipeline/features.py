@@ -17,9 +17,13 @@ def extract(
     threads: int | None = None,
     device=None,
     loader: str = "ffcv",
+    crop_ratio: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features N x D, labels N) in file order, on ``device`` (default: the backbone's)."""
-    batches = eval_loader(beton, batch_size, crop_size, workers=workers, threads=threads, loader=loader)
+    """(features N x D, labels N) in file order, on ``device`` (default: the backbone's), of
+    the centre view (crop_ratio: its side over the shorter side, see data.eval_loader)."""
+    batches = eval_loader(
+        beton, batch_size, crop_size, workers=workers, crop_ratio=crop_ratio, threads=threads, loader=loader
+    )
     return features_of(backbone, batches, device)
 
 

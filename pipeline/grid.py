@@ -13,7 +13,7 @@ import math
 import yaml
 
 from pipeline.claims_plan import Budget, role_seeds
-from pipeline.config import ConfigError, as_section, merge, pretrain_cell, section
+from pipeline.config import ConfigError, as_section, merge, pretrain_cell, section, to_dict
 from pipeline.layout import QUEUE_POLICIES
 from pipeline.sections import Claims, Grid, Pretrain, Resources
 
@@ -33,6 +33,7 @@ AXES = [
     "shuffle_bn",
     "dim",
     "queue_policy",
+    "symmetric",
     "seed",
 ]
 BASE_ID = "base"
@@ -162,17 +163,25 @@ def claims_cells(cfg: dict) -> dict[str, dict]:
     return _cells(cfg, [r for role, o in overrides.items() for r in _replicates([o], seeds[role], cfg["pretrain"])], 1)
 
 
+def with_recipe(grid: Grid, override: dict) -> dict:
+    """A supervised cell's override with the baseline's own recipe (grid.supervised, its set
+    keys) beneath it; every other cell's as given. The recipe is not part of the cell's id."""
+    if override.get("method") != "supervised":
+        return override
+    return {**{k: v for k, v in to_dict(grid.supervised).items() if v is not None}, **override}
+
+
 def _cells(cfg: dict, overrides: list[dict], seeds: int | None = None) -> dict[str, dict]:
     """The cells of ``overrides``, ``seeds`` of each (None: grid.seeds)."""
     base, typed_base = cfg["pretrain"], section("pretrain", cfg["pretrain"])  # typed once, not per cell
-    num_samples = training_set_size(cfg)
-    seeds = section("grid", cfg.get("grid")).seeds if seeds is None else seeds
+    grid, num_samples = section("grid", cfg.get("grid")), training_set_size(cfg)
+    seeds = grid.seeds if seeds is None else seeds
     cells: dict[str, dict] = {}
     for override in _replicates(overrides, seeds, base):
-        params = merge(base, override)
-        cid = cell_id(base, params)
+        cid = cell_id(base, merge(base, override))
+        override = with_recipe(grid, override)
         check_cell(cid, typed_base, override, num_samples)
-        cells.setdefault(cid, params)
+        cells.setdefault(cid, merge(base, override))
     return cells
 
 
@@ -188,13 +197,26 @@ def only(cells: dict[str, dict], chosen: list[str] | None) -> dict[str, dict]:
 
 def cell_params(cfg: dict, cid: str) -> dict:
     """Parameters of a cell given by id, whether or not it is in the declared grid."""
-    override = parse_cell_id(cid)
+    override = with_recipe(section("grid", cfg.get("grid")), parse_cell_id(cid))
     check_cell(cid, section("pretrain", cfg["pretrain"]), override, num_samples=training_set_size(cfg))
     return merge(cfg["pretrain"], override)
 
 
 # Pretraining cost of one epoch relative to a ResNet-18, per backbone (rough, for job sizing).
 BACKBONE_COST = {"resnet18": 1.0, "resnet50": 2.5, "vit_tiny": 1.0, "vit_small": 2.0, "vit_base": 6.0}
+
+
+def momentum_reference(ids) -> str:
+    """The cell the momentum ablation sits around: the one that most of the cells ``ids``
+    differ from in m alone; the base unless the m sweep is elsewhere (e.g. MoCo v1's at
+    K = 4096, where the paper measured its Table 1)."""
+    neighbours: dict[str, int] = {}
+    for cid in ids:
+        params = parse_cell_id(cid)
+        if "m" in params:
+            reference = cell_id({}, {k: v for k, v in params.items() if k != "m"})
+            neighbours[reference] = neighbours.get(reference, 0) + 1
+    return max([BASE_ID, *neighbours], key=lambda ref: (neighbours.get(ref, 0), ref == BASE_ID))
 
 
 def group_id(cid: str) -> str:

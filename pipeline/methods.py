@@ -89,8 +89,10 @@ def build_model(
     p = as_section(Pretrain, p)
     resnet = p.backbone in RESNETS
     v3_resnet = p.method == "moco" and p.variant == "v3" and resnet
-    # MoCo v3's ResNet starts each residual branch at zero (zero_init_residual, as its reference)
-    backbone = build_backbone(arch_of(p, image_size), zero_init_residual=v3_resnet)
+    # MoCo v3's ResNet starts each residual branch at zero (zero_init_residual, as its reference);
+    # its ViT keeps the random patch projection (unset: MoCo only, a supervised ViT trains it)
+    frozen_patches = p.method == "moco" if p.freeze_patch_embed is None else p.freeze_patch_embed
+    backbone = build_backbone(arch_of(p, image_size), zero_init_residual=v3_resnet, freeze_patch_embed=frozen_patches)
     dim, feat = p.dim, backbone.out_dim
     if p.method == "supervised":
         return Supervised(backbone, num_classes)
@@ -118,4 +120,5 @@ def build_model(
         queue_policy=p.queue_policy,
         seed=p.seed,
         batch_size=p.batch_size,
+        symmetric=p.symmetric,
     )

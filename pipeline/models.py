@@ -115,13 +115,10 @@ def init_vit_as_moco_v3(vit: nn.Module) -> None:
     nn.init.zeros_(proj.bias)
 
 
-def vit_backbone(arch: dict) -> nn.Module:
-    """timm ViT returning the class token, initialised as MoCo v3; fixed sin-cos positions,
-    frozen patch projection.
-
-    The position embedding becomes a buffer (not a parameter), and the patch projection keeps
-    its random init with requires_grad=False: MoCo v3's fix for training instability.
-    """
+def vit_backbone(arch: dict, freeze_patch_embed: bool = False) -> nn.Module:
+    """timm ViT returning the class token, initialised as MoCo v3, with fixed sin-cos positions
+    (a buffer, not a parameter). ``freeze_patch_embed``: the patch projection keeps its random
+    init (requires_grad=False), MoCo v3's fix for training instability (its stop_grad_conv1)."""
     from timm.models.vision_transformer import VisionTransformer
 
     dim, depth, heads = VITS[arch["backbone"]]
@@ -143,19 +140,20 @@ def vit_backbone(arch: dict) -> nn.Module:
     del vit.pos_embed
     vit.register_buffer("pos_embed", pos)
     for p in vit.patch_embed.parameters():
-        p.requires_grad_(False)
+        p.requires_grad_(not freeze_patch_embed)
     vit.out_dim = dim
     return vit
 
 
-def build_backbone(arch: dict, zero_init_residual: bool = False) -> nn.Module:
+def build_backbone(arch: dict, zero_init_residual: bool = False, freeze_patch_embed: bool = False) -> nn.Module:
     """``arch``: the record stored in every checkpoint, e.g. {"backbone": "resnet18",
     "width": 64, "cifar_stem": False, "norm": "bn"} or {"backbone": "vit_small",
     "patch_size": 16, "image_size": 224}. zero_init_residual (ResNets): an initialisation
-    choice only, the architecture (and so the checkpoint format) is the same."""
+    choice only, the architecture (and so the checkpoint format) is the same; so is
+    freeze_patch_embed (ViTs), a training choice."""
     name = arch["backbone"]
     if name in VITS:
-        return vit_backbone(arch)
+        return vit_backbone(arch, freeze_patch_embed)
     norm = group_norm if arch.get("norm", "bn") == "gn" else None
     return ResNetBackbone(
         name,

@@ -78,4 +78,6 @@ def lr_at(p: Pretrain | dict, progress: float, epochs: float) -> float:
     if p.schedule == "cosine":
         rest = (progress - warm) / max(1.0 - warm, 1e-9)
         return p.lr * 0.5 * (1.0 + math.cos(math.pi * rest))
-    return p.lr * (0.1 ** sum(progress >= f for f in (0.6, 0.8)))
+    # x0.1 at each of lr_step_epochs (torchvision's 30/60 of 90), else at 60% and 80% (MoCo's 120/160 of 200)
+    drops = [e / max(epochs, 1e-9) for e in p.lr_step_epochs] if p.lr_step_epochs else (0.6, 0.8)
+    return p.lr * (0.1 ** sum(progress >= f for f in drops))

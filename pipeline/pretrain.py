@@ -278,7 +278,9 @@ class Trainer:
         return round(knn_accuracy(train_x, train_y, val_x, val_y, int(train_y.max()) + 1), 3)
 
     def eval_batches(self, split: str):
-        """The split's evaluation loader, built once per job (the kNN monitor reuses it)."""
+        """The split's evaluation loader, built once per job (the kNN monitor reuses it). The
+        whole shorter side (crop_ratio 1): this stage does not see probe.crop_ratio, so that no
+        probe setting reruns a pretraining; the kNN reported beside the probe uses it."""
         if split not in self.eval_loaders:
             self.eval_loaders[split] = eval_loader(
                 self.data_dir / f"{split}.beton",

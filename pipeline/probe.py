@@ -4,9 +4,11 @@ Protocols (``probe.protocol``): ``moco`` (SGD lr 30, momentum 0.9, wd 0, x0.1 at
 80% of the epochs, batch 256) and ``mocov3`` (batch 1024, cosine, lr 0.1 x batch/256 for a
 ResNet, 3 x batch/256 for a ViT, wd 0: the v3 reference's CONFIG.md); ``lr`` / ``batch_size``
 in the config override the protocol's when set.
-Modes (``probe.mode``): ``augmented`` trains on RandomResizedCrop + flip views of the train
-split, as the papers do; ``cached`` extracts the features once (centre view) and trains on
-them, much faster. The metrics say which protocol and mode produced them. The backbone is
+Modes (``probe.mode``): ``augmented`` trains on RandomResizedCrop + flip views of the whole
+stored train images (labelled ones only), as the papers do; ``cached`` extracts the features
+once (centre view) and trains on them, much faster. Validation (and cached training) features
+come from the centre square of ``probe.crop_ratio`` of the shorter side: 0.875 is the
+references' Resize(256) + CenterCrop(224). The metrics say which protocol and mode produced them. The backbone is
 frozen entirely (BN statistics included, eval mode) and verified bit-identical afterwards.
 
     python -m pipeline.probe --config workflow/config/config.yaml \\
@@ -26,10 +28,10 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline import checkpoint, cpus, provenance
-from pipeline.augment import DeviceCrop, normalize
+from pipeline.augment import normalize
 from pipeline.board import Board, board_dir
 from pipeline.config import ConfigError, as_section, load_stage_config
-from pipeline.data import eval_loader
+from pipeline.data import crop_loader
 from pipeline.distributed import rank_device
 from pipeline.features import extract
 from pipeline.io import atomic_write_json
@@ -155,33 +157,32 @@ def train_cached(probe: LinearProbe, train_x, train_y, val_x, val_y, seed: int) 
     return curve
 
 
-def train_augmented(
-    probe: LinearProbe, backbone, data_dir: Path, d: Data, pc: Probe, val_x, val_y, threads: cpus.Threads
-) -> list:
-    crop = d.crop_size
-    loader = eval_loader(
+def augmented_views(data_dir: Path, d: Data, pc: Probe, batch_size: int, labelled, threads: cpus.Threads):
+    """The augmented probe's loader: RandomResizedCrop (scale 0.08-1, torchvision's default, as
+    the references) + flip of each whole stored image, over the labelled images only (e.g.
+    STL-10's 5k of 105k): ceil(labelled / batch) steps an epoch, the steps its schedule has."""
+    return crop_loader(
         data_dir / "train.beton",
-        probe.s["batch_size"],
-        crop,
-        threads.loader,
-        threads=threads.torch,
-        order="random",
+        batch_size,
+        d.crop_size,
+        scale_min=0.08,
+        workers=threads.loader,
         seed=pc.seed,
-        drop_last=False,
+        threads=threads.torch,
         loader=d.loader,
+        indices=labelled,
     )
-    random_crop = DeviceCrop(crop, scale_min=0.08)  # RandomResizedCrop + flip, as the papers
+
+
+def train_augmented(probe: LinearProbe, backbone, loader, val_x, val_y) -> list:
     curve = []
     for epoch in tqdm(range(probe.s["epochs"]), desc="probe", mininterval=10):
         total, seen = 0.0, 0
         for images, labels, _ in loader:
-            keep = labels.long() >= 0  # unlabeled images (label -1) have no class to learn
-            if not bool(keep.any()):
-                continue
             with torch.no_grad():
-                feats = backbone(normalize(random_crop(images[keep].to(val_x.device))))
-            total += float(probe.train_batch(feats, labels.long()[keep].to(val_x.device))) * int(keep.sum())
-            seen += int(keep.sum())
+                feats = backbone(normalize(images.to(val_x.device)))
+            total += float(probe.train_batch(feats, labels.long().to(val_x.device))) * len(labels)
+            seen += len(labels)
         curve.append(curve_point(probe, epoch, total / max(seen, 1), val_x, val_y))
     return curve
 
@@ -202,12 +203,13 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     before = snapshot(backbone)
     classes = json.loads((data_dir / "train.json").read_text())["classes"]
     crop, workers, mode = d.crop_size, threads.loader, pc.mode
-    opts = dict(threads=threads.torch, loader=d.loader)
+    opts = dict(threads=threads.torch, loader=d.loader, crop_ratio=pc.crop_ratio)
     watch.mark("setup")
     with watch.phase("features"):
         train_x, train_y = extract(backbone, data_dir / "train.beton", crop, workers, **opts)
         val_x, val_y = extract(backbone, data_dir / "val.beton", crop, workers, **opts)
-    labelled = train_y >= 0  # e.g. STL-10 train+unlabeled: the probe learns from labelled images only
+    # e.g. STL-10 train+unlabeled: the probe learns from labelled images only (features in file order)
+    labelled = torch.nonzero(train_y >= 0).flatten().cpu()
     train_x, train_y = train_x[labelled], train_y[labelled]
     if len(train_y) == 0:
         raise ConfigError(f"{data_dir / 'train.beton'} has no labelled images: a probe needs labels")
@@ -216,14 +218,14 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
         f"protocol {pc.protocol}, on {device}"
     )
     s = settings(pc, ckpt["arch"])
-    probe = LinearProbe(
-        train_x.shape[1], len(classes), s, pc.standardize, math.ceil(len(train_x) / s["batch_size"]), device
-    )
+    views = augmented_views(data_dir, d, pc, s["batch_size"], labelled.numpy(), threads) if mode != "cached" else None
+    steps = len(views) if views is not None else math.ceil(len(train_x) / s["batch_size"])
+    probe = LinearProbe(train_x.shape[1], len(classes), s, pc.standardize, steps, device)
     with watch.phase("fit"):
-        if mode == "cached":
+        if views is None:
             curve = train_cached(probe, train_x, train_y, val_x, val_y, pc.seed)
         else:
-            curve = train_augmented(probe, backbone, data_dir, d, pc, val_x, val_y, threads)
+            curve = train_augmented(probe, backbone, views, val_x, val_y)
     logits = probe.predict(val_x)
     acc, pred = topk_accuracy(logits, val_y), logits.argmax(1)
     per_class = {

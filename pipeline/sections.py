@@ -98,9 +98,12 @@ class Pretrain:
     sgd_momentum: float = 0.9
     warmup_epochs: float = 0
     schedule: str = "cosine"
+    lr_step_epochs: tuple[int, ...] | None = None  # step: lr x0.1 at these epochs; None: at 60% and 80%
     aug: str = "v2"
     crop_scale_min: float = 0.5
     mask_same_source: bool = False
+    symmetric: bool = False  # v1/v2: also the loss with the views swapped (the CIFAR demo's option)
+    freeze_patch_embed: bool | None = None  # ViT: keep the random patch projection; None: for MoCo only
     queue_policy: str = "fifo"  # which queue slot a new key takes: fifo | random
     shuffle_bn: bool = True  # the BN-leak guard
     bn_splits: int | None = None  # BN sub-batches per rank; None: see split_bn.default_splits
@@ -124,6 +127,9 @@ class Probe:
     weight_decay: float = 0.0
     knn_k: int = 200
     knn_t: float = 0.07
+    crop_ratio: float = (
+        1.0  # centre crop of the evaluation view: side / shorter side (0.875: Resize(256)+CenterCrop(224))
+    )
     seed: int = 0
     threads: int = runtime(1)
 
@@ -212,6 +218,22 @@ class Resources:
     backbone_cost: dict = field(default_factory=dict)  # epoch cost vs a ResNet-18; unset: grid.BACKBONE_COST
 
 
+@dataclass(frozen=True, kw_only=True)
+class SupervisedRecipe:
+    """grid.supervised: the supervised baseline's own recipe; each None keeps the base cell's."""
+
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    optimizer: str | None = None
+    weight_decay: float | None = None
+    schedule: str | None = None
+    lr_step_epochs: tuple[int, ...] | None = None
+    warmup_epochs: float | None = None
+    aug: str | None = None  # none: the loader's RandomResizedCrop + flip only
+    crop_scale_min: float | None = None
+
+
 # the grid's experiment design, which config.yaml sets for the demo; absent, no sweep
 DESIGN = ("one_at_a_time", "product", "baselines")
 
@@ -226,6 +248,7 @@ class Grid:
     only: tuple | None = None  # run only these cells (ids); None: all
     seeds: int = 1  # replicates of every cell
     resources: Resources = field(default_factory=Resources, metadata={"sets": RUNTIME})
+    supervised: SupervisedRecipe = field(default_factory=SupervisedRecipe)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,7 @@ import pandas as pd
 from pipeline import stats
 from pipeline.claims_plan import half_life
 from pipeline.config import ConfigError, as_section, merge
-from pipeline.grid import AXES, BASE_ID, format_value, group_id, parse_cell_id
+from pipeline.grid import AXES, BASE_ID, format_value, group_id, momentum_reference, parse_cell_id
 from pipeline.layout import BACKBONE_LABELS, cell_file
 from pipeline.provenance import environment_note
 from pipeline.sections import Detect, Pretrain
@@ -669,7 +669,7 @@ def studies(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
     out = [
         methods(gs, prov),
         one_axis(gs, "K", prov, title="Ablation over the queue size K"),
-        momentum(gs, prov),
+        momentum(gs, prov, reference=momentum_reference(gs)),
         one_axis(gs, "epochs", prov, title="Ablation over the pretraining epochs"),
         mechanisms(gs, prov),
         bn_leak(gs, prov),

@@ -118,6 +118,35 @@ def test_queue_must_be_multiple_of_batch(cfg):
         validate(cfg)
 
 
+@pytest.mark.parametrize(
+    "pretrain, expect",
+    [
+        ({"K": 1536, "batch_size": 512}, "K=1536 is not a multiple of 2 x the global batch size 512"),  # 2B keys a step
+        ({"variant": "v3"}, "symmetric applies to MoCo v1/v2's queue"),
+        ({"mechanism": "end_to_end"}, "symmetric applies to MoCo v1/v2's queue"),
+    ],
+)
+def test_symmetric_loss_is_checked(cfg, pretrain, expect):
+    cfg["pretrain"].update(symmetric=True, **pretrain)
+    with pytest.raises(ConfigError, match=expect):
+        validate(cfg)
+
+
+@pytest.mark.parametrize(
+    "where, value, expect",
+    [
+        ("grid", {"supervised": {"aug": "imagenet"}}, r"grid.supervised.aug': 'imagenet' is not one of \['v1'"),
+        ("grid", {"supervised": {"optimizer": "rmsprop"}}, r"is not one of \['auto', 'sgd', 'lars', 'adamw'\]"),
+        ("pretrain", {"lr_step_epochs": [8, 4]}, r"lr_step_epochs=\[8, 4\] must increase"),
+        ("pretrain", {"lr_step_epochs": [4, 10]}, r"stay below epochs=10"),
+    ],
+)
+def test_supervised_recipe_and_step_epochs_are_checked(cfg, where, value, expect):
+    cfg[where].update(value)
+    with pytest.raises(ConfigError, match=expect):
+        validate(cfg)
+
+
 def test_shell_reaching_strings_are_restricted(cfg):
     cfg["results"] = "results; rm -rf /"
     with pytest.raises(ConfigError, match="results"):

@@ -189,7 +189,7 @@ def test_vit_initialisation_is_the_reference():
 
     proj = vit.patch_embed.proj
     assert is_uniform_with_bound(proj.weight, math.sqrt(6 / (3 * patch * patch + dim)))
-    assert torch.all(proj.bias == 0) and not proj.weight.requires_grad and not proj.bias.requires_grad
+    assert torch.all(proj.bias == 0)  # frozen or not: pretrain.freeze_patch_embed (test below)
     qkv = vit.blocks[0].attn.qkv
     for part in qkv.weight.chunk(3):  # each of Q, K, V: a dim x dim xavier matrix
         assert is_uniform_with_bound(part, math.sqrt(6 / (dim + dim)))
@@ -198,6 +198,18 @@ def test_vit_initialisation_is_the_reference():
     linears = [m for m in vit.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(torch.all(m.bias == 0) for m in linears if m.bias is not None)
     assert float(vit.cls_token.detach().std()) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "method, key, frozen",
+    [("moco", None, True), ("supervised", None, False), ("moco", False, False), ("supervised", True, True)],
+)
+def test_vit_patch_projection_is_frozen_as_the_config_says(method, key, frozen):
+    """pretrain.freeze_patch_embed (moco-v3 main_moco.py --stop-grad-conv1, set for its ViTs):
+    unset, frozen for MoCo only; a supervised ViT trains its patch projection."""
+    p = {**BASE, **METHODS["v3_vit"], "method": method, "freeze_patch_embed": key}
+    patches = build_model(p, image_size=32, num_classes=10, num_samples=64).encoder_q.backbone.patch_embed
+    assert [t.requires_grad for t in patches.parameters()] == [not frozen, not frozen]  # weight, bias
 
 
 def test_v3_predictor_ends_as_the_reference():

@@ -140,6 +140,32 @@ def test_key_encoder_gets_no_gradient_and_follows_ema():
     assert int(model.step) == 1 and int(model.queue.ptr) == 8
 
 
+def test_symmetric_loss_adds_the_swapped_direction_against_one_queue():
+    """The CIFAR demo's --symmetric (moco colab-notebook branch, ModelMoCo.forward): one key-
+    encoder update, loss(q1, k2) + loss(q2, k1) against the queue as it was, then both views'
+    keys enqueued (k1 then k2)."""
+    torch.manual_seed(0)
+    model = MoCo(tiny_encoder(), dim=16, K=64, m=0.9, T=0.2, shuffle_bn=False, symmetric=True)
+    x1, x2 = torch.randn(8, 3, 16, 16), torch.randn(8, 3, 16, 16)
+    queue = model.queue.keys.clone()
+    k_before = [p.clone() for p in model.encoder_k.parameters()]
+    q_before = [p.clone() for p in model.encoder_q.parameters()]
+    loss, _, _ = model(x1, x2, torch.arange(8))
+    for p_k, old_k, old_q in zip(model.encoder_k.parameters(), k_before, q_before):  # one update only
+        torch.testing.assert_close(p_k, 0.9 * old_k + 0.1 * old_q, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        q1, q2 = (F.normalize(model.encoder_q(x), dim=1) for x in (x1, x2))
+        k1, k2 = (F.normalize(model.encoder_k(x), dim=1) for x in (x1, x2))
+
+    def nce(q, k):  # -log(exp(q.k/T) / (exp(q.k/T) + sum over the queue)), averaged over the batch
+        pos, neg = (q * k).sum(1) / 0.2, q @ queue.T / 0.2
+        return float((torch.logsumexp(torch.cat([pos[:, None], neg], 1), 1) - pos).mean())
+
+    assert loss.item() == pytest.approx(nce(q1, k2) + nce(q2, k1), rel=1e-5)
+    torch.testing.assert_close(model.queue.keys[:16], torch.cat([k1, k2]), rtol=0, atol=1e-6)
+    assert int(model.queue.ptr) == 16 and model.queue.source[:16].tolist() == list(range(8)) * 2
+
+
 def test_instance_accuracy_counts_ties_as_wrong():
     from pipeline.checkpoint import strictly_top
 

@@ -2,10 +2,17 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
+from test_convert import make_stl10
 
-from pipeline import checkpoint
+from pipeline import checkpoint, probe
+from pipeline.augment import normalize
+from pipeline.convert import run as convert
+from pipeline.data import LOADERS, crop_loader
+from pipeline.features import extract
 from pipeline.knn import knn_accuracy
 from pipeline.models import build_backbone
 from pipeline.probe import assert_unchanged, run, snapshot
@@ -64,3 +71,73 @@ def test_knn_at_chance_on_shuffled_labels():
     y = torch.randint(0, 4, (400,))
     acc = knn_accuracy(x[:300], y[:300], x[300:], y[300:], num_classes=4, k=20)
     assert acc < 45.0
+
+
+# --- the probe's geometry and schedule as the references (moco / moco-v3 main_lincls.py) -------
+def stored_256x341(tmp_path, copies: int = 1) -> tuple[np.ndarray, object]:
+    """A 256 x 341 (h x w) image, stored as is (raw, no resize), ``copies`` times: grey with a
+    red 40 px square in the top-left corner and a blue one in the bottom-right corner, both
+    outside the centre 256 x 256 square."""
+    image = np.full((256, 341, 3), 128, np.uint8)
+    image[:40, :40] = (255, 0, 0)
+    image[-40:, -40:] = (0, 0, 255)
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    for i in range(copies):
+        Image.fromarray(image).save(tmp_path / "src" / "a" / f"{i}.png")
+    beton = tmp_path / "train.beton"
+    convert(tmp_path / "src", beton, {"max_resolution": None, "write_mode": "raw", "workers": 1}, progress=False)
+    return image, beton
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_validation_view_is_the_centre_crop_of_the_0875_region(tmp_path, loader):
+    """Resize(256) + CenterCrop(224) of a 256 x 341 image is rows 16..239 and columns
+    round((341 - 224) / 2) = 58..281 of it, unresized: what the probe's features see at
+    probe.crop_ratio 0.875 (the ImageNet presets' value)."""
+    image, beton = stored_256x341(tmp_path)
+    feats, _ = extract(torch.nn.Identity(), beton, 224, workers=1, loader=loader, crop_ratio=0.875, device="cpu")
+    expected = torch.from_numpy(image[16:240, 58:282]).permute(2, 0, 1)[None]
+    torch.testing.assert_close(feats, normalize(expected), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_augmented_probe_crops_reach_the_image_corners(tmp_path, loader):
+    """The references' RandomResizedCrop draws from the whole image: some of the probe's crops
+    hold the red top-left or the blue bottom-right corner (the centre square holds neither)."""
+    _, beton = stored_256x341(tmp_path, copies=48)
+    views = torch.cat([x for x, _, _ in crop_loader(beton, 16, 64, workers=1, loader=loader)]).int()
+    red = ((views[:, 0] > 200) & (views[:, 2] < 60)).flatten(1).any(1)
+    blue = ((views[:, 2] > 200) & (views[:, 0] < 60)).flatten(1).any(1)
+    assert len(views) == 48 and bool(red.any()) and bool(blue.any())
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_unlabelled_images_do_not_stretch_the_augmented_probe(tmp_path, random_checkpoint, monkeypatch, loader):
+    """STL-10 train+unlabeled (12 labelled + 12 unlabeled here), batch 5: ceil(12 / 5) = 3 steps
+    an epoch, every one on labelled images, and the cosine lr falls at every step."""
+    make_stl10(tmp_path / "stl", n=12)
+    data = tmp_path / "data"
+    for split, name in (("train+unlabeled", "train"), ("test", "val")):
+        convert(tmp_path / "stl", data / f"{name}.beton", {"workers": 1}, source="stl10", split=split, progress=False)
+    steps, ratios = [], []
+    train_batch, extract_features = probe.LinearProbe.train_batch, probe.extract
+
+    def record(self, feats, labels):
+        assert bool((labels >= 0).all())
+        loss = train_batch(self, feats, labels)
+        steps.append(self.opt.param_groups[0]["lr"])
+        return loss
+
+    def extract_recording(*args, **kwargs):
+        ratios.append(kwargs["crop_ratio"])
+        return extract_features(*args, **kwargs)
+
+    monkeypatch.setattr(probe.LinearProbe, "train_batch", record)
+    monkeypatch.setattr(probe, "extract", extract_recording)
+    cfg = {
+        "data": {"crop_size": 32, "workers": 1, "loader": loader},
+        "probe": {"mode": "augmented", "protocol": "mocov3", "epochs": 3, "batch_size": 5, "crop_ratio": 0.875},
+    }
+    run(cfg, random_checkpoint, data, tmp_path / "probe.json")
+    assert len(steps) == 3 * 3 and all(a > b for a, b in zip(steps, steps[1:]))
+    assert ratios == [0.875, 0.875]  # train and val features: probe.crop_ratio

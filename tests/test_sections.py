@@ -23,6 +23,7 @@ NESTED = {
     ("dataset", "synthetic"): sections.Synthetic,
     ("detect", "rpn"): sections.Rpn,
     ("grid", "resources"): sections.Resources,
+    ("grid", "supervised"): sections.SupervisedRecipe,
     ("detect", "voc"): sections.Voc,
     ("launch", "slurm"): sections.LaunchSlurm,
 }

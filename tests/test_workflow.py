@@ -240,6 +240,7 @@ PRESETS = {  # preset -> the config files it is used with, as its header documen
     "imagenet-mocov2": ["imagenet-mocov2"],
     "imagenet-mocov1": ["imagenet-mocov2", "imagenet-mocov1"],
     "imagenet-mocov3-vit": ["imagenet-mocov2", "imagenet-mocov3-vit"],
+    "imagenet-mocov3-r50": ["imagenet-mocov2", "imagenet-mocov3-r50"],
     "imagenet-mocov2-coco": ["imagenet-mocov2", "imagenet-mocov2-coco"],
     "cifar10": ["cifar10"],
 }
@@ -365,3 +366,195 @@ def test_paper_presets_hold_the_reference_settings():
     )
     assert p["lr"] == pytest.approx(1.5e-4 * 4096 / 256) and (p["T"], p["m"], p["aug"]) == (0.2, 0.99, "v3")
     assert (v3["probe"]["protocol"], v3["probe"]["epochs"]) == ("mocov3", 90)
+
+
+# --- every paper preset against its reference, key by key (README: "preset vs reference") -------
+SOURCES = {  # the reference files the values below are read from (README: the same legend)
+    "moco": "facebookresearch/moco@7397dfe main_moco.py (v2: --mlp --moco-t 0.2 --aug-plus --cos)",
+    "lincls": "facebookresearch/moco@7397dfe main_lincls.py",
+    "ffcv": "libffcv/ffcv-imagenet write_imagenet.sh (500 0.50 90)",
+    "torchvision": "pytorch/vision references/classification/train.py and its README (ResNet-50)",
+    "demo": "facebookresearch/moco colab-notebook branch, colab/moco_cifar10_demo.ipynb",
+    "v3": "facebookresearch/moco-v3 CONFIG.md (ResNet-50, 300 epochs) and main_moco.py defaults",
+    "v3-vit": "facebookresearch/moco-v3 CONFIG.md (ViT-Small) and main_moco.py defaults",
+    "v3-lincls": "facebookresearch/moco-v3 main_lincls.py (and CONFIG.md for ViTs)",
+    "v1-paper": "He et al. 2020 (MoCo v1), Table 1: momentum measured at K = 4,096",
+}
+MOCO, LINCLS, FFCV, TORCHVISION, DEMO, V3, V3_VIT, V3_LINCLS, PAPER_V1 = SOURCES
+REFERENCE = {  # preset -> [(key, the reference's value, where it is written)]
+    "imagenet-mocov2": [
+        ("convert.max_resolution", 500, FFCV),
+        ("convert.compress_probability", 0.5, FFCV),
+        ("convert.jpeg_quality", 90, FFCV),
+        ("data.crop_size", 224, MOCO),
+        ("pretrain.batch_size", 256, MOCO),
+        ("pretrain.lr", 0.03, MOCO),
+        ("pretrain.weight_decay", 0.0001, MOCO),
+        ("pretrain.sgd_momentum", 0.9, MOCO),
+        ("pretrain.epochs", 200, MOCO),
+        ("pretrain.K", 65536, MOCO),
+        ("pretrain.m", 0.999, MOCO),
+        ("pretrain.T", 0.2, MOCO),
+        ("pretrain.dim", 128, MOCO),
+        ("pretrain.variant", "v2", MOCO),
+        ("pretrain.schedule", "cosine", MOCO),
+        ("pretrain.aug", "v2", MOCO),
+        ("pretrain.crop_scale_min", 0.2, MOCO),
+        ("probe.protocol", "moco", LINCLS),  # lr 30, batch 256, x0.1 at 60 and 80
+        ("probe.epochs", 100, LINCLS),
+        ("probe.crop_ratio", 0.875, LINCLS),  # Resize(256) + CenterCrop(224)
+        ("grid.supervised.epochs", 90, TORCHVISION),
+        ("grid.supervised.batch_size", 256, TORCHVISION),
+        ("grid.supervised.lr", 0.1, TORCHVISION),
+        ("grid.supervised.optimizer", "sgd", TORCHVISION),
+        ("grid.supervised.weight_decay", 0.0001, TORCHVISION),
+        ("grid.supervised.schedule", "step", TORCHVISION),
+        ("grid.supervised.lr_step_epochs", [30, 60], TORCHVISION),
+        ("grid.supervised.aug", "none", TORCHVISION),  # RandomResizedCrop + flip only
+        ("grid.supervised.crop_scale_min", 0.08, TORCHVISION),
+    ],
+    "imagenet-mocov1": [
+        ("pretrain.variant", "v1", MOCO),
+        ("pretrain.T", 0.07, MOCO),
+        ("pretrain.schedule", "step", MOCO),  # x0.1 at 120 and 160 of 200
+        ("pretrain.aug", "v1", MOCO),
+        ("pretrain.K", 65536, MOCO),
+        ("pretrain.m", 0.999, MOCO),
+        ("grid.product.K", [4096], PAPER_V1),
+        ("grid.product.m", [0, 0.9, 0.99, 0.999, 0.9999], PAPER_V1),
+        ("grid.one_at_a_time.m", [0.999], PAPER_V1),  # the base's: no m cell at K = 65,536
+    ],
+    "imagenet-mocov3-r50": [
+        ("pretrain.variant", "v3", V3),
+        ("pretrain.backbone", "resnet50", V3),
+        ("pretrain.batch_size", 4096, V3),
+        ("pretrain.optimizer", "lars", V3),
+        ("pretrain.lr", 4.8, V3),  # --lr .3 x 4096 / 256
+        ("pretrain.weight_decay", 1e-6, V3),
+        ("pretrain.sgd_momentum", 0.9, V3),
+        ("pretrain.epochs", 300, V3),
+        ("pretrain.warmup_epochs", 10, V3),
+        ("pretrain.dim", 256, V3),
+        ("pretrain.mlp_dim", 4096, V3),
+        ("pretrain.T", 1.0, V3),
+        ("pretrain.m", 0.99, V3),
+        ("pretrain.crop_scale_min", 0.2, V3),
+        ("pretrain.aug", "v3", V3),
+        ("probe.protocol", "mocov3", V3_LINCLS),  # batch 1024, lr 0.1 x bs/256, cosine
+        ("probe.epochs", 90, V3_LINCLS),
+        ("probe.crop_ratio", 0.875, V3_LINCLS),
+    ],
+    "imagenet-mocov3-vit": [
+        ("pretrain.backbone", "vit_small", V3_VIT),
+        ("pretrain.optimizer", "adamw", V3_VIT),
+        ("pretrain.lr", 0.0024, V3_VIT),  # 1.5e-4 x 4096 / 256
+        ("pretrain.weight_decay", 0.1, V3_VIT),
+        ("pretrain.epochs", 300, V3_VIT),
+        ("pretrain.warmup_epochs", 40, V3_VIT),
+        ("pretrain.T", 0.2, V3_VIT),
+        ("pretrain.freeze_patch_embed", True, V3_VIT),  # --stop-grad-conv1
+        ("pretrain.crop_scale_min", 0.08, V3_VIT),
+        ("probe.protocol", "mocov3", V3_LINCLS),  # lr 3 x bs/256 for ViTs (CONFIG.md)
+        ("probe.crop_ratio", 0.875, V3_LINCLS),
+    ],
+    "cifar10": [
+        ("pretrain.backbone", "resnet18", DEMO),
+        ("pretrain.width", 64, DEMO),
+        ("pretrain.cifar_stem", True, DEMO),  # 3x3 conv1, no max-pool
+        ("pretrain.variant", "v1", DEMO),  # its head: one linear layer
+        ("pretrain.dim", 128, DEMO),
+        ("pretrain.batch_size", 512, DEMO),
+        ("pretrain.lr", 0.06, DEMO),  # for batch 512
+        ("pretrain.schedule", "cosine", DEMO),
+        ("pretrain.weight_decay", 0.0005, DEMO),
+        ("pretrain.K", 4096, DEMO),
+        ("pretrain.m", 0.99, DEMO),
+        ("pretrain.T", 0.1, DEMO),
+        ("pretrain.bn_splits", 8, DEMO),
+        ("pretrain.epochs", 200, DEMO),
+        ("pretrain.crop_scale_min", 0.08, DEMO),  # RandomResizedCrop(32)'s default scale
+        ("pretrain.aug", "cifar", DEMO),  # jitter p=0.8 + grayscale p=0.2, no blur
+        ("pretrain.symmetric", False, DEMO),
+        ("probe.knn_k", 200, DEMO),
+        ("probe.knn_t", 0.1, DEMO),
+        ("probe.crop_ratio", 1.0, DEMO),  # its test transform: the whole 32 px image
+    ],
+}
+
+
+def readme_row(name: str, key: str, ours, ref, source: str) -> str:
+    """One row of the README's "preset vs reference" table."""
+    return f"| {name} | `{key}` | {ours!r} | {ref!r} | {source} |".replace("'", "")
+
+
+def test_the_readme_table_is_the_reference_table():
+    """README: "preset vs reference" holds every row of REFERENCE, with the preset's value."""
+    readme = (REPO / "README.md").read_text()
+    rows = [
+        readme_row(name, key, _at(preset_config(name), key), ref, src)
+        for name in REFERENCE
+        for key, ref, src in REFERENCE[name]
+    ]
+    assert [row for row in rows if row not in readme] == []
+    assert all(f"{tag}: {SOURCES[tag]}" in readme for tag in SOURCES)
+
+
+def _at(cfg: dict, key: str):
+    for part in key.split("."):
+        cfg = cfg[part]
+    return cfg
+
+
+def test_every_paper_preset_has_a_reference_table():
+    assert set(REFERENCE) == set(PRESETS) - {"imagenet-mocov2-coco"}  # COCO: test_paper_presets_hold...
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_preset_holds_its_references_values(name):
+    cfg = preset_config(name)
+    wrong = [(key, _at(cfg, key), ref, src) for key, ref, src in REFERENCE[name] if _at(cfg, key) != pytest.approx(ref)]
+    assert wrong == []
+
+
+def test_supervised_baseline_trains_with_its_own_recipe():
+    """The paper presets' supervised cell: torchvision's recipe (grid.supervised), under the
+    id method=supervised; lr 0.1 until epoch 30, 0.01 until 60, then 0.001. The demo's keeps
+    the base cell's recipe (MoCo's views)."""
+    from pipeline.config import DEFAULT_CONFIG, load_yaml, section
+    from pipeline.grid import cell_params, cell_resources, grid_cells
+    from pipeline.optim import lr_at
+
+    cfg = preset_config("imagenet-mocov2")
+    cell = grid_cells(cfg)["method=supervised"]
+    assert cell == cell_params(cfg, "method=supervised")
+    assert (cell["epochs"], cell["lr"], cell["aug"], cell["crop_scale_min"], cell["weight_decay"]) == (
+        90,
+        0.1,
+        "none",
+        0.08,
+        0.0001,
+    )
+    p = section("pretrain", cell)
+    assert [lr_at(p, e / 90, 90) for e in (0, 29.9, 30, 59.9, 60, 89.9)] == pytest.approx(
+        [0.1, 0.1, 0.01, 0.01, 0.001, 0.001]
+    )
+    assert cell_resources(cell, cfg["grid"]["resources"])["runtime"] == 30 + 4 * 90 * 2.5
+    demo = load_yaml(DEFAULT_CONFIG)
+    assert grid_cells(demo)["method=supervised"] == {**demo["pretrain"], "method": "supervised"}
+
+
+def test_mocov1_momentum_ablation_sits_at_K_4096():
+    """The paper's Table 1 (He et al. 2020): m in {0, 0.9, 0.99, 0.999, 0.9999} at K = 4,096;
+    no momentum cell at the base K = 65,536, and the momentum table is built around K=4096."""
+    from pipeline.grid import grid_cells, group_id, momentum_reference
+
+    cells = grid_cells(preset_config("imagenet-mocov1"))
+    at_4096 = {
+        p["m"]
+        for p in cells.values()
+        if p["K"] == 4096 and p["method"] == "moco" and p.get("mechanism", "moco") == "moco"
+    }
+    assert at_4096 == {0, 0.9, 0.99, 0.999, 0.9999}
+    assert not [cid for cid, p in cells.items() if p["K"] == 65536 and p["m"] != 0.999]
+    assert momentum_reference([group_id(c) for c in cells]) == "K=4096"
+    assert momentum_reference([group_id(c) for c in grid_cells(preset_config("imagenet-mocov2"))]) == "base"

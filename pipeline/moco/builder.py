@@ -65,7 +65,8 @@ class MoCo(Method):
     there is nothing to leak and no shuffle. mask_same_source: never use a key of the query's
     own image (seen in an earlier epoch) as a negative. queue_policy: fifo (the paper's), or
     random replacement seeded with ``seed`` (pipeline.moco.queue). batch_size: the global
-    batch, keys enqueued per step (sizes the history of the negatives' drift, moco.staleness).
+    batch (sizes the history of the negatives' drift, moco.staleness). symmetric: add the loss
+    with the views swapped (the CIFAR demo's option), both views' keys enqueued.
     """
 
     has_momentum_encoder = True
@@ -82,9 +83,10 @@ class MoCo(Method):
         queue_policy: str = "fifo",
         seed: int = 0,
         batch_size: int = 256,
+        symmetric: bool = False,
     ):
         super().__init__()
-        self.m, self.T = m, T
+        self.m, self.T, self.symmetric = m, T, symmetric
         self.shuffle_bn = shuffle_bn and has_batch_norm(encoder)
         self.mask_same_source = mask_same_source
         self.encoder_q = encoder
@@ -96,7 +98,9 @@ class MoCo(Method):
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
         # how far the key encoder moved since each queued negative was encoded (not a buffer:
         # a diagnostic, kept with the resume state through diagnostics_state)
-        self.negative_drift = NegativeDrift(self.encoder_k, history_length(K, batch_size, queue_policy), seed=seed)
+        self.negative_drift = NegativeDrift(
+            self.encoder_k, history_length(K, batch_size * (1 + symmetric), queue_policy), seed=seed
+        )
 
     def after_step(self, step: int) -> None:
         self.negative_drift.record(step)
@@ -124,11 +128,28 @@ class MoCo(Method):
         return encode_shuffled(self.encoder_k, im_k) if self.shuffle_bn else self.encoder_k(im_k)
 
     def forward(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None = None, labels=None):
-        """Returns (loss, logits, target); the positive of row i is logits[i, 0]."""
-        q = F.normalize(self.encoder_q(im_q), dim=1)
-
+        """Returns (loss, logits, target) of im_q against im_k's keys; the positive of row i
+        is logits[i, 0]. symmetric: + the loss of im_k against im_q's keys, against the same
+        queue, after one key-encoder update (as the demo)."""
         with torch.no_grad():
             momentum_update(self.encoder_k, self.encoder_q, self.m)
+        loss, logits, target, k = self.contrastive_loss(im_q, im_k, index)
+        if self.symmetric:
+            loss_swapped, _, _, k_swapped = self.contrastive_loss(im_k, im_q, index)
+            loss, k = loss + loss_swapped, torch.cat([k_swapped, k])
+            index = None if index is None else torch.cat([index, index])
+
+        if self.training:
+            if index is None:
+                index = torch.full((k.shape[0],), -1, dtype=torch.long, device=k.device)
+            self.queue.enqueue(gather_all(k), gather_all(index), self.step)
+            self.step += 1
+        return loss, logits, target
+
+    def contrastive_loss(self, im_q: torch.Tensor, im_k: torch.Tensor, index: torch.Tensor | None):
+        """(loss, logits, target, keys) of one direction, the queue untouched."""
+        q = F.normalize(self.encoder_q(im_q), dim=1)
+        with torch.no_grad():
             k = F.normalize(self.encode_keys(im_k), dim=1)
 
         mask = None
@@ -137,10 +158,4 @@ class MoCo(Method):
         target = self.labels(q.shape[0], q.device)
         # clone: the queue is updated in place below, autograd needs the keys as they were
         loss, logits = info_nce(q, k, self.queue.keys.clone(), self.T, mask, target)
-
-        if self.training:
-            if index is None:
-                index = torch.full((k.shape[0],), -1, dtype=torch.long, device=k.device)
-            self.queue.enqueue(gather_all(k), gather_all(index), self.step)
-            self.step += 1
-        return loss, logits, target
+        return loss, logits, target, k
