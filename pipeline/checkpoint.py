@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ class CheckpointError(RuntimeError):
 
 
 def rng_state() -> dict:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    kind, keys, pos, has_gauss, cached = cast(tuple, np.random.get_state())  # the legacy tuple form
     return {
         "torch": torch.get_rng_state(),
         "numpy": torch.from_numpy(keys.astype(np.int64)),

@@ -71,7 +71,7 @@ class Cells:
         return self.gs.get(self.ids[role])
 
     def cells(self, *roles) -> list[str]:
-        return [c for r in roles if self.group(r) is not None for c in self.group(r).cells["cell"]]
+        return [c for r in roles if (g := self.group(r)) is not None for c in g.cells["cell"]]
 
     def top1(self, role: str) -> Value:
         g = self.group(role)
@@ -108,11 +108,16 @@ def verdict(holds: bool) -> str:
     return HOLDS if holds else FAILS
 
 
+def worst_if_missing(v: Value) -> float:
+    """The mean top-1, -inf where there is none (so that max() never picks it)."""
+    return -math.inf if v.mean is None else v.mean
+
+
 def better(a: Value, b: Value) -> bool:
     """a beats b in linear top-1 (a failed run beats nothing; anything beats a failed run)."""
     if a.status == "fail":
         return False
-    return b.status == "fail" or a.mean > b.mean
+    return b.status == "fail" or (a.mean is not None and b.mean is not None and a.mean > b.mean)
 
 
 # --- the claims ---------------------------------------------------------------------------------
@@ -152,7 +157,7 @@ def low_momentum(c: Cells) -> Claim:
     vals = {m: c.top1(f"m={m}") for m in low + high}
     if not low or not high or not ran(*vals.values()):
         return Claim(text, SEED_NOTES, "", NOT_RUN, c.cells(*roles))
-    best = max(high, key=lambda m: -math.inf if vals[m].mean is None else vals[m].mean)
+    best = max(high, key=lambda m: worst_if_missing(vals[m]))
     gaps = ", ".join(f"m={format_value(m)}: {c.shown(f'm={m}')}" for m in low)
     holds = all(better(vals[best], vals[m]) for m in low)
     return Claim(

@@ -350,8 +350,9 @@ class TorchLoader:
         self.dataset, self.batch_size, self.seed, self.shuffle = dataset, batch_size, seed, shuffle
         self.drop_last, self.next_epoch = drop_last, 0
         # Sharding like FFCV's (which uses a DistributedSampler with drop_last=False inside).
-        self.shard = (
-            DistributedSampler(range(len(dataset)), shuffle=shuffle, seed=seed, drop_last=False)
+        self.shard: DistributedSampler | None = (
+            # a sampler only needs len(): the indices of a range stand for the dataset
+            DistributedSampler(range(len(dataset)), shuffle=shuffle, seed=seed, drop_last=False)  # type: ignore[arg-type]
             if distributed
             else None
         )

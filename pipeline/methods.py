@@ -16,7 +16,7 @@ from pipeline.moco.mechanisms import EndToEnd, MemoryBank
 from pipeline.moco.method import Method
 from pipeline.moco.split_bn import SplitBatchNorm2d, default_splits, has_batch_norm, split_batch_norm
 from pipeline.moco.v3 import MoCoV3
-from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, projection_head
+from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, feature_dim, projection_head
 from pipeline.sections import Pretrain
 
 
@@ -39,7 +39,7 @@ class Supervised(Method):
 
     def __init__(self, backbone: nn.Module, num_classes: int):
         super().__init__()
-        self.encoder_q = Encoder(backbone, nn.Linear(backbone.out_dim, num_classes))
+        self.encoder_q = Encoder(backbone, nn.Linear(feature_dim(backbone), num_classes))
 
     def forward(self, x1, x2=None, index=None, labels=None):
         logits = self.encoder_q(x1)
@@ -83,15 +83,13 @@ def bn_guard_text(model: nn.Module, world_size: int) -> str:
     return "keys shuffled across " + " x ".join(where)
 
 
-def build_model(
-    p: Pretrain | dict, image_size: int, num_classes: int, num_samples: int, world_size: int = 1
-) -> nn.Module:
+def build_model(p: Pretrain | dict, image_size: int, num_classes: int, num_samples: int, world_size: int = 1) -> Method:
     p = as_section(Pretrain, p)
     resnet = p.backbone in RESNETS
     v3_resnet = p.method == "moco" and p.variant == "v3" and resnet
     # MoCo v3's ResNet starts each residual branch at zero (zero_init_residual, as its reference)
     backbone = build_backbone(arch_of(p, image_size), zero_init_residual=v3_resnet)
-    dim, feat = p.dim, backbone.out_dim
+    dim, feat = p.dim, feature_dim(backbone)
     if p.method == "supervised":
         return Supervised(backbone, num_classes)
     if p.variant == "v3":

@@ -20,6 +20,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -106,9 +107,11 @@ class Trainer:
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and p.amp)
         if cuda and env.world_size > 1 and self.model.sync_batch_norm:
             self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
-        self.model.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
+        self.model.to(self.device)
+        if self.channels_last:
+            self.model.to(memory_format=torch.channels_last)
         self.optimizer = build_optimizer(p, self.model.parameters())
-        self.net = self.model
+        self.net: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = self.model
         if env.world_size > 1:
             # buffers (queue, BN statistics) are kept identical by the method itself
             self.net = nn.parallel.DistributedDataParallel(self.model, broadcast_buffers=False)
@@ -132,8 +135,10 @@ class Trainer:
             )
         self.aug1, self.aug2 = (a.to(self.device) for a in view_recipes(p.aug, d.crop_size))
         self.data_dir = data_dir
-        self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], checkpoint.EpochStats(self.device)
-        self.board = None  # TensorBoard scalars (rank 0; set by train())
+        self.epoch, self.step_in_epoch, self.stats = 0, 0, checkpoint.EpochStats(self.device)
+        self.log_rows: list[dict] = []
+        self._resume_rng: dict | None = None  # the RNG state to restore mid-epoch (load_state)
+        self.board: Board | None = None  # TensorBoard scalars (rank 0; set by train())
         # methods with a momentum key encoder: checked on this run (pipeline.moco.ema_check)
         self.ema_record = EmaRecord(self.model) if self.model.has_momentum_encoder else None
         self.eval_loaders: dict = {}
@@ -301,7 +306,7 @@ class Trainer:
     def optimize(self, x1, x2, labels, index) -> None:
         """One optimisation step on augmented views."""
         index, labels = (t.to(self.device, torch.long, non_blocking=True).clone() for t in (index, labels))
-        if self.ema_record is not None and self.in_last_steps(self.ema_record.window.maxlen):
+        if self.ema_record is not None and self.in_last_steps(self.ema_record.span):
             self.ema_record.before_step()  # only near the end: copies of a few tensors, no cost before
         with self.autocast:
             loss, logits, target = self.net(x1, x2, index, labels)

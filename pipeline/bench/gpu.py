@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -87,7 +88,7 @@ def main(argv=None) -> dict:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     batch, size, steps = (8, 32, 2) if args.dry else (256, 224, args.steps)
-    cases = {
+    cases: dict[str, dict[str, Any]] = {
         "moco_v2_resnet50": {
             "method": "moco",
             "variant": "v2",

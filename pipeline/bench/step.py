@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -72,7 +73,7 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base = {
+    base: dict[str, Any] = {
         "backbone": args.backbone,
         "width": args.width,
         "cifar_stem": args.size <= 64,
@@ -86,7 +87,7 @@ def main(argv=None) -> dict:
         "mlp_dim": 1024,
         "weight_decay": 1e-4,
     }  # as before the defaults moved to config.yaml's 5e-4
-    variants = {
+    variants: dict[str, dict[str, Any]] = {
         "supervised": {"method": "supervised"},
         "moco_v2": {"method": "moco", "variant": "v2"},
         "moco_v3": {"method": "moco", "variant": "v3", "T": 1.0, "m": 0.99},
@@ -112,8 +113,8 @@ def main(argv=None) -> dict:
     # without the guard: no shuffle and plain BN over the whole batch
     variants["moco_v2_unguarded"] = {"method": "moco", "variant": "v2", "shuffle_bn": False, "bn_splits": 1}
     steps = {}
-    for name, extra in variants.items():
-        p = {**base, **extra}
+    for name, overrides in variants.items():
+        p = {**base, **overrides}
         model = build_model(p, args.size, num_classes=10, num_samples=20 * p["K"]).train()
         steps[name] = step_fn(model, build_optimizer(p, model.parameters()), x1, x2, labels, index)
         if name == "moco_v2":

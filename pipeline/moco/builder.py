@@ -6,6 +6,7 @@ The paper's Algorithm 1, line for line, is ``MoCo.forward``.
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -17,6 +18,9 @@ from pipeline.moco.momentum import momentum_diagnostics, momentum_update
 from pipeline.moco.queue import KeyQueue
 from pipeline.moco.split_bn import has_batch_norm
 from pipeline.moco.staleness import NegativeDrift, history_length
+
+if TYPE_CHECKING:
+    from pipeline.models import Encoder
 
 
 def info_nce(
@@ -43,6 +47,7 @@ def info_nce(
 
 
 class ZeroLabels(nn.Module):
+    zeros: torch.Tensor
     """The positives' index (0) for every row, allocated once per batch size, not per step."""
 
     def __init__(self):
@@ -68,11 +73,14 @@ class MoCo(Method):
     batch, keys enqueued per step (sizes the history of the negatives' drift, moco.staleness).
     """
 
+    queue: KeyQueue
+    step: torch.Tensor  # a buffer: optimisation steps so far
+
     has_momentum_encoder = True
 
     def __init__(
         self,
-        encoder: nn.Module,
+        encoder: Encoder,
         dim: int = 128,
         K: int = 65536,
         m: float = 0.999,

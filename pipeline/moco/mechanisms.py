@@ -10,9 +10,10 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn import functional as F
 
 from pipeline.moco.builder import ZeroLabels, info_nce
@@ -20,12 +21,15 @@ from pipeline.moco.distributed import encode_shuffled, gather_all, gather_with_g
 from pipeline.moco.method import Method
 from pipeline.moco.split_bn import has_batch_norm
 
+if TYPE_CHECKING:
+    from pipeline.models import Encoder
+
 
 class EndToEnd(Method):
     """shuffle_bn: the same BN-leak guard as MoCo's (the paper uses it for both), here with
     gradients through the shuffle."""
 
-    def __init__(self, encoder: nn.Module, T: float = 0.2, shuffle_bn: bool = True):
+    def __init__(self, encoder: Encoder, T: float = 0.2, shuffle_bn: bool = True):
         super().__init__()
         self.T = T
         self.encoder_q = encoder
@@ -45,8 +49,10 @@ class EndToEnd(Method):
 
 
 class MemoryBank(Method):
+    bank: torch.Tensor  # a buffer: one normalised embedding per training sample
+
     def __init__(
-        self, encoder: nn.Module, num_samples: int, dim: int = 128, K: int = 4096, m: float = 0.5, T: float = 0.07
+        self, encoder: Encoder, num_samples: int, dim: int = 128, K: int = 4096, m: float = 0.5, T: float = 0.07
     ):
         super().__init__()
         if K > num_samples - 1:
