@@ -23,6 +23,15 @@ if TYPE_CHECKING:
     from pipeline.models import Encoder
 
 
+def similarities(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """q @ keys.T (N x M) in fp32, under autocast too. The references' logits are fp32 (v1/v2)
+    or fp16 (v3: 11 significant bits); in bf16 (8 bits) a cosine is off by up to 2^-8, which
+    after / T (0.07-0.2) is noise of 0.02-0.06 on the logits, and under autocast it fell on
+    the negatives only (the positive's elementwise product stays fp32)."""
+    with torch.autocast(q.device.type, enabled=False):
+        return q.float() @ keys.float().T
+
+
 def info_nce(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -36,8 +45,8 @@ def info_nce(
     q, k: N x C (normalised); negatives: K x C; neg_mask: N x K, True = not a negative;
     labels: a preallocated tensor of N zeros (allocated here if not given).
     """
-    l_pos = (q * k).sum(dim=1, keepdim=True)  # N x 1
-    l_neg = q @ negatives.T  # N x K
+    l_pos = (q.float() * k.float()).sum(dim=1, keepdim=True)  # N x 1, fp32 as the negatives'
+    l_neg = similarities(q, negatives)  # N x K
     if neg_mask is not None:
         l_neg = l_neg.masked_fill(neg_mask, float("-inf"))
     logits = torch.cat([l_pos, l_neg], dim=1) / T

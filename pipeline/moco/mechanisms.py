@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from pipeline.moco.builder import ZeroLabels, info_nce
+from pipeline.moco.builder import ZeroLabels, info_nce, similarities
 from pipeline.moco.distributed import encode_shuffled, gather_all, gather_with_grad, rank, world_size
 from pipeline.moco.method import Method
 from pipeline.moco.split_bn import has_batch_norm
@@ -43,7 +43,7 @@ class EndToEnd(Method):
         q = F.normalize(self.encoder_q(x1), dim=1)
         k = F.normalize(self.encode_keys(x2), dim=1)
         k_all = gather_with_grad(k)
-        logits = q @ k_all.T / self.T
+        logits = similarities(q, k_all) / self.T
         target = torch.arange(q.shape[0], device=q.device) + rank() * q.shape[0]
         return F.cross_entropy(logits, target), logits, target
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from pipeline.moco.builder import similarities
 from pipeline.moco.distributed import gather_all, rank
 from pipeline.moco.method import Method
 from pipeline.moco.momentum import momentum_diagnostics, momentum_update
@@ -28,7 +29,7 @@ def ctr_loss(q: torch.Tensor, k: torch.Tensor, T: float):
     key i, i.e. column rank * N + i. Returns (loss scaled by 2T, logits, target)."""
     q, k = F.normalize(q, dim=1), F.normalize(k, dim=1)
     k_all = gather_all(k)
-    logits = q @ k_all.T / T
+    logits = similarities(q, k_all) / T
     target = torch.arange(q.shape[0], device=q.device) + rank() * q.shape[0]
     return F.cross_entropy(logits, target) * (2 * T), logits, target
 
