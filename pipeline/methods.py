@@ -14,7 +14,7 @@ from pipeline.layout import RESNETS
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd, MemoryBank
 from pipeline.moco.method import Method
-from pipeline.moco.split_bn import SplitBatchNorm2d, default_splits, has_batch_norm, split_batch_norm
+from pipeline.moco.split_bn import default_splits, has_batch_norm, max_splits, split_batch_norm
 from pipeline.moco.v3 import MoCoV3
 from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, feature_dim, projection_head
 from pipeline.sections import Pretrain
@@ -77,7 +77,7 @@ def bn_guard_text(model: nn.Module, world_size: int) -> str:
         return "not applicable (no key batch normalised apart from its queries)"
     if not model.shuffle_bn:
         return "off (shuffle_bn: false)" if has_batch_norm(model) else "not needed (no BatchNorm)"
-    splits = max([m.splits for m in model.modules() if isinstance(m, SplitBatchNorm2d)], default=1)
+    splits = max_splits(model)
     where = [f"{world_size} ranks"] if world_size > 1 else []
     where += [f"{splits} BN sub-batches per rank"] if splits > 1 else []
     return "keys shuffled across " + " x ".join(where)

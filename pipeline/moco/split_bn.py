@@ -95,6 +95,11 @@ def split_batch_norm(module: M, splits: int) -> M:
     return module
 
 
+def max_splits(module: nn.Module) -> int:
+    """The most sub-batches a BatchNorm of ``module`` normalises apart (1: no split BN)."""
+    return max([m.splits for m in module.modules() if isinstance(m, SplitBatchNorm2d)], default=1)
+
+
 def default_splits(batch_per_rank: int, world_size: int) -> int:
     """Across ranks ShuffleBN does the job: BN over each rank's batch (1). In one process: the
     most sub-batches (up to 8) of at least 16 images that divide the batch; 2 for smaller
