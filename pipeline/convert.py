@@ -199,7 +199,7 @@ class _Watchdog:
 
         watchdog, self.original = self, ffcv.writer.Process
 
-        class Recorded(self.original):
+        class Recorded(self.original):  # type: ignore[name-defined]  # FFCV's Process, found at run time
             def start(self):
                 super().start()
                 watchdog.started.append(self)

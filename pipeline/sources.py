@@ -295,7 +295,7 @@ def _torchvision_copy(cls, root: Path, kind: str, notes: list[str], **kwargs):
 def _unverified(cls):
     """``cls`` without its checksum checks (only the integrity test and CIFAR's meta loader)."""
 
-    class Unverified(cls):
+    class Unverified(cls):  # type: ignore[misc,valid-type]  # a class made at run time
         def _check_integrity(self) -> bool:
             return True
 

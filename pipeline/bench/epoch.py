@@ -68,7 +68,7 @@ def main(argv=None) -> dict:
             trainer.run_epoch(0)
 
         candidates = {
-            "model": lambda: [trainer.optimize(*batch) for batch in augmented],  # type: ignore[func-returns-value]
+            "model": lambda: [trainer.optimize(*batch) for batch in augmented],
             "loader": lambda: [None for _ in trainer.loader.batches(0)],
             "recipe": lambda: [trainer.augment(v1, v2) for v1, v2, _, _ in loaded],
             "real": real_epoch,
