@@ -29,7 +29,7 @@ from torch import nn
 from pipeline.bench.step import optimizer_step, step_fn
 from pipeline.bench.timing import cpu, interleaved, write
 from pipeline.methods import arch_of, build_model
-from pipeline.models import build_backbone
+from pipeline.models import build_backbone, feature_dim
 from pipeline.optim import build_optimizer
 
 
@@ -53,7 +53,7 @@ def official_step(builder, p: dict, size: int, x1, x2):
         backbone = build_backbone(arch_of(p, size))
         encoder = nn.Sequential()
         encoder.add_module("backbone", backbone)
-        encoder.add_module("fc", nn.Linear(backbone.out_dim, num_classes))
+        encoder.add_module("fc", nn.Linear(feature_dim(backbone), num_classes))
         return encoder
 
     model = builder.MoCo(base_encoder, dim=p["dim"], K=p["K"], m=p["m"], T=p["T"], mlp=True).train()
@@ -75,8 +75,9 @@ def main(argv=None) -> dict:
         raise SystemExit(f"[bench] {args.builder} not found: give moco/builder.py of facebookresearch/moco@7397dfe")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not torch.cuda.is_available():  # the official code moves its labels and permutation with .cuda()
-        torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+    # Both sides run on the CPU, on a GPU machine too: the official code's .cuda() calls (its
+    # labels and key permutation) leave tensors where they are, or they would meet CPU logits
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
     init_single_process_group()
     torch.manual_seed(0)
     p = {
