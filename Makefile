@@ -36,6 +36,7 @@ dag: setup
 lint: setup-test
 	ruff check .
 	ruff format --check .
+	mypy  # the type checker over pipeline/ ([tool.mypy] in pyproject.toml)
 	snakefmt --check Snakefile workflow/rules
 	snakemake --lint
 

@@ -84,7 +84,7 @@ class DeviceCrop(nn.Module):
 class Photometric(nn.Module):
     """uint8 NCHW -> augmented, normalised float NCHW."""
 
-    def __init__(self, ops: list[nn.Module]):
+    def __init__(self, ops: list[K.IntensityAugmentationBase2D]):
         super().__init__()
         self.ops = K.AugmentationSequential(*ops) if ops else nn.Identity()
         self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1))

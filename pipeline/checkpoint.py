@@ -19,7 +19,7 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import torch
@@ -35,9 +35,13 @@ class CheckpointError(RuntimeError):
 
 
 def rng_state() -> dict:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    """This process's RNG streams: torch's CPU generator and every visible CUDA device's (the key
+    shuffle and the memory bank's draws run on the GPU; an empty list without CUDA), numpy's,
+    Python's."""
+    kind, keys, pos, has_gauss, cached = cast(tuple, np.random.get_state())  # the legacy tuple form
     return {
         "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "numpy": torch.from_numpy(keys.astype(np.int64)),
         "numpy_pos": int(pos),
         "numpy_gauss": [int(has_gauss), float(cached)],
@@ -47,12 +51,29 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
+    set_cuda_rng_states(state.get("cuda", []))  # none in states written before the CUDA streams were saved
     has_gauss, cached = state["numpy_gauss"]
     np.random.set_state(
         ("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], int(has_gauss), cached)
     )
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
+
+
+def set_cuda_rng_states(states: list[torch.Tensor]) -> None:
+    """Restore the CUDA generators saved by ``rng_state``, device by device. Resumed where this
+    process sees other devices (none, or another count), the streams of the devices it sees are
+    restored and the log says that the resume is not exact."""
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if len(states) != visible:
+        print(
+            f"[checkpoint] warning: the resume state holds the RNG streams of {len(states)} CUDA device(s), "
+            f"this process sees {visible}: the resumed run's GPU draws (key shuffle, memory-bank negatives) "
+            "differ from the uninterrupted run's",
+            flush=True,
+        )
+    for device, state in enumerate(states[:visible]):
+        torch.cuda.set_rng_state(state, device)
 
 
 def strictly_top(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

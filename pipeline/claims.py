@@ -88,7 +88,7 @@ class Cells:
         return self.gs.get(self.ids[role])
 
     def cells(self, *roles) -> list[str]:
-        return [c for r in roles if self.group(r) is not None for c in self.group(r).cells["cell"]]
+        return [c for r in roles if (g := self.group(r)) is not None for c in g.cells["cell"]]
 
     def value(self, role: str, metric: str = METRIC) -> Value:
         g = self.group(role)

@@ -12,6 +12,7 @@ import functools
 import json
 import math
 from pathlib import Path
+from typing import Any, Literal, TypeVar, overload
 
 import jsonschema
 import yaml
@@ -39,12 +40,13 @@ SECTION_TYPES = {
     "detect": Detect,
     "launch": Launch,
 }
+S = TypeVar("S")  # a section's dataclass
 
 
-def build(cls, values: dict | None = None):
+def build(cls: type[S], values: dict | None = None) -> S:
     """The typed section ``cls`` from a validated dict: missing keys take the dataclass
     defaults, nested sections become nested dataclasses and lists tuples."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # S is a dataclass
     values = values or {}
     unknown = sorted(set(values) - set(fields))
     if unknown:
@@ -59,12 +61,25 @@ def _typed_value(f: dataclasses.Field, value):
     return tuple(value) if isinstance(value, list) else value
 
 
-def as_section(cls, section):
+def as_section(cls: type[S], section: S | dict | None) -> S:
     """``section`` typed: a ``cls`` as is, a dict (what older callers pass) built into one."""
-    return section if isinstance(section, cls) else build(cls, section)
+    return section if isinstance(section, cls) else build(cls, section)  # type: ignore[arg-type]  # a dict or None
 
 
-def section(name: str, values: dict | None = None):
+# typed per name for the sections the stages read, so that a checker sees what each one holds
+@overload
+def section(name: Literal["pretrain"], values: dict | None = None) -> Pretrain: ...
+@overload
+def section(name: Literal["data"], values: dict | None = None) -> Data: ...
+@overload
+def section(name: Literal["convert"], values: dict | None = None) -> Convert: ...
+@overload
+def section(name: Literal["grid"], values: dict | None = None) -> Grid: ...
+@overload
+def section(name: Literal["claims"], values: dict | None = None) -> Claims: ...
+@overload
+def section(name: str, values: dict | None = None) -> Any: ...
+def section(name: str, values: dict | None = None) -> Any:
     """The typed config section ``name`` (a key of SECTION_TYPES) from its validated dict."""
     return build(SECTION_TYPES[name], values)
 
@@ -251,7 +266,7 @@ def check_dataset(d: dict) -> None:
             raise ConfigError(f"dataset.root: folder not found: {root}")
 
 
-def check_detect(det: dict, dataset: dict) -> None:
+def check_detect(det: Detect | dict, dataset: dict) -> None:
     det = as_section(Detect, det)
     if not det.enabled:
         return
@@ -279,9 +294,10 @@ def check_detector(det: Detect | dict) -> None:
     if det.iterations and steps and steps[-1] >= det.iterations:
         raise ConfigError(f"detect.lr_steps={steps} reach beyond detect.iterations={det.iterations}")
     cap = det.max_image_size or det.image_size
-    if any(s > cap for s in det.train_sizes or []):
+    train_sizes = list(det.train_sizes or [])
+    if any(s > cap for s in train_sizes):
         raise ConfigError(
-            f"detect.train_sizes={list(det.train_sizes)} exceed the longer side's cap {cap} (detect.max_image_size)"
+            f"detect.train_sizes={train_sizes} exceed the longer side's cap {cap} (detect.max_image_size)"
         )
     if det.anchor_sizes and det.head == "fpn" and len(det.anchor_sizes) != 5:
         raise ConfigError(

@@ -92,7 +92,9 @@ def check_images(
         for i, res in results:
             bar.update()
             if isinstance(res, tuple):
-                good.append(i), shapes.append(res[0]), digests.append(res[1])
+                good.append(i)
+                shapes.append(res[0])
+                digests.append(res[1])
             elif strict:
                 raise ConversionError(f"unreadable image {source.key(i)}: {res}")
             else:
@@ -185,7 +187,8 @@ class _Watchdog:
     def __init__(self, expected: int):
         import threading
 
-        self.expected, self.started = expected, []
+        self.expected = expected
+        self.started: list = []  # the writer processes started so far
         self.failed: str | None = None
         self.crashes = mp.get_context("fork").SimpleQueue()  # why a writer process died
         self.lock, self.done = threading.Lock(), threading.Event()
@@ -196,7 +199,7 @@ class _Watchdog:
 
         watchdog, self.original = self, ffcv.writer.Process
 
-        class Recorded(self.original):
+        class Recorded(self.original):  # type: ignore[name-defined]  # FFCV's Process, found at run time
             def start(self):
                 super().start()
                 watchdog.started.append(self)
@@ -263,7 +266,7 @@ def write_beton(
     ffcv_runtime.load()
     from ffcv.writer import DatasetWriter
 
-    errors = mp.Queue()
+    errors: mp.Queue = mp.Queue()
     with atomic_path(out) as tmp:
         writer = DatasetWriter(str(tmp), fields, num_workers=workers, page_size=page_size)
         watchdog = _Watchdog(expected=workers)
@@ -340,7 +343,7 @@ def _drain(queue) -> list[str]:
 def _release_shared_memory(writer) -> None:
     """The writer's metadata block outlives an unfinished write otherwise."""
     shm = getattr(writer, "metadata_sm", None)
-    if hasattr(shm, "unlink"):
+    if shm is not None and hasattr(shm, "unlink"):
         try:
             shm.close()
             shm.unlink()

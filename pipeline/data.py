@@ -74,7 +74,7 @@ def two_view_loader(
         return TwoViewLoader(base, DeviceCrop(crop_size, scale_min))
     scale = (scale_min, 1.0)
     if loader == "torchvision":
-        dataset = TwoViewDataset(converted_source(path), crop_size, scale, ratio, flip)
+        dataset = TwoViewDataset(converted_source(path), crop_size, scale, ratio, flip, seed)
         return TwoViewLoader(TorchLoader(dataset, batch_size, workers, seed, True, distributed, drop_last))
     return TwoViewLoader(
         _ffcv_views(path, batch_size, crop_size, scale, ratio, flip, workers, seed, distributed, threads, drop_last)
@@ -99,9 +99,7 @@ def crop_loader(
     _check_choice(loader, "loader")
     scale = (scale_min, 1.0)
     if loader == "torchvision":
-        dataset = TwoViewDataset(converted_source(path), crop_size, scale, RATIO, flip=True, views=1)
-        if indices is not None:
-            dataset = torch.utils.data.Subset(dataset, list(indices))
+        dataset = TwoViewDataset(converted_source(path), crop_size, scale, RATIO, True, seed, views=1, indices=indices)
         return TorchLoader(dataset, batch_size, workers, seed, True, drop_last=False)
     return _ffcv_views(
         path, batch_size, crop_size, scale, RATIO, True, workers, seed, False, threads, False, views=1, indices=indices
@@ -308,23 +306,34 @@ def _as_chw(image: np.ndarray) -> torch.Tensor:
 
 
 class TwoViewDataset(torch.utils.data.Dataset):
-    """Decode once, crop twice: (view1, label, index, view2) (FFCV's output layout);
-    views=1: (view1, label, index)."""
+    """Decode once, crop twice: (view1, label, index, view2) (FFCV's output layout); views=1:
+    (view1, label, index); ``indices``: only these samples (their own indices are returned).
 
-    def __init__(self, source, crop_size: int, scale, ratio, flip: bool, views: int = 2):
+    Its items are keyed (epoch, position) (TorchLoader passes the epoch), and the views' random
+    draws are a function of (seed, epoch, index) alone, as FFCV's seeded crops: the same in any
+    worker, and after a resume mid-epoch (the workers' RNG streams are not in the resume state)."""
+
+    keyed_by_epoch = True
+
+    def __init__(self, source, crop_size: int, scale, ratio, flip: bool, seed: int = 0, views: int = 2, indices=None):
         from torchvision.transforms import v2
 
-        self.source, self.views = source, views
+        self.source, self.seed, self.views = source, seed, views
+        self.indices = None if indices is None else list(indices)
         ops = [v2.RandomResizedCrop((crop_size, crop_size), scale=tuple(scale), ratio=tuple(ratio), antialias=True)]
         self.transform = v2.Compose(ops + ([v2.RandomHorizontalFlip()] if flip else []))
 
     def __len__(self):
-        return len(self.source)
+        return len(self.source) if self.indices is None else len(self.indices)
 
-    def __getitem__(self, i):
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, i = key
+        i = i if self.indices is None else self.indices[i]
         image = _as_chw(self.source.load(i))
-        first = (self.transform(image), self.source.labels[i], i)
-        return first if self.views == 1 else (*first, self.transform(image))
+        with torch.random.fork_rng(devices=[]):  # the process's own stream is left as it was
+            torch.manual_seed(int(np.random.SeedSequence((self.seed, epoch, i)).generate_state(1, np.uint64)[0]))
+            first = (self.transform(image), self.source.labels[i], i)
+            return first if self.views == 1 else (*first, self.transform(image))
 
 
 class CentreViewDataset(torch.utils.data.Dataset):
@@ -361,7 +370,7 @@ class _ListSampler(torch.utils.data.Sampler):
     """The indices of the epoch being iterated (set just before each epoch)."""
 
     def __init__(self):
-        self.indices: list[int] = []
+        self.indices: list = []  # sample indices, or (epoch, index) keys
 
     def __iter__(self):
         return iter(self.indices)
@@ -391,8 +400,9 @@ class TorchLoader:
         self.dataset, self.batch_size, self.seed, self.shuffle = dataset, batch_size, seed, shuffle
         self.drop_last, self.next_epoch = drop_last, 0
         # Sharding like FFCV's (which uses a DistributedSampler with drop_last=False inside).
-        self.shard = (
-            DistributedSampler(range(len(dataset)), shuffle=shuffle, seed=seed, drop_last=False)
+        self.shard: DistributedSampler | None = (
+            # a sampler only needs len(): the indices of a range stand for the dataset
+            DistributedSampler(range(len(dataset)), shuffle=shuffle, seed=seed, drop_last=False)  # type: ignore[arg-type]
             if distributed
             else None
         )
@@ -415,7 +425,10 @@ class TorchLoader:
         return self.iter_from(0)
 
     def iter_from(self, skip: int = 0):
-        order = epoch_order(len(self.dataset), self.next_epoch, self.seed, self.shuffle, self.shard)
+        epoch = self.next_epoch
+        order = epoch_order(len(self.dataset), epoch, self.seed, self.shuffle, self.shard)
         self.next_epoch += 1
-        self.sampler.indices = order[skip * self.batch_size : self._len * self.batch_size].tolist()
+        chosen = order[skip * self.batch_size : self._len * self.batch_size].tolist()
+        keyed = getattr(self.dataset, "keyed_by_epoch", False)  # random views: see TwoViewDataset
+        self.sampler.indices = [(epoch, i) for i in chosen] if keyed else chosen
         return iter(self.loader)

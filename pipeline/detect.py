@@ -36,6 +36,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import torch
 from PIL import Image
@@ -86,7 +87,7 @@ class CocoBoxes(torch.utils.data.Dataset):
     def __init__(self, split: DetectionSplit, flip: bool = False):
         self.images, self.root, self.flip = split.coco["images"], split.image_root, flip
         self.categories = split.coco["categories"]
-        self.anns = {img["id"]: [] for img in self.images}
+        self.anns: dict[int, list[dict]] = {img["id"]: [] for img in self.images}
         for ann in split.coco["annotations"]:
             w, h = ann["bbox"][2:]
             crowd = ann.get("iscrowd", 0) and not ann.get("difficult", 0)
@@ -176,21 +177,22 @@ def build_detector(ckpt: dict, dc: Detect | dict, num_classes: int, source: str 
         freeze_batchnorm(backbone)
     size, norm = dc.image_size, new_layer_norm(dc)
     sizes = anchor_sizes(dc)
+    stages = cast(list[int], backbone.stage_channels)  # a ResNet's channels per stage (check_norm)
     if dc.head == "c4":
         body = IntermediateLayerGetter(backbone, {"layer3": "0"})  # stem, layer1..layer3
-        body.out_channels = backbone.stage_channels[2]
+        body.out_channels = stages[2]
         parts = dict(
             rpn_anchor_generator=AnchorGenerator((tuple(sizes),), ((0.5, 1.0, 2.0),)),
             box_roi_pool=MultiScaleRoIAlign(["0"], output_size=14, sampling_ratio=0),
-            box_head=Res5Head(backbone.layer4, backbone.stage_channels[3], norm),
-            box_predictor=FastRCNNPredictor(backbone.stage_channels[3], num_classes),
+            box_head=Res5Head(backbone.get_submodule("layer4"), stages[3], norm),
+            box_predictor=FastRCNNPredictor(stages[3], num_classes),
         )
     else:
         channels = dc.fpn_channels
         body = BackboneWithFPN(
             backbone,
             {f"layer{k}": str(k - 1) for k in range(1, 5)},
-            backbone.stage_channels,
+            stages,
             channels,
             extra_blocks=LastLevelMaxPool(),
             norm_layer=norm,
@@ -357,6 +359,7 @@ def coco_evaluate(gt: str | Path | dict, detections: list[dict]) -> dict:
         if not Path(gt).is_file():
             raise FileNotFoundError(f"annotation file not found: {gt}")
         gt = json.loads(Path(gt).read_text())
+    assert isinstance(gt, dict)  # for the checker: a dict, read or given
     coco_gt = coco_from_dict(gt)
     with contextlib.redirect_stdout(io.StringIO()):
         # loadRes rejects an empty list: evaluate against an empty result set instead
@@ -417,8 +420,9 @@ def normalisation(dc: Detect, synced: bool, world_size: int) -> str:
     return f"BN over {per_rank} images{ranks}, batch {dc.batch_size}"
 
 
-def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None = None) -> dict:
-    """Fine-tune on the train split, score the val split, write the metrics JSON to ``out``.
+def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None = None) -> dict | None:
+    """Fine-tune on the train split, score the val split, write the metrics JSON to ``out``
+    (rank 0; the other ranks return None).
     ``seed`` (default detect.seed) draws the new layers, the batch order and the flips."""
     dc = as_section(Detect, cfg["detect"])
     cfg = {**cfg, "detect": to_dict(dc)}  # the metrics record every setting, defaults included
@@ -440,7 +444,7 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
     if dc.batch_size % env.world_size:
         raise ConfigError(f"detect.batch_size={dc.batch_size} is not a multiple of the {env.world_size} ranks")
     per_rank = dc.batch_size // env.world_size
-    sampler = (
+    sampler: torch.utils.data.Sampler | None = (
         torch.utils.data.DistributedSampler(
             train_set, env.world_size, env.rank, shuffle=True, seed=seed, drop_last=True
         )

@@ -117,7 +117,8 @@ def voc_split(devkit: Path, sets: list[str]) -> DetectionSplit:
     """COCO dict of the union of VOC image sets such as ["2007/trainval", "2012/trainval"]."""
     categories = [{"id": i + 1, "name": name, "supercategory": "voc"} for i, name in enumerate(VOC_CLASSES)]
     class_id = {c["name"]: c["id"] for c in categories}
-    images, annotations = [], []
+    images: list[dict] = []
+    annotations: list[dict] = []
     for item in sets:
         year, _, image_set = item.partition("/")
         folder = devkit / f"VOC{year}"
@@ -217,21 +218,29 @@ if __name__ == "__main__":
     main()
 
 
+def _text(node: ET.Element | None, key: str) -> str:
+    """The text of ``node``'s child ``key``; a missing one makes the file malformed (ValueError)."""
+    text = None if node is None else node.findtext(key)
+    if text is None:
+        raise ValueError(f"no <{key}>")
+    return text
+
+
 def _voc_annotation(path: Path, class_id: dict) -> tuple[int, int, list]:
     if not path.is_file():
         raise DetectionDataError(f"VOC annotation not found: {path}")
     try:
         tree = ET.parse(path).getroot()
         size = tree.find("size")
-        width, height = int(size.findtext("width")), int(size.findtext("height"))
+        width, height = int(_text(size, "width")), int(_text(size, "height"))
         objects = []
         for obj in tree.iter("object"):
-            name = obj.findtext("name").strip()
+            name = _text(obj, "name").strip()
             if name not in class_id:
                 raise DetectionDataError(f"{path}: unknown VOC class {name!r}")
             box = obj.find("bndbox")
             # VOC pixel indices are 1-based and inclusive: [xmin - 1, xmax] in 0-based continuous coordinates
-            x0, y0, x1, y1 = (float(box.findtext(k)) for k in ("xmin", "ymin", "xmax", "ymax"))
+            x0, y0, x1, y1 = (float(_text(box, k)) for k in ("xmin", "ymin", "xmax", "ymax"))
             objects.append((class_id[name], (x0 - 1, y0 - 1, x1, y1), obj.findtext("difficult", "0").strip() == "1"))
     except (ET.ParseError, AttributeError, TypeError, ValueError) as err:
         raise DetectionDataError(f"{path}: malformed VOC annotation ({type(err).__name__}: {err})") from None

@@ -71,11 +71,11 @@ def gather_objects(obj) -> list:
 
 def bn_statistics(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The BN running means and variances of a model, by state-dict name."""
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
-            out[f"{name}.running_mean"] = module.running_mean
-            out[f"{name}.running_var"] = module.running_var
+            out[f"{name}.running_mean"] = module.running_mean  # type: ignore[assignment]  # tracked: a tensor
+            out[f"{name}.running_var"] = module.running_var  # type: ignore[assignment]
     return out
 
 

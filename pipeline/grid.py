@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 import yaml
 
@@ -81,7 +82,7 @@ def parse_value(text: str):
 
 
 def _sweep_overrides(grid: Grid) -> list[dict]:
-    overrides = [{}]
+    overrides: list[dict] = [{}]
     for axis, values in grid.one_at_a_time.items():
         overrides += [{axis: v} for v in values]
     if grid.product:
@@ -185,7 +186,7 @@ def _cells(cfg: dict, overrides: list[dict], seeds: int | None = None) -> dict[s
     return cells
 
 
-def only(cells: dict[str, dict], chosen: list[str] | None) -> dict[str, dict]:
+def only(cells: dict[str, dict], chosen: Sequence[str] | None) -> dict[str, dict]:
     """The cells of ``chosen`` (grid.only; a cell's id or its seed-less group id), all if None."""
     if not chosen:
         return cells

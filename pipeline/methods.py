@@ -14,9 +14,9 @@ from pipeline.layout import RESNETS
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd, MemoryBank
 from pipeline.moco.method import Method
-from pipeline.moco.split_bn import SplitBatchNorm2d, default_splits, has_batch_norm, split_batch_norm
+from pipeline.moco.split_bn import default_splits, has_batch_norm, max_splits, split_batch_norm
 from pipeline.moco.v3 import MoCoV3
-from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, projection_head
+from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, feature_dim, projection_head
 from pipeline.sections import Pretrain
 
 
@@ -39,7 +39,7 @@ class Supervised(Method):
 
     def __init__(self, backbone: nn.Module, num_classes: int):
         super().__init__()
-        self.encoder_q = Encoder(backbone, nn.Linear(backbone.out_dim, num_classes))
+        self.encoder_q = Encoder(backbone, nn.Linear(feature_dim(backbone), num_classes))
 
     def forward(self, x1, x2=None, index=None, labels=None):
         logits = self.encoder_q(x1)
@@ -77,15 +77,13 @@ def bn_guard_text(model: nn.Module, world_size: int) -> str:
         return "not applicable (no key batch normalised apart from its queries)"
     if not model.shuffle_bn:
         return "off (shuffle_bn: false)" if has_batch_norm(model) else "not needed (no BatchNorm)"
-    splits = max([m.splits for m in model.modules() if isinstance(m, SplitBatchNorm2d)], default=1)
+    splits = max_splits(model)
     where = [f"{world_size} ranks"] if world_size > 1 else []
     where += [f"{splits} BN sub-batches per rank"] if splits > 1 else []
     return "keys shuffled across " + " x ".join(where)
 
 
-def build_model(
-    p: Pretrain | dict, image_size: int, num_classes: int, num_samples: int, world_size: int = 1
-) -> nn.Module:
+def build_model(p: Pretrain | dict, image_size: int, num_classes: int, num_samples: int, world_size: int = 1) -> Method:
     p = as_section(Pretrain, p)
     resnet = p.backbone in RESNETS
     v3_resnet = p.method == "moco" and p.variant == "v3" and resnet
@@ -93,7 +91,7 @@ def build_model(
     # its ViT keeps the random patch projection (unset: MoCo only, a supervised ViT trains it)
     frozen_patches = p.method == "moco" if p.freeze_patch_embed is None else p.freeze_patch_embed
     backbone = build_backbone(arch_of(p, image_size), zero_init_residual=v3_resnet, freeze_patch_embed=frozen_patches)
-    dim, feat = p.dim, backbone.out_dim
+    dim, feat = p.dim, feature_dim(backbone)
     if p.method == "supervised":
         return Supervised(backbone, num_classes)
     if p.variant == "v3":

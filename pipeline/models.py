@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
+
+if TYPE_CHECKING:
+    from timm.models.vision_transformer import VisionTransformer  # imported when a ViT is built
 
 ARCHS = {"resnet18": (BasicBlock, [2, 2, 2, 2]), "resnet50": (Bottleneck, [3, 4, 6, 3])}
 # name: (embed_dim, depth, heads): ViT-Ti as DeiT; ViT-S/B as the MoCo v3 reference (12 heads
@@ -44,7 +48,7 @@ class ResNetBackbone(ResNet):
         self.inplanes, self.dilation, self.groups, self.base_width = width, 1, 1, 64
         if cifar_stem:
             self.conv1 = nn.Conv2d(3, width, kernel_size=3, stride=1, padding=1, bias=False)
-            self.maxpool = nn.Identity()
+            self.maxpool: nn.Module = nn.Identity()
         else:
             self.conv1 = nn.Conv2d(3, width, kernel_size=7, stride=2, padding=3, bias=False)
             self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
@@ -94,7 +98,7 @@ def sincos_2d(grid: int, dim: int, temperature: float = 10000.0) -> torch.Tensor
     return torch.cat([out_x.sin(), out_x.cos(), out_y.sin(), out_y.cos()], dim=1)[None]
 
 
-def init_vit_as_moco_v3(vit: nn.Module) -> None:
+def init_vit_as_moco_v3(vit: VisionTransformer) -> None:
     """MoCo v3's ViT initialisation (timm's differs): xavier-uniform Linear weights, the qkv
     weight as three separate Q, K, V matrices; zero biases; class token N(0, 1e-6); the patch
     projection xavier-uniform over its fan-in (3 p^2) and fan-out (embed_dim)."""
@@ -108,11 +112,18 @@ def init_vit_as_moco_v3(vit: nn.Module) -> None:
                 nn.init.xavier_uniform_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-    nn.init.normal_(vit.cls_token, std=1e-6)
+    if vit.cls_token is not None:  # global_pool="token": there is one
+        nn.init.normal_(vit.cls_token, std=1e-6)
     proj = vit.patch_embed.proj
     bound = math.sqrt(6.0 / (3 * proj.kernel_size[0] * proj.kernel_size[1] + proj.out_channels))
     nn.init.uniform_(proj.weight, -bound, bound)
     nn.init.zeros_(proj.bias)
+
+
+def feature_dim(backbone: nn.Module) -> int:
+    """The size of a backbone's features (``out_dim``, set by build_backbone; torch types a
+    module's attributes as Tensor | Module)."""
+    return cast(int, backbone.out_dim)
 
 
 def vit_backbone(arch: dict, freeze_patch_embed: bool = False) -> nn.Module:
@@ -141,7 +152,7 @@ def vit_backbone(arch: dict, freeze_patch_embed: bool = False) -> nn.Module:
     vit.register_buffer("pos_embed", pos)
     for p in vit.patch_embed.parameters():
         p.requires_grad_(not freeze_patch_embed)
-    vit.out_dim = dim
+    vit.out_dim = dim  # type: ignore[assignment]  # the backbones' feature size (feature_dim)
     return vit
 
 

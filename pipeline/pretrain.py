@@ -24,6 +24,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +37,13 @@ from pipeline.augment import view_recipes
 from pipeline.board import Board, board_dir
 from pipeline.config import ConfigError, load_stage_config, pretrain_warnings, result_config, section
 from pipeline.data import eval_loader, is_converted, two_view_loader
+from pipeline.fast_path import FastPath
 from pipeline.features import features_of
 from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.knn import knn_accuracy
-from pipeline.layout import is_resnet
 from pipeline.methods import arch_of, bn_guard_text, build_model
 from pipeline.moco.ema_check import EmaRecord
+from pipeline.moco.split_bn import max_splits
 from pipeline.models import build_backbone
 from pipeline.optim import build_optimizer, lr_at
 from pipeline.stopwatch import Stopwatch
@@ -119,15 +121,13 @@ class Trainer:
         log(f"BN-leak guard: {self.bn_guard}")
         self.device = distributed.rank_device(env.local_rank)
         self.threads = cpus.use(p.threads, self.device.type, d.workers)
-        cuda = self.device.type == "cuda"
-        # channels_last and bf16 autocast pay off on tensor cores; on CPU they only cost
-        self.channels_last = cuda and is_resnet(p.backbone)
-        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and p.amp)
-        if cuda and env.world_size > 1 and self.model.sync_batch_norm:
+        self.fast = FastPath(p.fast_path, self.device, p.backbone, max_splits(self.model))
+        log(f"fast path: {self.fast.describe()}")
+        if self.device.type == "cuda" and env.world_size > 1 and self.model.sync_batch_norm:
             self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
-        self.model.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
+        self.fast.model(self.model.to(self.device))
         self.optimizer = build_optimizer(p, self.model.parameters())
-        self.net = self.model
+        self.net: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = self.model
         if env.world_size > 1:
             # buffers (queue, BN statistics) are kept identical by the method itself
             self.net = nn.parallel.DistributedDataParallel(self.model, broadcast_buffers=False)
@@ -151,8 +151,10 @@ class Trainer:
             )
         self.aug1, self.aug2 = (a.to(self.device) for a in view_recipes(p.aug, d.crop_size))
         self.data_dir = data_dir
-        self.epoch, self.step_in_epoch, self.log_rows, self.stats = 0, 0, [], checkpoint.EpochStats(self.device)
-        self.board = None  # TensorBoard scalars (rank 0; set by train())
+        self.epoch, self.step_in_epoch, self.stats = 0, 0, checkpoint.EpochStats(self.device)
+        self.log_rows: list[dict] = []
+        self._resume_rng: dict | None = None  # the RNG state to restore mid-epoch (load_state)
+        self.board: Board | None = None  # TensorBoard scalars (rank 0; set by train())
         # methods with a momentum key encoder: checked on this run (pipeline.moco.ema_check)
         self.ema_record = EmaRecord(self.model) if self.model.has_momentum_encoder else None
         self.eval_loaders: dict = {}
@@ -319,22 +321,21 @@ class Trainer:
     def augment(self, v1, v2) -> tuple[torch.Tensor, torch.Tensor]:
         """The two views' photometric recipes, on the training device."""
         x1, x2 = self.aug1(self.to_device(v1)), self.aug2(self.to_device(v2))
-        if self.channels_last:
-            x1, x2 = (x.contiguous(memory_format=torch.channels_last) for x in (x1, x2))
-        return x1, x2
+        return self.fast.images(x1), self.fast.images(x2)
 
-    def optimize(self, x1, x2, labels, index) -> None:
-        """One optimisation step on augmented views."""
+    def optimize(self, x1, x2, labels, index) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimisation step on augmented views; returns its (loss, logits), detached."""
         index, labels = (t.to(self.device, torch.long, non_blocking=True).clone() for t in (index, labels))
-        if self.ema_record is not None and self.in_last_steps(self.ema_record.window.maxlen):
+        if self.ema_record is not None and self.in_last_steps(self.ema_record.span):
             self.ema_record.before_step()  # only near the end: copies of a few tensors, no cost before
-        with self.autocast:
+        with self.fast.autocast():
             loss, logits, target = self.net(x1, x2, index, labels)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
         self.stats.add(loss, logits, target)
         self.model.after_step(self.epoch * len(self.loader) + self.step_in_epoch)
+        return loss.detach(), logits.detach()
 
     def in_last_steps(self, n: int) -> bool:
         """Is the step about to run one of the run's last ``n``?"""

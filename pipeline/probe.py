@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -82,7 +83,7 @@ def settings(pc: Probe | dict, arch: dict) -> dict:
     """The protocol's hyper-parameters for this backbone, with the config's explicit overrides
     (``pc``: the probe section; a dict: its unset keys take the defaults)."""
     pc = as_section(Probe, pc)
-    s = dict(PROTOCOLS[pc.protocol])
+    s: dict[str, Any] = dict(PROTOCOLS[pc.protocol])
     if pc.protocol == "mocov3" and not is_resnet(arch["backbone"]):
         s["lr"] = MOCOV3_VIT_LR
     s["batch_size"] = pc.batch_size or s["batch_size"]

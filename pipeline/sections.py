@@ -108,7 +108,7 @@ class Pretrain:
     shuffle_bn: bool = True  # the BN-leak guard
     bn_splits: int | None = None  # BN sub-batches per rank; None: see split_bn.default_splits
     bank_m: float = 0.5  # momentum of memory-bank entries
-    amp: bool = True  # bf16 autocast on CUDA
+    fast_path: str | bool = "auto"  # auto | on | off: channels_last (ResNet) + bf16 autocast; auto: on CUDA only
     compile: bool = False  # torch.compile
     knn_every: int = runtime(10)  # kNN monitor every N epochs and the last; 0: off
     checkpoint_every: int = runtime(0)  # resume state every N steps too; 0: at epoch ends only

@@ -138,5 +138,5 @@ class SeededRandomResizedCrop(ResizedCropRGBImageDecoder):
                     flip_c(destination[dst_ix])
             return destination[: len(batch_indices)]
 
-        decode.is_parallel = True
+        decode.is_parallel = True  # type: ignore[attr-defined]  # FFCV's flag for its compiler
         return decode

@@ -92,7 +92,7 @@ class FileSource(Source):
     def probe(self, i: int, max_side: int | None = None) -> tuple[tuple[int, int], str]:
         """Also the SHA-1 of the file's bytes (read once, decoded from memory)."""
         data = Path(self.items[i]).read_bytes()
-        size = []
+        size: list = []
         decode_file(io.BytesIO(data), max_side, size)
         return size[0], hashlib.sha1(data).hexdigest()
 
@@ -144,7 +144,7 @@ def decode_file(path, max_side: int | None = None, size_out: list | None = None)
                 im.draft("RGB", (math.ceil(w * s), math.ceil(h * s)))
         im.load()
         if orientation != 1:
-            im = ImageOps.exif_transpose(im)
+            im = ImageOps.exif_transpose(im)  # type: ignore[assignment]  # an Image, as to_rgb takes
         return to_rgb(im)
 
 
@@ -192,7 +192,7 @@ class _Walk:
         return True
 
     def __call__(self, folder: Path) -> list[Path]:
-        out = []
+        out: list[Path] = []
         if not self.first_visit(str(folder), self.folders, "folder"):
             return out
         for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
@@ -295,7 +295,7 @@ def _torchvision_copy(cls, root: Path, kind: str, notes: list[str], **kwargs):
 def _unverified(cls):
     """``cls`` without its checksum checks (only the integrity test and CIFAR's meta loader)."""
 
-    class Unverified(cls):
+    class Unverified(cls):  # type: ignore[misc,valid-type]  # a class made at run time
         def _check_integrity(self) -> bool:
             return True
 

@@ -34,7 +34,8 @@ DEFAULTS = dataclasses.asdict(Synthetic())  # the defaults as a dict (defined in
 
 
 def _rgb(rng) -> tuple[int, int, int]:
-    return tuple(int(v) for v in rng.integers(0, 256, size=3))
+    r, g, b = (int(v) for v in rng.integers(0, 256, size=3))
+    return r, g, b
 
 
 def _luma(c) -> float:
@@ -129,7 +130,9 @@ def render(shapes: list[tuple[str, float, float, float, float]], size: int, rng)
         _draw_shape(draw, name, cx * s, cy * s, r * s, rot, colour)
         mask = Image.new("L", img.size)
         _draw_shape(ImageDraw.Draw(mask), name, cx * s, cy * s, r * s, rot, 255)
-        x0, y0, x1, y1 = mask.getbbox()
+        bbox = mask.getbbox()
+        assert bbox is not None  # a shape drawn inside the image covers some pixels
+        x0, y0, x1, y1 = bbox
         boxes.append((x0 / s, y0 / s, x1 / s, y1 / s))
     return img.resize((size, size), Image.Resampling.BOX), boxes
 
@@ -144,7 +147,8 @@ def classification_image(seed: int, split: str, label: int, index: int, size: in
 def detection_scene(seed: int, split: str, index: int, size: int):
     """One scene: 2-4 shapes, little overlap. Returns the image and [(label, x, y, w, h)]."""
     rng = np.random.default_rng([seed, 10 + SPLIT_IDS[split], index])
-    placed, boxes = [], []
+    placed: list[tuple] = []
+    boxes: list[tuple] = []
     for _ in range(int(rng.integers(2, 5))):
         for _attempt in range(30):
             r = rng.uniform(0.09, 0.2) * size
@@ -176,7 +180,7 @@ def run(out: str | Path, cfg: Synthetic | dict | None = None, progress: bool = T
 
     cfg = as_section(Synthetic, cfg)
     out = Path(out)
-    counts = {}
+    counts: dict[str, int] = {}
     size, seed = cfg.image_size, cfg.seed
     jobs = [
         (split, label, i)
@@ -191,7 +195,8 @@ def run(out: str | Path, cfg: Synthetic | dict | None = None, progress: bool = T
 
     dsize = cfg.det_image_size
     for split, n in (("train", cfg.det_train_images), ("val", cfg.det_val_images)):
-        images, annotations = [], []
+        images: list[dict] = []
+        annotations: list[dict] = []
         for i in tqdm(range(n), desc=f"synthetic: detection {split}", disable=not progress, mininterval=2):
             img, boxes = detection_scene(seed, split, i, dsize)
             name = f"{split}/{i:05d}.png"

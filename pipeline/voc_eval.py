@@ -77,7 +77,7 @@ def precision_recall(truth: dict, detections: list, threshold: float) -> tuple[n
 def evaluate(gt: dict, detections: list[dict], metric: str = "11point") -> dict:
     """VOC AP of COCO-format ground truth (``difficult`` flags; boxes xywh) and detections
     (COCO results: image_id, category_id, bbox xywh, score). Percentages, as COCO's."""
-    truth = {c["id"]: {} for c in gt["categories"]}
+    truth: dict = {c["id"]: {} for c in gt["categories"]}
     for a in gt["annotations"]:
         x, y, w, h = a["bbox"]
         boxes, difficult = truth[a["category_id"]].setdefault(a["image_id"], ([], []))
@@ -87,7 +87,7 @@ def evaluate(gt: dict, detections: list[dict], metric: str = "11point") -> dict:
         c: {img: (np.array(b, float).reshape(-1, 4), np.array(d, bool)) for img, (b, d) in per.items()}
         for c, per in truth.items()
     }
-    dets = {c: [] for c in truth}
+    dets: dict[int, list] = {c: [] for c in truth}
     for d in detections:
         x, y, w, h = d["bbox"]
         dets.setdefault(d["category_id"], []).append((d["image_id"], d["score"], (x, y, x + w, y + h)))

@@ -5,11 +5,15 @@ import socket
 
 import pytest
 import torch
+from conftest import require
+from test_fast_path import FAMILIES, trainer_for
 
+from pipeline import checkpoint
+from pipeline.fast_path import FastPath
 from pipeline.methods import build_model
 from pipeline.optim import build_optimizer
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = pytest.mark.cuda
 P = {
     "method": "moco",
     "variant": "v2",
@@ -26,13 +30,21 @@ P = {
 }
 
 
+@pytest.fixture(autouse=True, scope="session")  # session: checked before the session's datasets are built
+def cuda_device():
+    """Selected (-m cuda) without a GPU: skipped on a laptop, a failure in CI."""
+    require(torch.cuda.is_available(), "needs a CUDA device")
+
+
 def test_bf16_channels_last_step_on_gpu():
     torch.manual_seed(0)
-    model = build_model(P, 32, 10, 1000).cuda().to(memory_format=torch.channels_last)
+    fast = FastPath("auto", torch.device("cuda"), P["backbone"])  # the Trainer's switch: on for CUDA
+    model = fast.model(build_model(P, 32, 10, 1000).cuda())
     opt = build_optimizer(P, model.parameters())
-    x = torch.randn(32, 3, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
+    x = fast.images(torch.randn(32, 3, 32, 32, device="cuda"))
+    assert fast.on and x.is_contiguous(memory_format=torch.channels_last)
     for _ in range(3):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with fast.autocast():
             loss, logits, target = model(x, x.flip(3), torch.arange(32, device="cuda"))
         opt.zero_grad()
         loss.backward()
@@ -106,3 +118,27 @@ def test_detection_fine_tunes_on_the_gpu(tmp_path):
     cfg = {"detect": {"epochs": 1, "batch_size": 4, "lr": 0.01, "image_size": 64, "head": "c4", "norm": "bn"}}
     m = detect.run(cfg, tmp_path / "ckpt.pt", tmp_path / "synth" / "det", tmp_path / "m.json")
     assert json.loads((tmp_path / "m.json").read_text())["AP50"] == m["AP50"] and m["train_loss"][0] > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trainer_steps_on_the_gpu(ffcv_small, tmp_path, family):
+    """The Trainer as a CUDA job builds it (fast path auto: on): issue 25's crash was here."""
+    trainer = trainer_for(ffcv_small, tmp_path, family, "auto")
+    assert trainer.device.type == "cuda" and trainer.fast.on
+    for v1, v2, labels, index in trainer.loader.batches(0):
+        trainer.train_step(v1, v2, labels, index)
+        trainer.step_in_epoch += 1
+        if trainer.step_in_epoch == 2:
+            break
+    assert torch.isfinite(torch.tensor(trainer.epoch_row()["loss"]))
+
+
+def test_cuda_rng_streams_resume_exactly():
+    """The key shuffle's draws on the GPU replay after set_rng_state (checkpoint.rng_state)."""
+    torch.cuda.manual_seed_all(5)
+    torch.randperm(64, device="cuda")
+    state = checkpoint.rng_state()
+    assert len(state["cuda"]) == torch.cuda.device_count()
+    first = torch.randperm(64, device="cuda")
+    checkpoint.set_rng_state(state)
+    assert torch.equal(torch.randperm(64, device="cuda"), first)

@@ -225,3 +225,21 @@ def test_bench_dispatch_and_loader_smoke(tmp_path, monkeypatch):
     saved = json.loads((tmp_path / "bench" / "out" / "loader.json").read_text())
     assert saved["ratio"] == result["ratio"] > 0
     assert set(saved["loaders"]) == {"ffcv_auto", "torchvision"} and saved["photometric"]["samples_per_s"] > 0
+
+
+def test_torchvision_views_replay_after_a_resume(ffcv_small):
+    """The torchvision loader's crops come from (seed, epoch, index): a loader restarted
+    mid-epoch (new workers, another RNG state) yields the batches the uninterrupted one did."""
+
+    def epoch_batches(workers: int, skip: int, epoch: int = 1) -> list:
+        loader = two_view_loader(ffcv_small / "train.beton", 16, 24, workers=workers, seed=1, loader="torchvision")
+        loader.set_epoch(epoch)
+        return list(loader.batches(skip))
+
+    full = epoch_batches(workers=0, skip=0)
+    torch.manual_seed(123)  # a restarted process: its RNG stream is another
+    resumed = epoch_batches(workers=2, skip=2)
+    assert len(resumed) == len(full) - 2
+    for a, b in zip(full[2:], resumed):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(full[0][0], epoch_batches(workers=0, skip=0, epoch=2)[0][0])  # new views each epoch

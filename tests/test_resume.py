@@ -102,3 +102,34 @@ def test_preemption_signal_saves_and_resumes_exactly(ffcv_small, uninterrupted, 
     assert code == 75, output
     assert "SIGUSR1 received: state saved" in output
     assert_same_run(uninterrupted, torch.load(tmp_path / "c" / "checkpoint.pt", weights_only=True))
+
+
+def test_cuda_rng_streams_are_saved_and_restored(monkeypatch, capsys):
+    """The CUDA generators (key shuffle, memory-bank draws) travel in the resume state, tested by
+    its logic on CPU: every device's stream is saved, and each is put back on its device."""
+    import io
+
+    from pipeline import checkpoint
+
+    streams = [torch.full((16,), 7, dtype=torch.uint8), torch.full((16,), 9, dtype=torch.uint8)]
+    restored = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in streams])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.__setitem__(device, state))
+    buffer = io.BytesIO()
+    torch.save(checkpoint.rng_state(), buffer)  # as the resume state is written and read
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    checkpoint.set_rng_state(state)
+    assert sorted(restored) == [0, 1] and all(torch.equal(restored[d], streams[d]) for d in (0, 1))
+    assert "warning" not in capsys.readouterr().out
+    # resumed where the process sees one device: that one is restored, and the log says so
+    restored.clear()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    checkpoint.set_rng_state(state)
+    assert list(restored) == [0] and "this process sees 1" in capsys.readouterr().out
+    # a state written without CUDA (or before the CUDA streams were saved) restores the CPU ones
+    restored.clear()
+    checkpoint.set_rng_state({k: v for k, v in state.items() if k != "cuda"})
+    assert restored == {}

@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
         f"{args.cores // t} job(s) x {t} thread(s)": (args.cores // t, t)
         for t in sorted({args.cores, 1, max(1, args.cores // 2)}, reverse=True)
     }
-    rates = {name: [] for name in layouts}
+    rates: dict[str, list[float]] = {name: [] for name in layouts}
     for _ in range(args.rounds):
         for name, (jobs, threads) in layouts.items():
             rates[name].append(run_layout(args.configfile, data, jobs, threads, args.epochs))

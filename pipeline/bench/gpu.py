@@ -12,12 +12,15 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.bench.timing import sync, write
+from pipeline.fast_path import FastPath
 from pipeline.methods import build_model
+from pipeline.moco.split_bn import max_splits
 from pipeline.optim import build_optimizer
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
@@ -32,21 +35,18 @@ def peak_tflops() -> float | None:
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
-def measure(p: dict, batch: int, size: int, steps: int, device) -> dict:
+def measure(p: dict, batch: int, size: int, steps: int, device, fast_path: str = "auto") -> dict:
     torch.manual_seed(0)
     model = build_model(p, size, num_classes=1000, num_samples=100 * batch).to(device).train()
-    cuda = device.type == "cuda"
-    channels_last = cuda and p["backbone"].startswith("resnet")
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    fast = FastPath(fast_path, device, p["backbone"], max_splits(model))  # the Trainer's (auto: on for CUDA)
+    fast.model(model)
     opt = build_optimizer(p, model.parameters())
     x1, x2 = (torch.randn(batch, 3, size, size, device=device) for _ in range(2))
-    if channels_last:
-        x1, x2 = (x.contiguous(memory_format=torch.channels_last) for x in (x1, x2))
+    x1, x2 = fast.images(x1), fast.images(x2)
     index = torch.arange(batch, device=device)
 
     def step():
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+        with fast.autocast():
             loss, _, _ = model(x1, x2, index)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -80,6 +80,9 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry", action="store_true", help="tiny sizes, runs anywhere (checks the code path)")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument(
+        "--fast-path", default="auto", choices=["auto", "on", "off"], help="as pretrain.fast_path (auto: on for CUDA)"
+    )
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not args.dry and device.type != "cuda":
@@ -87,7 +90,7 @@ def main(argv=None) -> dict:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     batch, size, steps = (8, 32, 2) if args.dry else (256, 224, args.steps)
-    cases = {
+    cases: dict[str, dict[str, Any]] = {
         "moco_v2_resnet50": {
             "method": "moco",
             "variant": "v2",
@@ -117,13 +120,13 @@ def main(argv=None) -> dict:
             "lr": 1.5e-4,
         },
     }
-    results = {name: measure(p, batch, size, steps, device) for name, p in cases.items()}
+    results = {name: measure(p, batch, size, steps, device, args.fast_path) for name, p in cases.items()}
     for name, r in results.items():
         print(
             f"{name:<18} {r['img_per_s']:>9.1f} img/s  {r['s_per_step'] * 1e3:8.1f} ms/step  "
             f"{r['achieved_tflops']:.2f} TFLOP/s  MFU {r['mfu_%']}%"
         )
-    out = {"device": str(device), "dry": args.dry, "results": results}
+    out = {"device": str(device), "dry": args.dry, "fast_path": args.fast_path, "results": results}
     write("gpu" + ("_dry" if args.dry else ""), out)
     return out
 

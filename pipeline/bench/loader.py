@@ -99,7 +99,7 @@ def first_epoch(loader) -> dict:
 
 def measure(loaders: dict, rounds: int, seconds: float) -> dict:
     """Alternate full epochs of every loader until each ran ``rounds`` epochs and ``seconds``."""
-    rates = {name: [] for name in loaders}
+    rates: dict[str, list[float]] = {name: [] for name in loaders}
     spent = {name: 0.0 for name in loaders}
     while min(len(r) for r in rates.values()) < rounds or min(spent.values()) < seconds:
         for name, loader in loaders.items():

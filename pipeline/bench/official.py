@@ -21,6 +21,7 @@ import importlib.util
 import os
 import statistics
 import tempfile
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,12 +29,14 @@ from torch import nn
 from pipeline.bench.step import optimizer_step, step_fn
 from pipeline.bench.timing import cpu, interleaved, write
 from pipeline.methods import arch_of, build_model
-from pipeline.models import build_backbone
+from pipeline.models import build_backbone, feature_dim
 from pipeline.optim import build_optimizer
 
 
 def load_official(path: str):
     spec = importlib.util.spec_from_file_location("official_moco_builder", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"[bench] cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -50,7 +53,7 @@ def official_step(builder, p: dict, size: int, x1, x2):
         backbone = build_backbone(arch_of(p, size))
         encoder = nn.Sequential()
         encoder.add_module("backbone", backbone)
-        encoder.add_module("fc", nn.Linear(backbone.out_dim, num_classes))
+        encoder.add_module("fc", nn.Linear(feature_dim(backbone), num_classes))
         return encoder
 
     model = builder.MoCo(base_encoder, dim=p["dim"], K=p["K"], m=p["m"], T=p["T"], mlp=True).train()
@@ -72,8 +75,9 @@ def main(argv=None) -> dict:
         raise SystemExit(f"[bench] {args.builder} not found: give moco/builder.py of facebookresearch/moco@7397dfe")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not torch.cuda.is_available():  # the official code moves its labels and permutation with .cuda()
-        torch.Tensor.cuda = lambda self, *a, **k: self
+    # Both sides run on the CPU, on a GPU machine too: the official code's .cuda() calls (its
+    # labels and key permutation) leave tensors where they are, or they would meet CPU logits
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
     init_single_process_group()
     torch.manual_seed(0)
     p = {
@@ -94,12 +98,13 @@ def main(argv=None) -> dict:
     x1, x2 = torch.randn(args.batch, 3, args.size, args.size), torch.randn(args.batch, 3, args.size, args.size)
     labels, index = torch.randint(0, 10, (args.batch,)), torch.arange(args.batch)
     steps = {}
-    for name, extra in {
+    variants: dict[str, dict[str, Any]] = {
         "supervised": {"method": "supervised"},
         "ours_guarded": {},
         "ours_unguarded": {"shuffle_bn": False, "bn_splits": 1},
-    }.items():
-        cell = {**p, **extra}
+    }
+    for name, overrides in variants.items():
+        cell = {**p, **overrides}
         model = build_model(cell, args.size, num_classes=10, num_samples=20 * args.K).train()
         steps[name] = step_fn(model, build_optimizer(cell, model.parameters()), x1, x2, labels, index)
     steps["official"] = official_step(load_official(args.builder), p, args.size, x1, x2)

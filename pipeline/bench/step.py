@@ -15,14 +15,19 @@ shows what the guard costs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from pipeline.bench.timing import OUT_DIR, interleaved, write
+from pipeline.fast_path import FastPath
 from pipeline.methods import build_model
+from pipeline.moco import MoCo
+from pipeline.moco.split_bn import max_splits
 from pipeline.optim import build_optimizer
 
 FLOORS = {"moco_v2": 4 / 3, "moco_v3": 8 / 3}
@@ -40,16 +45,28 @@ def optimizer_step(loss_of, opt):
     return step
 
 
-def step_fn(model: nn.Module, opt, x1, x2, labels, index):
-    """A step of one of our methods (they return the loss first)."""
-    return optimizer_step(lambda: model(x1, x2, index, labels)[0], opt)
+def step_fn(model: nn.Module, opt, x1, x2, labels, index, context=contextlib.nullcontext):
+    """A step of one of our methods (they return the loss first); the forward pass runs in
+    ``context()`` (the fast path's autocast)."""
+
+    def loss():
+        with context():
+            return model(x1, x2, index, labels)[0]
+
+    return optimizer_step(loss, opt)
 
 
-def key_forward_fn(model: nn.Module, x):
+def fast_step(path: FastPath, model: nn.Module, p: dict, images, labels, index):
+    """A step of ``model`` on the fast path ``path`` (its memory format and autocast)."""
+    x1, x2 = (path.images(x) for x in images)
+    return step_fn(path.model(model), build_optimizer(p, model.parameters()), x1, x2, labels, index, path.autocast)
+
+
+def key_forward_fn(model: MoCo, x, context=contextlib.nullcontext):
     """The key encoder's forward alone, as a MoCo step runs it (no grad, BN-leak guard on)."""
 
     def forward():
-        with torch.no_grad():
+        with torch.no_grad(), context():
             model.encode_keys(x)
 
     return forward
@@ -64,6 +81,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument(
+        "--fast-path",
+        default="off",
+        choices=["auto", "on", "off"],
+        help="as pretrain.fast_path: on = channels_last (ResNet) + bf16 autocast on this CPU",
+    )
+    ap.add_argument(
         "--all-methods",
         action="store_true",
         help="also v1, end-to-end, memory bank and v3 ViT-tiny (patch 4) at the same batch",
@@ -72,7 +95,7 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base = {
+    base: dict[str, Any] = {
         "backbone": args.backbone,
         "width": args.width,
         "cifar_stem": args.size <= 64,
@@ -86,7 +109,7 @@ def main(argv=None) -> dict:
         "mlp_dim": 1024,
         "weight_decay": 1e-4,
     }  # as before the defaults moved to config.yaml's 5e-4
-    variants = {
+    variants: dict[str, dict[str, Any]] = {
         "supervised": {"method": "supervised"},
         "moco_v2": {"method": "moco", "variant": "v2"},
         "moco_v3": {"method": "moco", "variant": "v3", "T": 1.0, "m": 0.99},
@@ -107,17 +130,24 @@ def main(argv=None) -> dict:
                 },
             }
         )
-    x1, x2 = torch.randn(args.batch, 3, args.size, args.size), torch.randn(args.batch, 3, args.size, args.size)
+    fast = FastPath(args.fast_path, torch.device("cpu"), args.backbone)
+    images = torch.randn(args.batch, 3, args.size, args.size), torch.randn(args.batch, 3, args.size, args.size)
     labels, index = torch.randint(0, 10, (args.batch,)), torch.arange(args.batch)
     # without the guard: no shuffle and plain BN over the whole batch
     variants["moco_v2_unguarded"] = {"method": "moco", "variant": "v2", "shuffle_bn": False, "bn_splits": 1}
     steps = {}
-    for name, extra in variants.items():
-        p = {**base, **extra}
+    for name, overrides in variants.items():
+        p = {**base, **overrides}
         model = build_model(p, args.size, num_classes=10, num_samples=20 * p["K"]).train()
-        steps[name] = step_fn(model, build_optimizer(p, model.parameters()), x1, x2, labels, index)
+        fp = FastPath(args.fast_path, torch.device("cpu"), p["backbone"], max_splits(model))
+        steps[name] = fast_step(fp, model, p, images, labels, index)
         if name == "moco_v2":
-            steps["key_forward"] = key_forward_fn(model, x2)
+            assert isinstance(model, MoCo)
+            steps["key_forward"] = key_forward_fn(fp.model(model), fp.images(images[1]), fp.autocast)
+            if fast.on:  # what the fast path leaves out: the split-BN model in channels_last
+                forced = FastPath(args.fast_path, torch.device("cpu"), p["backbone"])
+                model = build_model(p, args.size, num_classes=10, num_samples=20 * p["K"]).train()
+                steps["moco_v2_channels_last"] = fast_step(forced, model, p, images, labels, index)
     res = interleaved(steps, rounds=args.rounds)
     sup = res["supervised"]["median_s"]
     ratios = {name: round(res[name]["median_s"] / sup, 3) for name in [*FLOORS, "moco_v2_unguarded"]}
@@ -128,18 +158,27 @@ def main(argv=None) -> dict:
         "backbone": args.backbone,
         "width": args.width,
         "threads": torch.get_num_threads(),
+        "fast_path": fast.describe(),
         "results": res,
         "ratio_vs_supervised": ratios,
         "floor": {k: round(v, 3) for k, v in FLOORS.items()},
         "moco_v2_measured_floor": measured_floor,
         "moco_v2_over_measured_floor": round(ratios["moco_v2"] / measured_floor, 3),
         "samples_per_s": {k: round(args.batch / v["median_s"], 1) for k, v in res.items()},
+        "split_bn_channels_last_over_contiguous": (
+            round(res["moco_v2_channels_last"]["median_s"] / res["moco_v2"]["median_s"], 3)
+            if "moco_v2_channels_last" in res
+            else None
+        ),
     }
     loader = OUT_DIR / "loader.json"
     if loader.is_file():  # is data the bottleneck? loader samples/s against the step's
         result["loader_samples_per_s"] = json.loads(Path(loader).read_text()).get("samples_per_s")
-    path = write("step", result)
-    print(f"{args.backbone} width {args.width}, batch {args.batch}, {args.size} px, {torch.get_num_threads()} threads:")
+    path = write("step_fast_path" if fast.on else "step", result)
+    print(
+        f"{args.backbone} width {args.width}, batch {args.batch}, {args.size} px, {torch.get_num_threads()} threads, "
+        f"fast path {fast.describe()}:"
+    )
     for name, r in res.items():
         extra = f"  ratio {ratios[name]:.3f}" if name in ratios else ""
         extra += f" (floor {FLOORS[name]:.2f})" if name in FLOORS else ""

@@ -20,7 +20,7 @@ def interleaved(candidates: dict[str, Callable[[], None]], rounds: int, warmup: 
     for _ in range(warmup):
         for fn in candidates.values():
             fn()
-    times = {name: [] for name in candidates}
+    times: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(rounds):
         for name, fn in candidates.items():
             t0 = time.perf_counter()

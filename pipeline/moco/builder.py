@@ -6,6 +6,7 @@ The paper's Algorithm 1, line for line, is ``MoCo.forward``.
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -17,6 +18,18 @@ from pipeline.moco.momentum import momentum_diagnostics, momentum_update
 from pipeline.moco.queue import KeyQueue
 from pipeline.moco.split_bn import has_batch_norm
 from pipeline.moco.staleness import NegativeDrift, history_length
+
+if TYPE_CHECKING:
+    from pipeline.models import Encoder
+
+
+def similarities(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """q @ keys.T (N x M) in fp32, under autocast too. The references' logits are fp32 (v1/v2)
+    or fp16 (v3: 11 significant bits); in bf16 (8 bits) a cosine is off by up to 2^-8, which
+    after / T (0.07-0.2) is noise of 0.02-0.06 on the logits, and under autocast it fell on
+    the negatives only (the positive's elementwise product stays fp32)."""
+    with torch.autocast(q.device.type, enabled=False):
+        return q.float() @ keys.float().T
 
 
 def info_nce(
@@ -32,8 +45,8 @@ def info_nce(
     q, k: N x C (normalised); negatives: K x C; neg_mask: N x K, True = not a negative;
     labels: a preallocated tensor of N zeros (allocated here if not given).
     """
-    l_pos = (q * k).sum(dim=1, keepdim=True)  # N x 1
-    l_neg = q @ negatives.T  # N x K
+    l_pos = (q.float() * k.float()).sum(dim=1, keepdim=True)  # N x 1, fp32 as the negatives'
+    l_neg = similarities(q, negatives)  # N x K
     if neg_mask is not None:
         l_neg = l_neg.masked_fill(neg_mask, float("-inf"))
     logits = torch.cat([l_pos, l_neg], dim=1) / T
@@ -43,6 +56,7 @@ def info_nce(
 
 
 class ZeroLabels(nn.Module):
+    zeros: torch.Tensor
     """The positives' index (0) for every row, allocated once per batch size, not per step."""
 
     def __init__(self):
@@ -69,11 +83,14 @@ class MoCo(Method):
     with the views swapped (the CIFAR demo's option), both views' keys enqueued.
     """
 
+    queue: KeyQueue
+    step: torch.Tensor  # a buffer: optimisation steps so far
+
     has_momentum_encoder = True
 
     def __init__(
         self,
-        encoder: nn.Module,
+        encoder: Encoder,
         dim: int = 128,
         K: int = 65536,
         m: float = 0.999,

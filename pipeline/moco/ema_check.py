@@ -14,18 +14,20 @@ from __future__ import annotations
 from collections import deque
 
 import torch
-from torch import nn
+
+from pipeline.moco.method import Method
 
 
 class EmaRecord:
-    def __init__(self, model: nn.Module, steps: int = 3):
+    def __init__(self, model: Method, steps: int = 3):
         self.model = model
         pairs = list(zip(model.encoder_k.named_parameters(), model.encoder_q.parameters()))
         picked = sorted({0, len(pairs) // 3, 2 * len(pairs) // 3, len(pairs) - 1})
         self.names = [pairs[i][0][0] for i in picked]
         self.key = [pairs[i][0][1] for i in picked]
         self.query = [pairs[i][1] for i in picked]
-        self.window: deque = deque(maxlen=steps + 1)
+        self.span = steps + 1  # the steps a window holds
+        self.window: deque = deque(maxlen=self.span)
 
     @torch.no_grad()
     def before_step(self) -> None:

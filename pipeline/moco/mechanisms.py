@@ -10,22 +10,26 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn import functional as F
 
-from pipeline.moco.builder import ZeroLabels, info_nce
+from pipeline.moco.builder import ZeroLabels, info_nce, similarities
 from pipeline.moco.distributed import encode_shuffled, gather_all, gather_with_grad, rank, world_size
 from pipeline.moco.method import Method
 from pipeline.moco.split_bn import has_batch_norm
+
+if TYPE_CHECKING:
+    from pipeline.models import Encoder
 
 
 class EndToEnd(Method):
     """shuffle_bn: the same BN-leak guard as MoCo's (the paper uses it for both), here with
     gradients through the shuffle."""
 
-    def __init__(self, encoder: nn.Module, T: float = 0.2, shuffle_bn: bool = True):
+    def __init__(self, encoder: Encoder, T: float = 0.2, shuffle_bn: bool = True):
         super().__init__()
         self.T = T
         self.encoder_q = encoder
@@ -39,14 +43,16 @@ class EndToEnd(Method):
         q = F.normalize(self.encoder_q(x1), dim=1)
         k = F.normalize(self.encode_keys(x2), dim=1)
         k_all = gather_with_grad(k)
-        logits = q @ k_all.T / self.T
+        logits = similarities(q, k_all) / self.T
         target = torch.arange(q.shape[0], device=q.device) + rank() * q.shape[0]
         return F.cross_entropy(logits, target), logits, target
 
 
 class MemoryBank(Method):
+    bank: torch.Tensor  # a buffer: one normalised embedding per training sample
+
     def __init__(
-        self, encoder: nn.Module, num_samples: int, dim: int = 128, K: int = 4096, m: float = 0.5, T: float = 0.07
+        self, encoder: Encoder, num_samples: int, dim: int = 128, K: int = 4096, m: float = 0.5, T: float = 0.07
     ):
         super().__init__()
         if K > num_samples - 1:

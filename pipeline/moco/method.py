@@ -6,8 +6,12 @@ the loop (pipeline.pretrain) never inspects a model and a new method touches one
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from pipeline.models import Encoder
 
 
 class Method(nn.Module):
@@ -22,6 +26,10 @@ class Method(nn.Module):
     shuffle_bn: bool | None = None
     # normalise over the global batch with SyncBatchNorm on several GPUs (MoCo v3's heads)
     sync_batch_norm = False
+    encoder_q: Encoder  # every method's query encoder
+    # the methods with a momentum encoder: its copy updated as the EMA, at momentum m
+    encoder_k: nn.Module
+    m: float
 
     def on_step(self, progress: float) -> None:
         """Before each optimisation step; ``progress`` runs from 0 to 1 over the whole run."""

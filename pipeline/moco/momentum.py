@@ -14,7 +14,7 @@ def momentum_update(key: nn.Module, query: nn.Module, m: float) -> None:
     Buffers (BN running statistics) are not averaged: the key encoder runs in train mode and
     keeps the statistics of the keys it normalises, as in the reference implementation.
     """
-    k_params = [p for p in key.parameters()]
+    k_params: list[torch.Tensor] = list(key.parameters())
     q_params = [p.detach() for p in query.parameters()]
     if len(k_params) != len(q_params):
         raise ValueError("key and query encoders differ in structure")

@@ -20,6 +20,12 @@ from pipeline.layout import QUEUE_POLICIES as POLICIES
 
 
 class KeyQueue(nn.Module):
+    # buffers (typed here: torch types a module's attributes as Tensor | Module)
+    keys: torch.Tensor
+    ptr: torch.Tensor
+    enqueued_at: torch.Tensor
+    source: torch.Tensor
+
     def __init__(self, size: int, dim: int, policy: str = "fifo", seed: int = 0):
         super().__init__()
         if policy not in POLICIES:

@@ -15,9 +15,13 @@ BatchNorm network unchanged (probe, detection, exports).
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+M = TypeVar("M", bound=nn.Module)
 
 MAX_SPLITS = 8  # the official single-GPU demo's bn_splits
 MIN_IMAGES_PER_SPLIT = 16  # below this, prefer fewer, larger sub-batches
@@ -40,27 +44,28 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
             raise ValueError(f"split BatchNorm: a batch of {n} cannot be split into {s} equal sub-batches")
         # (n, c, h, w) -> (n/s, s*c, h, w): image i's channels land in group i % s, so one
         # batch_norm call normalises every sub-batch with its own statistics.
-        tracked = self.track_running_stats
-        mean = self.running_mean.repeat(s) if tracked else None
-        var = self.running_var.repeat(s) if tracked else None
+        running_mean, running_var = self.running_mean, self.running_var  # None unless tracked
+        mean = running_mean.repeat(s) if running_mean is not None else None
+        var = running_var.repeat(s) if running_var is not None else None
         weight = self.weight.repeat(s) if self.affine else None
         bias = self.bias.repeat(s) if self.affine else None
         y = F.batch_norm(x.reshape(n // s, s * c, h, w), mean, var, weight, bias, True, self._track_batch(), self.eps)
-        if tracked:
+        if running_mean is not None and running_var is not None and mean is not None and var is not None:
             with torch.no_grad():
-                self.running_mean.copy_(mean.view(s, c).mean(0))
-                self.running_var.copy_(var.view(s, c).mean(0))
+                running_mean.copy_(mean.view(s, c).mean(0))
+                running_var.copy_(var.view(s, c).mean(0))
         # Not a view of y: the ReLU(inplace=True) that follows would otherwise make autograd
         # rebuild the view in backward (AsStrided + CopySlices: a copy of every activation).
         return torch.ops.aten._unsafe_view(y, (n, c, h, w)) if y.is_contiguous() else y.reshape(n, c, h, w)
 
     def _track_batch(self) -> float:
         """Count this batch, as BatchNorm does; returns the running statistics' update factor."""
-        if not self.track_running_stats:
+        count = self.num_batches_tracked  # None unless tracked
+        if count is None:
             return 0.0
-        self.num_batches_tracked.add_(1)
+        count.add_(1)
         if self.momentum is None:  # cumulative moving average, as BatchNorm
-            return 1.0 / float(self.num_batches_tracked)
+            return 1.0 / float(count)
         return self.momentum
 
 
@@ -68,7 +73,7 @@ def has_batch_norm(module: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
 
 
-def split_batch_norm(module: nn.Module, splits: int) -> nn.Module:
+def split_batch_norm(module: M, splits: int) -> M:
     """Replace every BatchNorm2d of ``module`` (in place) by a SplitBatchNorm2d that holds the
     same parameters and buffers. splits=1 leaves the module untouched."""
     if splits == 1:
@@ -88,6 +93,11 @@ def split_batch_norm(module: nn.Module, splits: int) -> nn.Module:
         else:
             split_batch_norm(child, splits)
     return module
+
+
+def max_splits(module: nn.Module) -> int:
+    """The most sub-batches a BatchNorm of ``module`` normalises apart (1: no split BN)."""
+    return max([m.splits for m in module.modules() if isinstance(m, SplitBatchNorm2d)], default=1)
 
 
 def default_splits(batch_per_rank: int, world_size: int) -> int:

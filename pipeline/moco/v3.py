@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from pipeline.moco.builder import similarities
 from pipeline.moco.distributed import gather_all, rank
 from pipeline.moco.method import Method
 from pipeline.moco.momentum import momentum_diagnostics, momentum_update
+
+if TYPE_CHECKING:
+    from pipeline.models import Encoder
 
 
 def ctr_loss(q: torch.Tensor, k: torch.Tensor, T: float):
@@ -24,7 +29,7 @@ def ctr_loss(q: torch.Tensor, k: torch.Tensor, T: float):
     key i, i.e. column rank * N + i. Returns (loss scaled by 2T, logits, target)."""
     q, k = F.normalize(q, dim=1), F.normalize(k, dim=1)
     k_all = gather_all(k)
-    logits = q @ k_all.T / T
+    logits = similarities(q, k_all) / T
     target = torch.arange(q.shape[0], device=q.device) + rank() * q.shape[0]
     return F.cross_entropy(logits, target) * (2 * T), logits, target
 
@@ -38,7 +43,7 @@ class MoCoV3(Method):
     has_momentum_encoder = True
     sync_batch_norm = True  # its heads (and ResNet backbone) normalise over the global batch
 
-    def __init__(self, encoder: nn.Module, predictor: nn.Module, T: float = 1.0, m: float = 0.99):
+    def __init__(self, encoder: Encoder, predictor: nn.Module, T: float = 1.0, m: float = 0.99):
         super().__init__()
         self.T, self.m0, self.m = T, m, m
         self.encoder_q = encoder  # backbone + projector

@@ -1,0 +1,52 @@
+"""The GPU fast path of a training step, as one switch (``pretrain.fast_path``): ResNets in
+channels_last memory format and the forward pass under bf16 autocast.
+
+Both pay off on tensor cores and only cost time on most CPUs, so ``auto`` turns the fast path
+on for CUDA devices only; ``on`` forces it on any device, which is how the tests run the very
+lines a GPU runs on a CPU (torch has channels_last and bf16 autocast on CPU too).
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+from pipeline.layout import is_resnet
+
+M = TypeVar("M", bound=nn.Module)
+
+SETTINGS = ("auto", "on", "off", True, False)  # the schema's enum (YAML reads a bare on/off as a bool)
+
+
+class FastPath:
+    def __init__(self, setting: str | bool, device: torch.device, backbone: str, bn_splits: int = 1):
+        if setting not in SETTINGS:
+            raise ValueError(f"pretrain.fast_path must be one of {SETTINGS}, not {setting!r}")
+        self.on = setting in ("on", True) or (setting == "auto" and device.type == "cuda")
+        # Split BN (bn_splits > 1, pipeline.moco.split_bn) regroups the batch into channels: from
+        # channels_last that reshape copies every activation it normalises, which cost more
+        # than channels_last saved (python -m pipeline.bench step --fast-path on: the guarded
+        # v2 step x1.55 slower on CPU, x1.03 with the BN outputs copied back): such models stay
+        # contiguous, where the reshape is a view.
+        self.channels_last = self.on and is_resnet(backbone) and bn_splits == 1
+        self.device_type = device.type
+
+    def autocast(self) -> torch.autocast:
+        """The forward pass's context: bf16 autocast on the fast path, a no-op off it."""
+        return torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.on)
+
+    def model(self, model: M) -> M:
+        """The model in the path's memory format (in place, as ``Module.to``)."""
+        return model.to(memory_format=torch.channels_last) if self.channels_last else model
+
+    def images(self, x: torch.Tensor) -> torch.Tensor:
+        """A batch of images in the path's memory format."""
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def describe(self) -> str:
+        if not self.on:
+            return f"off (fp32, contiguous) on {self.device_type}"
+        layout = "channels_last" if self.channels_last else "contiguous (not a ResNet, or split BN)"
+        return f"on: bf16 autocast, {layout}, on {self.device_type}"
