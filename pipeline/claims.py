@@ -132,9 +132,10 @@ def past_plateau(c: Cells, role: str = "reference") -> str | None:
     accuracy claim, or None: a seed that failed, or whose linear top-1 is within (or below)
     random init's CI, is still on the plateau where the pretext loss sits near chance and the
     encoder is no better than a random one."""
-    rand = c.value("random")
-    if rand.half is None:
-        return f"needs ≥ 2 random-init seeds to tell a trained encoder from a random one (has {rand.n})"
+    random = c.value("random")
+    rand = random.estimate
+    if rand is None or rand.half is None:
+        return f"needs ≥ 2 random-init seeds to tell a trained encoder from a random one (has {random.n})"
     ref = c.value(role)
     stuck = {s: v for s, v in c.by_seed(role, METRIC).items() if v <= rand.mean + rand.half}
     stuck_failed = len(ref.failed_seeds)
@@ -145,7 +146,7 @@ def past_plateau(c: Cells, role: str = "reference") -> str | None:
     failed = f"{stuck_failed} failed" if stuck_failed else ""
     return (
         f"{len(stuck) + stuck_failed} of {n} seeds of {c.ids[role]} still on the plateau "
-        f"({'; '.join(x for x in (seeds, failed) if x)}; random init {rand.estimate.text()}): needs a longer run"
+        f"({'; '.join(x for x in (seeds, failed) if x)}; random init {rand.text()}): needs a longer run"
     )
 
 
@@ -166,6 +167,8 @@ def compare_roles(c: Cells, a: str, b: str, direction: int, magnitude: float | N
     (by at least ``magnitude``). A seed that failed on either side makes it inconclusive."""
     d = delta(c.value(a), c.value(b))
     label = f"{c.ids[a]} − {c.ids[b]}"
+    if d is None:
+        return Comparison(label, INCONCLUSIVE, f"{label}: not computed")
     shown = "no pair" if d.estimate is None else d.estimate.text(signed=True)
     if d.failed:
         return Comparison(label, INCONCLUSIVE, f"{label}: Δ {shown}, {d.failed} of {d.pairs} seeds failed")
@@ -349,7 +352,7 @@ def slow_momentum(c: Cells) -> Claim:
     verdict = gate(c, "slow_m")
     if verdict:
         return Claim(text, SEED_BLOG, needs, "", verdict, c.cells(*roles))
-    return accuracy_claim(text, SEED_BLOG, needs, [compare_roles(c, *roles, direction=-1)], c.cells(*roles))
+    return accuracy_claim(text, SEED_BLOG, needs, [compare_roles(c, roles[0], roles[1], direction=-1)], c.cells(*roles))
 
 
 def longer_schedule(c: Cells) -> Claim:

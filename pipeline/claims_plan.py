@@ -48,7 +48,7 @@ class Budget:
 
     @property
     def steps(self) -> int | None:
-        return None if self.images is None else self.epochs * self.steps_per_epoch
+        return None if self.images is None else self.epochs * (self.images // self.batch)
 
 
 UNKNOWN = "the training set's size is unknown"
@@ -58,7 +58,7 @@ def ema_steps(b: Budget, m: float) -> tuple[str, str | None]:
     """(needs, why not decidable or None): a run HALF_LIVES EMA half-lives of m long."""
     need = math.ceil(HALF_LIVES * half_life(m))
     text = f"≥ {need:,} steps ({HALF_LIVES} EMA half-lives of m = {m:g})"
-    if b.steps is None:
+    if b.steps is None or b.steps_per_epoch is None:
         return text, UNKNOWN
     if b.steps >= need:
         return text, None

@@ -47,7 +47,11 @@ def lock_entries(text: str) -> dict[str, str]:
 
 def locked_versions(text: str) -> dict[str, str]:
     """name -> the version the lock pins."""
-    return {name: PIN.match(entry)[2] for name, entry in lock_entries(text).items()}
+    pins = {name: PIN.match(entry) for name, entry in lock_entries(text).items()}
+    unpinned = sorted(name for name, pin in pins.items() if pin is None)
+    if unpinned:
+        raise ValueError(f"the lock has entries without an exact version: {unpinned}")
+    return {name: pin[2] for name, pin in pins.items() if pin is not None}
 
 
 def installed_versions() -> dict[str, str]:

@@ -199,7 +199,9 @@ def train_images(cfg: dict) -> tuple[int, str]:
     else:
         note = f"; no conversion report yet ({report})"
     if source == "synthetic":
-        return training_set_size(cfg), "the synthetic dataset's config" + note
+        size = training_set_size(cfg)
+        assert size is not None  # the synthetic dataset's size follows from its config
+        return size, "the synthetic dataset's config" + note
     key = "stl10+unlabeled" if source == "stl10" and ds.get("stl10_unlabeled") else source
     count, what = TRAIN_IMAGES[key]
     return count, what + note

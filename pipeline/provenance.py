@@ -22,7 +22,8 @@ KEY_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
 
 def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
     """{"model": ..., "flags": the KEY_FLAGS present} of the first processor listed."""
-    model, flags = None, []
+    model: str | None = None
+    flags: list[str] = []
     try:
         for line in cpuinfo.read_text(errors="replace").splitlines():
             key, _, val = line.partition(":")
@@ -38,7 +39,7 @@ def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
 
 
 def versions() -> dict:
-    out = {}
+    out: dict[str, str | None] = {}
     for lib in LIBRARIES:
         try:
             out[lib] = metadata.version(lib)

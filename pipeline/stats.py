@@ -99,8 +99,9 @@ def judge(delta: Estimate | None, direction: int = 1, magnitude: float | None = 
         return INCONCLUSIVE, "no pair of runs to compare"
     if delta.half is None:
         return INCONCLUSIVE, f"n = {delta.n}: no interval"
-    lo, hi = sorted((direction * delta.lo, direction * delta.hi))
-    ci = f"95 % CI [{delta.lo:+.1f}, {delta.hi:+.1f}]"
+    low, high = delta.mean - delta.half, delta.mean + delta.half
+    lo, hi = sorted((direction * low, direction * high))
+    ci = f"95 % CI [{low:+.1f}, {high:+.1f}]"
     if hi < 0:
         return CONTRADICTED, f"{ci} excludes 0 on the other side"
     if lo <= 0:

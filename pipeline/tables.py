@@ -50,6 +50,7 @@ def fmt(v: Value, decimals: int = 1) -> str:
     if v.status == "fail":
         return f"{FAIL} ({v.failed} of {v.failed})"
     failed = f"; {v.failed} of {v.n + v.failed} failed" if v.failed else ""
+    assert v.estimate is not None  # status "ok": n > 0, so there is a mean
     return v.estimate.text(decimals, extra=failed)
 
 
@@ -143,8 +144,8 @@ def to_csv(table: Table) -> str:
         for v in r.values:
             nums += [_num(v.mean), _num(v.std), _num(v.half), v.n, v.failed]
         if compared:
-            e = r.delta and r.delta.estimate
-            nums += [_num(e and e.mean), _num(e and e.half), e.n if e else 0, r.delta.failed if r.delta else 0]
+            e = r.delta.estimate if r.delta else None
+            nums += [_num(e.mean if e else None), _num(e.half if e else None), e.n if e else 0, r.delta.failed if r.delta else 0]
         w.writerow(r.keys + nums + [row_status(r.values), ";".join(r.cells), table.provenance, table.environment])
     return buf.getvalue()
 
