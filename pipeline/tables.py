@@ -145,7 +145,12 @@ def to_csv(table: Table) -> str:
             nums += [_num(v.mean), _num(v.std), _num(v.half), v.n, v.failed]
         if compared:
             e = r.delta.estimate if r.delta else None
-            nums += [_num(e.mean if e else None), _num(e.half if e else None), e.n if e else 0, r.delta.failed if r.delta else 0]
+            nums += [
+                _num(e.mean if e else None),
+                _num(e.half if e else None),
+                e.n if e else 0,
+                r.delta.failed if r.delta else 0,
+            ]
         w.writerow(r.keys + nums + [row_status(r.values), ";".join(r.cells), table.provenance, table.environment])
     return buf.getvalue()
 
