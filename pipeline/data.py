@@ -18,6 +18,7 @@ CPU FFCV's normalisation hangs (FFCV issue #396).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -198,6 +199,31 @@ def _restore_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+@functools.cache
+def _ffcv_loader_class():
+    """FFCV's Loader, keeping the stage's torch thread count: its ``__iter__`` sets torch's
+    threads to the loader's workers at every epoch (ffcv.pipeline.compiler), so that a job with
+    1 torch thread and 2 workers trained on 2 threads from its first epoch on."""
+    from ffcv.loader import Loader
+
+    class ThreadKeepingLoader(Loader):
+        torch_threads: int | None = None
+
+        def __iter__(self):
+            iterator = super().__iter__()
+            _restore_threads(self.torch_threads)
+            return iterator
+
+    return ThreadKeepingLoader
+
+
+def _ffcv_loader(*args, threads: int | None, **kwargs):
+    loader = _ffcv_loader_class()(*args, **kwargs)
+    loader.torch_threads = threads
+    _restore_threads(threads)
+    return loader
+
+
 def _int_pipeline():
     from ffcv.fields.basics import IntDecoder
     from ffcv.transforms import Squeeze, ToTensor
@@ -221,7 +247,7 @@ def _ffcv_views(
     indices=None,
 ):
     path = _beton(path)
-    from ffcv.loader import Loader, OrderOption
+    from ffcv.loader import OrderOption
     from ffcv.pipeline import PipelineSpec
     from ffcv.transforms import ToTensor, ToTorchImage
 
@@ -234,8 +260,9 @@ def _ffcv_views(
     if views == 2:
         pipelines["image2"] = PipelineSpec("image", decoder=view(2), transforms=[ToTensor(), ToTorchImage()])
     # RANDOM, not QUASI_RANDOM: the latter raises NotImplementedError with distributed=True.
-    loader = Loader(
+    return _ffcv_loader(
         path,
+        threads=threads,
         batch_size=batch_size,
         num_workers=workers,
         order=OrderOption.RANDOM,
@@ -245,14 +272,12 @@ def _ffcv_views(
         pipelines=pipelines,
         indices=None if indices is None else np.asarray(indices, dtype=np.int64),
     )
-    _restore_threads(threads)
-    return loader
 
 
 def _ffcv_eval(path, batch_size, crop_size, workers, crop_ratio, threads, distributed, order, seed, drop_last):
     path = _beton(path)
     from ffcv.fields.rgb_image import CenterCropRGBImageDecoder
-    from ffcv.loader import Loader, OrderOption
+    from ffcv.loader import OrderOption
     from ffcv.transforms import ToTensor, ToTorchImage
 
     pipelines = {
@@ -260,8 +285,9 @@ def _ffcv_eval(path, batch_size, crop_size, workers, crop_ratio, threads, distri
         "label": _int_pipeline(),
         "index": _int_pipeline(),
     }
-    loader = Loader(
+    return _ffcv_loader(
         path,
+        threads=threads,
         batch_size=batch_size,
         num_workers=workers,
         order=OrderOption.RANDOM if order == "random" else OrderOption.SEQUENTIAL,
@@ -270,8 +296,6 @@ def _ffcv_eval(path, batch_size, crop_size, workers, crop_ratio, threads, distri
         drop_last=drop_last,
         pipelines=pipelines,
     )
-    _restore_threads(threads)
-    return loader
 
 
 # --- torchvision ---------------------------------------------------------------------------

@@ -41,6 +41,21 @@ def test_two_views_every_sample_once(ffcv_small):
     assert len(set(seen)) == len(seen)
 
 
+def test_iterating_keeps_the_stages_torch_threads(ffcv_small):
+    """FFCV's Loader sets torch's thread count to its workers at every epoch; a job that asked
+    for 1 torch thread and 2 loader workers must still train on 1 thread."""
+    before = torch.get_num_threads()
+    try:
+        for make in (two_view_loader, eval_loader):
+            torch.set_num_threads(1)
+            loader = make(ffcv_small / "train.beton", batch_size=8, crop_size=16, workers=2, threads=1)
+            for _epoch in range(2):
+                for _batch in loader:
+                    assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
