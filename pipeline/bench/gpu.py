@@ -96,6 +96,7 @@ def main(argv=None) -> dict:
             "variant": "v2",
             "backbone": "resnet50",
             "width": 8 if args.dry else 64,
+            "cifar_stem": False,  # the ImageNet stem at 224 px, as the papers' throughput
             "dim": 128,
             "K": 64 * batch,
             "m": 0.999,
