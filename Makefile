@@ -7,7 +7,7 @@ VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: demo test setup setup-test lock dag lint tables clean
+.PHONY: demo test coverage setup setup-test lock dag lint tables clean
 
 demo: setup
 	snakemake
@@ -15,7 +15,12 @@ demo: setup
 	@echo; echo "All tables: results/tables/   per-cell outputs: results/cells/<cell>/"
 
 test: setup-test
-	python -m pytest $(PYTEST_ARGS)
+	python -m pytest --cov --cov-report= $(PYTEST_ARGS)
+
+# CI, after make test: every line of pipeline/ the suite never ran must be a CUDA-only line of
+# .ci/coverage-allowlist.txt (with its reason); prints the coverage figure
+coverage: setup-test
+	python .ci/coverage_gate.py
 
 setup:
 	@bash .ci/setup.sh demo
