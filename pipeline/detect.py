@@ -407,6 +407,28 @@ def evaluate(split: DetectionSplit, detections: list[dict], dc: Detect | dict) -
     }
 
 
+def sync_batchnorm(detector: nn.Module, dc: Detect, world_size: int, device: torch.device) -> tuple[nn.Module, bool]:
+    """(the detector, whether synced): with BN fine-tuned over several GPU ranks, every
+    BatchNorm becomes SyncBatchNorm (statistics over the images of every rank: the paper's
+    SyncBN); elsewhere (gloo on CPU has no SyncBN) each rank normalises its own images."""
+    synced = world_size > 1 and dc.norm == "bn" and device.type == "cuda"
+    if synced:
+        detector = nn.SyncBatchNorm.convert_sync_batchnorm(detector)
+    return detector, synced
+
+
+def per_rank_batch(dc: Detect, world_size: int) -> int:
+    """Images per rank and step: detect.batch_size split evenly over the ranks."""
+    if dc.batch_size % world_size:
+        raise ConfigError(f"detect.batch_size={dc.batch_size} is not a multiple of the {world_size} ranks")
+    return dc.batch_size // world_size
+
+
+def ddp_device_ids(device: torch.device) -> list[int] | None:
+    """DDP's device_ids: the rank's one GPU; None on CPU (DDP rejects ids for CPU modules)."""
+    return [device.index] if device.type == "cuda" else None
+
+
 def normalisation(dc: Detect, synced: bool, world_size: int) -> str:
     """Which statistics normalise the fine-tuned detector's features, over how many images."""
     per_rank = dc.batch_size // world_size
@@ -437,13 +459,9 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
     env = distributed.init()  # one process, or one per GPU under torchrun (detect.ranks)
     device = distributed.rank_device(env.local_rank)
     cpus.use(dc.threads, device.type, dc.workers or None)  # torch threads; decoding: detect.workers
-    synced = env.world_size > 1 and dc.norm == "bn" and device.type == "cuda"
-    if synced:  # BN statistics over the images of every rank: the paper's SyncBN
-        detector = nn.SyncBatchNorm.convert_sync_batchnorm(detector)
+    detector, synced = sync_batchnorm(detector, dc, env.world_size, device)
     detector.to(device)
-    if dc.batch_size % env.world_size:
-        raise ConfigError(f"detect.batch_size={dc.batch_size} is not a multiple of the {env.world_size} ranks")
-    per_rank = dc.batch_size // env.world_size
+    per_rank = per_rank_batch(dc, env.world_size)
     sampler: torch.utils.data.Sampler | None = (
         torch.utils.data.DistributedSampler(
             train_set, env.world_size, env.rank, shuffle=True, seed=seed, drop_last=True
@@ -471,7 +489,7 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
     start = time.time()
     watch.mark("setup")
     model = (
-        nn.parallel.DistributedDataParallel(detector, device_ids=[device.index] if device.type == "cuda" else None)
+        nn.parallel.DistributedDataParallel(detector, device_ids=ddp_device_ids(device))
         if env.world_size > 1
         else detector
     )
