@@ -214,10 +214,6 @@ def main(argv=None) -> None:
     print(f"[detection_data] {args.coco} -> {args.out} (VOC2007 trainval / test)")
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _text(node: ET.Element | None, key: str) -> str:
     """The text of ``node``'s child ``key``; a missing one makes the file malformed (ValueError)."""
     text = None if node is None else node.findtext(key)
@@ -245,3 +241,7 @@ def _voc_annotation(path: Path, class_id: dict) -> tuple[int, int, list]:
     except (ET.ParseError, AttributeError, TypeError, ValueError) as err:
         raise DetectionDataError(f"{path}: malformed VOC annotation ({type(err).__name__}: {err})") from None
     return width, height, objects
+
+
+if __name__ == "__main__":
+    main()
