@@ -190,8 +190,8 @@ class Resources:
     backbone_cost: dict = field(default_factory=dict)  # epoch cost vs a ResNet-18; unset: grid.BACKBONE_COST
 
 
-# the grid's experiment design, which config.yaml sets for the demo; absent, no sweep
-DESIGN = ("one_at_a_time", "product", "baselines")
+# the grid's experiment design, which config.yaml sets for the demo; absent, no sweep, one seed
+DESIGN = ("one_at_a_time", "product", "baselines", "seeds", "only")
 
 
 @dataclass(frozen=True, kw_only=True)
