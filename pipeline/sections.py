@@ -70,9 +70,9 @@ class Pretrain:
     K: int = 256  # queue size (negatives)
     m: float = 0.99  # key encoder momentum
     T: float = 0.2  # softmax temperature
-    epochs: int = 10
+    epochs: int = 13
     batch_size: int = 64  # global batch
-    lr: float = 0.06
+    lr: float = 0.015
     optimizer: str = "auto"  # auto: sgd (v1/v2), lars (v3 ResNet), adamw (v3 ViT)
     weight_decay: float = 0.0005
     sgd_momentum: float = 0.9
@@ -129,7 +129,7 @@ class Voc:
 @dataclass(frozen=True, kw_only=True)
 class Detect:
     enabled: bool = True
-    cells: tuple[str, ...] = ("base", "method=random", "method=supervised")  # or ("all",)
+    cells: tuple[str, ...] = ("base",)  # or ("all",)
     root: str | None = None  # COCO folder or VOCdevkit; None: the embedded scenes
     dataset: str = "auto"  # layout of root: auto | coco | voc
     voc: Voc = field(default_factory=Voc)
@@ -211,6 +211,6 @@ class Claims:
     """snakemake claims: cells around the base trained ``epochs``, and ``long_epochs`` once."""
 
     epochs: int = 5
-    long_epochs: int = 10
+    long_epochs: int = 13
     m: tuple = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999)
     K: tuple = (256, 1024)  # each under FIFO and random replacement

@@ -49,7 +49,7 @@ OLD = {  # the demo's base recipe before this study (issue 30: learnt on 1 seed 
         "lr": 0.06,
         "warmup_epochs": 0,
         "batch_size": 64,
-        "bn_splits": None,  # one process: 4 sub-batches of 16
+        "bn_splits": 4,  # 4 sub-batches of 16 (then the default in one process)
         "T": 0.2,
         "crop_scale_min": 0.5,
         "width": 16,
