@@ -312,7 +312,7 @@ def plot(rows: list[dict], out: Path) -> None:
     ax.set_xlabel("pretraining seconds on the slow CPU (AMD EPYC, AVX2; estimated from images trained)")
     ax.set_ylabel("linear top-1 on held-out training images (%)")
     ax.set_title("Recipe study: mean and min-max over seeds (dashed: the bar)")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     for ext in ("png", "pdf"):
         fig.savefig(out / f"recipe.{ext}")
