@@ -69,6 +69,8 @@ CANDIDATES = {
     "b32_lr0.03_bn2": {"batch_size": 32, "lr": 0.03, "bn_splits": 2},
     "lr0.015_bn2_crop0.2": {"lr": 0.015, "bn_splits": 2, "crop_scale_min": 0.2},
     "lr0.015_bn2_e13": {"lr": 0.015, "bn_splits": 2, "epochs": 13},  # the whole 5 minutes
+    "lr0.03_bn2_e13": {"lr": 0.03, "bn_splits": 2, "epochs": 13},
+    "lr0.015_bn2_e13_T0.5": {"lr": 0.015, "bn_splits": 2, "epochs": 13, "T": 0.5},
 }
 # the knobs a candidate may set: none defines an ablation (K, m, the BN-leak guard, aug, ...)
 STUDY_KNOBS = {"lr", "warmup_epochs", "batch_size", "bn_splits", "T", "crop_scale_min", "width", "epochs"}
