@@ -160,7 +160,8 @@ def test_guard_is_on_by_default_and_off_without_batch_norm():
 
 
 def test_guard_geometry():
-    assert default_splits(64, 1) == 4  # the demo: 4 sub-batches of 16
+    assert default_splits(64, 1) == 2  # the demo: 2 sub-batches of 32 (at least 32 images each)
+    assert default_splits(128, 1) == 4
     assert default_splits(512, 1) == 8  # the official single-GPU demo: 8 of 64
     assert default_splits(16, 1) == 2
     assert default_splits(256, 8) == 1  # across ranks ShuffleBN alone

@@ -138,7 +138,7 @@ def test_symmetric_loss_is_checked(cfg, pretrain, expect):
         ("grid", {"supervised": {"aug": "imagenet"}}, r"grid.supervised.aug': 'imagenet' is not one of \['v1'"),
         ("grid", {"supervised": {"optimizer": "rmsprop"}}, r"is not one of \['auto', 'sgd', 'lars', 'adamw'\]"),
         ("pretrain", {"lr_step_epochs": [8, 4]}, r"lr_step_epochs=\[8, 4\] must increase"),
-        ("pretrain", {"lr_step_epochs": [4, 10]}, r"stay below epochs=10"),
+        ("pretrain", {"epochs": 10, "lr_step_epochs": [4, 10]}, r"stay below epochs=10"),
     ],
 )
 def test_supervised_recipe_and_step_epochs_are_checked(cfg, where, value, expect):

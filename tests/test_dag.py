@@ -49,7 +49,7 @@ def test_override_reports_the_real_problem(tmp_path):
 
 def test_only_the_chosen_cells_run(tmp_path):
     out = dry_run(tmp_path, "grid={only: [base, method=random, method=supervised]}").stdout
-    assert pretraining_jobs(jobs_planned(out)) == 3
+    assert pretraining_jobs(jobs_planned(out)) == 3 * 3  # config.yaml's grid.seeds: 3 of each
     assert "cells/K=1024/" not in out and "cells/method=random/" in out
     proc = dry_run(tmp_path, "grid={only: [K=999]}", check=False)
     assert "grid.only: ['K=999'] not in the grid" in proc.stdout + proc.stderr
@@ -130,7 +130,7 @@ def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost
     from pipeline.grid import claims_cells, group_id
 
     default = jobs_planned(dry_run(tmp_path).stdout)
-    assert default["probe"] == 6 and "claims" not in default  # the grid's 6 cells, as before the claims
+    assert default["probe"] == 6 and "claims" not in default  # the demo's base and random init, 3 seeds each
     claims = jobs_planned(dry_run(tmp_path, target=["claims"]).stdout)
     cells = claims_cells(validate(load_yaml(DEFAULT_CONFIG)))
     # pretraining and probe of each claims cell (the base cell among them), no detection transfer;

@@ -1,0 +1,86 @@
+"""The recipe study (python -m pipeline.bench recipe): its held-out split, its candidates' knobs
+and its summary (no training here; the study itself is run by hand, see README)."""
+
+import pytest
+import torch
+
+
+def test_held_out_split_takes_a_fixed_fifth_of_each_class():
+    from pipeline.bench.recipe import held_out_mask
+
+    labels = torch.tensor([0] * 10 + [1] * 5 + [2] * 3)
+    mask = held_out_mask(labels)
+    # 20 % of 10, of 5 and of 3 (rounded down, at least one): 2, 1 and 1 images
+    assert [int(mask[labels == c].sum()) for c in (0, 1, 2)] == [2, 1, 1]
+    assert torch.equal(mask, held_out_mask(labels))  # the same images on every call
+
+
+def test_candidates_vary_no_ablation_knob(repo):
+    import yaml
+
+    from pipeline.bench import recipe
+
+    cfg = yaml.safe_load((repo / "workflow/config/config.yaml").read_text())
+    ablations = set(cfg["grid"]["one_at_a_time"]) | set(cfg["grid"]["product"]) | {"m", "K", "shuffle_bn", "aug"}
+    for name in recipe.CANDIDATES:
+        run_cfg, synthetic = recipe.candidate_config(name, seed=3, threads=1)
+        p = run_cfg["pretrain"]
+        assert p["seed"] == 3 and p["knn_every"] == 0  # the kNN monitor would read the val split
+        assert {k: p[k] for k in ablations if k in p} == {k: cfg["pretrain"][k] for k in ablations if k in p}, name
+        assert run_cfg["data"]["crop_size"] == synthetic["image_size"]
+
+
+def test_a_candidate_outside_the_study_knobs_is_refused(monkeypatch):
+    from pipeline.bench import recipe
+
+    monkeypatch.setitem(recipe.CANDIDATES, "bigger_queue", {"K": 1024})
+    with pytest.raises(ValueError, match="sets \\['K'\\]"):
+        recipe.candidate_config("bigger_queue", seed=0, threads=1)
+
+
+def test_summary_reports_mean_spread_failures_and_the_slow_cpu_estimate():
+    from pipeline.bench.recipe import summarise
+
+    def row(name, linear, knn, seconds, failure=""):
+        return {
+            "candidate": name,
+            "heldout_linear_top1": linear,
+            "heldout_knn_top1": knn,
+            "pretrain_s": seconds,
+            "steps": "400",
+            "failure": failure,
+        }
+
+    rows = [row("old", "60", "50", "100"), row("old", "70", "40", "110"), row("lr0.06_bn2", "20", "18", "50", "x")]
+    old, other = summarise(rows)
+    assert (old["n"], old["linear_mean"], old["linear_min"], old["linear_max"], old["knn_mean"]) == (
+        2,
+        65.0,
+        60,
+        70,
+        45,
+    )
+    # 400 steps of 64 images on the slow CPU: 218 s, the README's 206 s and 229 s of the old base cell
+    assert (old["seconds"], old["slow_cpu_s"], old["failed"]) == (105, 218, 0)
+    assert (other["n"], other["failed"]) == (1, 1)
+
+
+def test_the_choice_takes_the_best_worst_seed_within_the_bar():
+    from pipeline.bench.recipe import choose
+
+    def cand(name, n, worst, mean, slow_s, failed=0):
+        return {
+            "candidate": name,
+            "n": n,
+            "linear_min": worst,
+            "linear_mean": mean,
+            "slow_cpu_s": slow_s,
+            "failed": failed,
+        }
+
+    fast = cand("fast", 3, 55.0, 58.0, 250)
+    assert choose([fast, cand("slow", 3, 70.0, 75.0, 400)]) == ("fast", False)  # 400 s: past the 5 minutes
+    assert choose([fast, cand("lucky", 1, 80.0, 80.0, 200)]) == ("fast", False)  # one seed is a screen
+    assert choose([fast, cand("broke", 3, 65.0, 70.0, 250, failed=1)]) == ("fast", False)
+    assert choose([fast, cand("sure", 3, 61.0, 62.0, 290)]) == ("sure", True)  # every seed >= 60
+    assert choose([cand("random_init", 3, 17.0, 18.0, 0)]) == (None, False)  # the untrained encoder
