@@ -258,3 +258,9 @@ def test_environment_cli(tmp_path, capsys):
     assert "pyyaml: locked 0.0.1, installed " in err and "not-a-real-package: locked 1.0, installed None" in err
     with pytest.raises(SystemExit, match="not in the lock: nope"):
         environment.subset(TINY_LOCK, ["nope"])
+
+
+def test_a_line_without_an_exact_pin_is_no_entry_of_the_lock():
+    # an entry starts only at name==version: the unpinned line (and its hash) belongs to none
+    lock = "pyyaml>=6 \\\n    --hash=sha256:aaaa\nfoo==1.0 \\\n    --hash=sha256:bbbb\n"
+    assert environment.locked_versions(lock) == {"foo": "1.0"}
