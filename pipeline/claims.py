@@ -97,9 +97,7 @@ class Cells:
     def by_seed(self, role: str, key: str, failed_too: bool = False) -> dict[int, float]:
         """seed -> a cell's value of ``key`` (a metric or a last-epoch log value), the failed
         seeds' too when asked (their probe still ran: m = 0's direct measure)."""
-        g = self.group(role)
-        if g is None or key not in g.cells:
-            return {}
+        g = self.gs[self.ids[role]]  # every caller's gate saw the role run; each cell row has every key
         rows = g.cells if failed_too else g.cells[g.cells["status"] != "fail"]
         vals = {seed_of(c): pd.to_numeric(c[key], errors="coerce") for _, c in rows.iterrows()}
         return {s: float(v) for s, v in vals.items() if not pd.isna(v)}
@@ -167,8 +165,7 @@ def compare_roles(c: Cells, a: str, b: str, direction: int, magnitude: float | N
     (by at least ``magnitude``). A seed that failed on either side makes it inconclusive."""
     d = delta(c.value(a), c.value(b))
     label = f"{c.ids[a]} − {c.ids[b]}"
-    if d is None:
-        return Comparison(label, INCONCLUSIVE, f"{label}: not computed")
+    assert d is not None  # the claim's gate saw both roles run: neither value is missing
     shown = "no pair" if d.estimate is None else d.estimate.text(signed=True)
     if d.failed:
         return Comparison(label, INCONCLUSIVE, f"{label}: Δ {shown}, {d.failed} of {d.pairs} seeds failed")

@@ -259,9 +259,7 @@ def pretrain_warnings(p: Pretrain | dict, num_samples: int | None) -> list[str]:
 
 def check_dataset(d: dict) -> None:
     if d["source"] != "synthetic":
-        root = d.get("root")
-        if not root:
-            raise ConfigError(f"dataset.root: required when dataset.source is '{d['source']}'")
+        root = d["root"]  # the schema requires it, a non-empty string, for every other source
         if not Path(root).expanduser().is_dir():
             raise ConfigError(f"dataset.root: folder not found: {root}")
 
