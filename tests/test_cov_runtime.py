@@ -9,7 +9,10 @@ from types import SimpleNamespace
 import pytest
 import submitit
 import torch
-from test_distributed import P
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from test_distributed import P, _init, free_port
+from test_fast_path import BASE
 
 from pipeline import checkpoint, launch, preempt
 
@@ -389,3 +392,92 @@ def test_parameter_sketch_follows_its_module_to_another_device():
     out = sketch()
     assert out.device.type == "meta" and out.shape == (8,)
     assert {b.device.type for b in sketch.bins + sketch.signs} == {"meta"}
+
+
+# --- across two gloo ranks: gradients through the gather, the bank's shared negatives -------------
+def _two_rank_gather_worker(rank, world, port, out):
+    from pipeline.moco.distributed import gather_with_grad
+
+    _init(rank, world, port)
+    x = torch.full((2, 1), rank + 1.0, requires_grad=True)
+    gathered = gather_with_grad(x)
+    (gathered * torch.arange(4.0)[:, None]).sum().backward()
+    bank = tiny_model(mechanism="memory_bank", K=16)  # the same bank on every rank (seed 0)
+    torch.manual_seed(10 + rank)  # the draw of negatives, different on each rank unless shared
+    x1, _ = views(4)
+    _, logits, _ = bank(x1, x1, torch.arange(4))
+    torch.save({"gathered": gathered.detach(), "grad": x.grad, "logits": logits.detach()}, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_two_ranks_share_gathered_keys_gradients_and_bank_negatives(tmp_path):
+    mp.spawn(_two_rank_gather_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    for r in (r0, r1):
+        assert r["gathered"].flatten().tolist() == [1.0, 1.0, 2.0, 2.0]  # rank 0's rows, then rank 1's
+    # d(sum_i w_i * gathered_i)/dx on each rank, w = 0, 1, 2, 3: both ranks' sums flow back to
+    # the rows they gathered, each rank's own rows: 2 x (0, 1) and 2 x (2, 3)
+    assert r0["grad"].flatten().tolist() == [0.0, 2.0] and r1["grad"].flatten().tolist() == [4.0, 6.0]
+    # the same queries and bank on both ranks: equal logits only if the negatives are the same
+    assert torch.equal(r0["logits"], r1["logits"])
+
+
+# --- pipeline.pretrain: the Trainer on the small dataset ------------------------------------------
+def pretrain_cfg(**changes) -> dict:
+    return {"data": {"crop_size": 32, "workers": 1}, "pretrain": {**BASE, **changes}}
+
+
+def trainer(ffcv_small, tmp_path, **changes):
+    from pipeline import distributed
+    from pipeline.pretrain import Trainer
+
+    return Trainer(pretrain_cfg(**changes), ffcv_small, tmp_path / "state", distributed.init(), progress=False)
+
+
+def test_pretrain_compile_wraps_the_network(ffcv_small, tmp_path):
+    """pretrain.compile: the step runs the compiled network. Only the wrapping is checked:
+    compiling the first step takes minutes on a CPU (Inductor builds C++), a GPU run's business."""
+    t = trainer(ffcv_small, tmp_path, compile=True)
+    assert isinstance(t.net, torch._dynamo.eval_frame.OptimizedModule) and t.net._orig_mod is t.model
+
+
+def test_a_batch_larger_than_the_training_set_is_refused(ffcv_small, tmp_path):
+    from pipeline.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"pretrain.batch_size=128 exceeds the training set \(80 images\)"):
+        trainer(ffcv_small, tmp_path, batch_size=128)  # ffcv_small: 10 classes x 8 training images
+
+
+def test_training_stops_at_the_first_diverged_epoch(ffcv_small, tmp_path, monkeypatch, capsys):
+    t = trainer(ffcv_small, tmp_path, epochs=3)
+    row = {"epoch": 1, "loss": float("nan"), "inst_acc": 0.0, "lr": 0.03, "seconds": 0.0}
+    monkeypatch.setattr(t, "run_epoch", lambda skip: None)  # the epoch's steps are not the point
+    monkeypatch.setattr(t, "epoch_row", lambda: dict(row))
+    assert t.train() is False
+    assert t.epoch == 1 and len(t.log_rows) == 1 and t.state_path.is_file()  # the diverged epoch is kept
+    assert "loss diverged at epoch 1: stopping; the cell is reported as failed" in capsys.readouterr().out
+
+
+def test_knn_monitor_without_labelled_training_images_is_nan(ffcv_small, tmp_path, monkeypatch):
+    import math
+
+    from pipeline import pretrain
+
+    t = trainer(ffcv_small, tmp_path)
+    unlabelled = (torch.randn(6, 4), torch.full((6,), -1))  # an unlabeled pretraining set: label -1
+    monkeypatch.setattr(t, "eval_batches", lambda split: split)
+    monkeypatch.setattr(pretrain, "features_of", lambda backbone, batches, device: unlabelled)
+    assert math.isnan(t.knn_monitor())
+
+
+def test_a_key_encoder_that_misses_its_update_is_reported(ffcv_small, tmp_path, monkeypatch, capsys):
+    """The key encoder never takes its momentum update: the stage's EMA replay sees it and
+    warns, and the summary records the failed check."""
+    from pipeline import pretrain
+    from pipeline.moco import builder
+
+    monkeypatch.setattr(builder, "momentum_update", lambda key, query, m: None)
+    summary = pretrain.run(pretrain_cfg(), ffcv_small, tmp_path / "out", tmp_path / "state", progress=False)
+    replay = summary["key_encoder"]["ema_replay"]
+    assert summary["key_encoder"]["holds"] is False and replay["max_relative_error"] > replay["tolerance"]
+    assert "warning: the key encoder check failed" in capsys.readouterr().out
