@@ -206,6 +206,21 @@ def test_a_mid_epoch_state_resumes_only_with_the_same_ranks(tmp_path):
         checkpoint.load_resume_state(path, None, None, env, CPU, {"seed": 1})
 
 
+def test_cuda_rng_streams_resume_on_the_devices_this_process_sees(monkeypatch, capsys):
+    """Saved on 1 GPU, resumed where 2 are seen (CUDA's answers monkeypatched): device 0 gets
+    its stream back and the log says the resume is not exact; with no GPU, nothing is set."""
+    restored = []
+    stream = torch.arange(16, dtype=torch.uint8)
+    checkpoint.set_cuda_rng_states([stream])  # this machine: no CUDA device seen
+    assert "holds the RNG streams of 1 CUDA device(s), this process sees 0" in capsys.readouterr().out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((state, device)))
+    checkpoint.set_cuda_rng_states([stream])
+    assert "holds the RNG streams of 1 CUDA device(s), this process sees 2" in capsys.readouterr().out
+    assert len(restored) == 1 and restored[0][0] is stream and restored[0][1] == 0
+
+
 # --- pipeline.distributed.init: the GPU branches, with CUDA's answers monkeypatched ----------------
 def fake_gpus(monkeypatch, count: int, local_rank: int):
     from pipeline import distributed
