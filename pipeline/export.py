@@ -44,7 +44,10 @@ def torchvision_loading(arch: dict) -> str:
         )
     lines = [f"model = torchvision.models.{name}()"]
     if arch.get("norm") == "gn":
-        lines = [f"model = torchvision.models.{name}(norm_layer=lambda c: torch.nn.GroupNorm(math.gcd(32, c), c))"]
+        lines = [  # the GroupNorm of pipeline.models.group_norm; math: the snippet imports what it adds
+            "import math",
+            f"model = torchvision.models.{name}(norm_layer=lambda c: torch.nn.GroupNorm(math.gcd(32, c), c))",
+        ]
     if arch.get("cifar_stem"):
         lines += [
             "model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)  # CIFAR stem: 3x3, stride 1",

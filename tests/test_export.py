@@ -37,11 +37,12 @@ def run_export(tmp_path, arch):
     return json.loads(out.read_text()), out.parent, ours
 
 
-@pytest.mark.parametrize("cifar_stem", [False, True])
-def test_resnet_loads_into_torchvision_strictly_with_equal_features(tmp_path, cifar_stem):
+@pytest.mark.parametrize("cifar_stem, norm", [(False, "bn"), (True, "bn"), (False, "gn")])
+def test_resnet_loads_into_torchvision_strictly_with_equal_features(tmp_path, cifar_stem, norm):
     import torchvision
 
-    sidecar, folder, ours = run_export(tmp_path, {"backbone": "resnet18", "width": 64, "cifar_stem": cifar_stem})
+    arch = {"backbone": "resnet18", "width": 64, "cifar_stem": cifar_stem, "norm": norm}
+    sidecar, folder, ours = run_export(tmp_path, arch)
     loading = sidecar["files"]["torchvision.pth"]["load"]
     scope = {"torch": torch, "torchvision": torchvision, "path": folder / "torchvision.pth"}
     exec(loading, scope)  # the sidecar's own instructions
