@@ -55,6 +55,7 @@ PAPER_M = [0, 0.5, 0.9, 0.99, 0.999, 0.9999]  # the MoCo paper's momentum rows, 
 MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": "MoCo"}
 METHOD_LABELS = {"moco": "MoCo", "supervised": "supervised", "random": "random init"}
 RANDOM_ID, RANDOM_LABEL = "method=random", METHOD_LABELS["random"]  # the main table's reference
+SUPERVISED_ID = "method=supervised"
 SEPARATE = {"method", "variant", "backbone", "mechanism", "K", "m", "epochs", "seed", "shuffle_bn"}  # own study or none
 # the BN leak's signature (paper 3.3): without the guard the pretext task gets easier (instance
 # accuracy up) while the representation gets worse (probe accuracy down)
@@ -466,7 +467,7 @@ def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
         if "mechanism" not in g.diff and (g.id == BASE_ID or set(g.diff) & {"method", "variant", "backbone"})
     ]
     base = gs[BASE_ID].params if BASE_ID in gs else {}
-    for fixed in (BASE_ID, "method=supervised", RANDOM_ID):
+    for fixed in (BASE_ID, SUPERVISED_ID, RANDOM_ID):
         if fixed not in gs:  # always a row, "—" until computed
             picked.append(Group(fixed, parse_cell_id(fixed), merge(base, parse_cell_id(fixed)), None))
     order = {"moco": 0, "supervised": 1, "random": 2}
@@ -513,10 +514,22 @@ def _methods_like(gs, prov, name, title, metrics) -> Table:
     )
 
 
-def methods(gs, prov) -> Table:
-    """The main table: each method with its paired Δ against random init, and a sentence on
-    the base cell that states no direction its CI does not support."""
+def supervised_note(recipe: dict) -> str:
+    """How the supervised baseline was trained: its own recipe (grid.supervised's set keys) or
+    the base cell's views, augmentation and schedule."""
+    own = {k: v for k, v in recipe.items() if v is not None}
+    if not own:
+        return "supervised: trained on MoCo's views, augmentation and schedule (grid.supervised unset)."
+    keys = ", ".join(f"{k}={format_value(v)}" for k, v in own.items())
+    return f"supervised: its own recipe (grid.supervised: {keys}); other settings as the base cell."
+
+
+def methods(gs, prov, supervised_recipe: dict | None = None) -> Table:
+    """The main table: each method with its paired Δ against random init, a sentence on the
+    base cell that states no direction its CI does not support, and how supervised trained."""
     table = _methods_like(gs, prov, "methods", "MoCo vs supervised vs random init", ABLATION_METRICS)
+    if SUPERVISED_ID in gs:
+        table.notes.append(supervised_note(supervised_recipe or {}))
     compare(table, gs.get(RANDOM_ID), RANDOM_LABEL)
     base = next((r for r in table.rows if r.cells and BASE_ID in r.cells), None)
     if base is not None:
@@ -667,7 +680,7 @@ def studies(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
     gs = groups(df)
     prov = provenance_factory(df, cfg, results)
     out = [
-        methods(gs, prov),
+        methods(gs, prov, (cfg.get("grid") or {}).get("supervised")),
         one_axis(gs, "K", prov, title="Ablation over the queue size K"),
         momentum(gs, prov, reference=momentum_reference(gs)),
         one_axis(gs, "epochs", prov, title="Ablation over the pretraining epochs"),

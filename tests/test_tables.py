@@ -355,6 +355,22 @@ def test_method_comparison_and_detection(results):
     assert "SyncBN over 16 images" in (results / "tables" / "detection.tex").read_text()
 
 
+def test_the_main_table_says_how_the_supervised_baseline_trained(results, tmp_path):
+    # CONFIG sets no grid.supervised: the baseline trained on MoCo's views, and the footnote says so
+    main = (results / "tables" / "main.md").read_text()
+    assert "supervised: trained on MoCo's views, augmentation and schedule (grid.supervised unset)." in main
+    # with its own recipe (torchvision's, as the paper presets), the footnote lists the set keys
+    fake_cell(tmp_path, "base", 60.0)
+    fake_cell(tmp_path, "method=supervised", 70.0)
+    recipe = {"epochs": 90, "lr": 0.1, "lr_step_epochs": [30, 60], "aug": "none", "batch_size": None}
+    write_tables(tmp_path, merge(CONFIG, {"grid": {"supervised": recipe}}))
+    main = (tmp_path / "tables" / "main.md").read_text()
+    assert (
+        "supervised: its own recipe (grid.supervised: epochs=90, lr=0.1, lr_step_epochs=[30, 60], aug=none); "
+        "other settings as the base cell."
+    ) in main
+
+
 def test_detection_records_from_before_the_footnote_still_name_norm_batch_and_protocol():
     from pipeline.studies import detection_protocol, detection_setup
 
