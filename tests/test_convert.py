@@ -572,3 +572,26 @@ def test_released_shared_memory_may_already_be_gone():
     _release_shared_memory(SimpleNamespace(metadata_sm=shm))
     with pytest.raises(FileNotFoundError):
         SharedMemory(name=shm.name)
+
+
+@pytest.mark.timeout(60)  # without the fix: FFCV's writer waits for ever
+def test_dead_writer_is_caught_while_sigint_is_ignored(tmp_path):
+    """A job started in the background of a shell (nohup ... &) ignores SIGINT, and then the
+    watchdog's interrupt_main does nothing: it installs Python's handler while it watches."""
+    make_imagefolder(tmp_path / "src", per_class=20, size=(16, 16))
+    src = open_source("imagefolder", tmp_path / "src")
+    out = tmp_path / "out" / "train.beton"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(ConversionError, match=r"writer process \d+ exited with code -9"):
+            write_beton(
+                FailingDataset(src, fail_at=25, hard=True),
+                out,
+                image_fields({**RAW, **_field_defaults()}),
+                workers=2,
+                chunksize=4,
+            )
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # put back as it was
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not out.exists() and no_temporaries(out.parent)
