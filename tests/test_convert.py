@@ -222,18 +222,18 @@ class FailingDataset(SplitDataset):
     ],
 )
 def test_writer_failure_midway_leaves_no_beton(tmp_path, hard, message):
+    with pytest.raises(ConversionError, match=message):
+        write_failing(tmp_path, hard)
+    out = tmp_path / "out" / "train.beton"
+    assert not out.exists() and no_temporaries(out.parent)
+
+
+def write_failing(tmp_path, hard):
+    """Write 40 images on 2 writers; sample 25 fails (hard: its writer is killed)."""
     make_imagefolder(tmp_path / "src", per_class=20, size=(16, 16))
     src = open_source("imagefolder", tmp_path / "src")
-    out = tmp_path / "out" / "train.beton"
-    with pytest.raises(ConversionError, match=message):
-        write_beton(
-            FailingDataset(src, fail_at=25, hard=hard),
-            out,
-            image_fields({**RAW, **_field_defaults()}),
-            workers=2,
-            chunksize=4,
-        )
-    assert not out.exists() and no_temporaries(out.parent)
+    fields = image_fields({**RAW, **_field_defaults()})
+    write_beton(FailingDataset(src, fail_at=25, hard=hard), tmp_path / "out" / "train.beton", fields, 2, chunksize=4)
 
 
 def _field_defaults():
@@ -578,19 +578,11 @@ def test_released_shared_memory_may_already_be_gone():
 def test_dead_writer_is_caught_while_sigint_is_ignored(tmp_path):
     """A job started in the background of a shell (nohup ... &) ignores SIGINT, and then the
     watchdog's interrupt_main does nothing: it installs Python's handler while it watches."""
-    make_imagefolder(tmp_path / "src", per_class=20, size=(16, 16))
-    src = open_source("imagefolder", tmp_path / "src")
     out = tmp_path / "out" / "train.beton"
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with pytest.raises(ConversionError, match=r"writer process \d+ exited with code -9"):
-            write_beton(
-                FailingDataset(src, fail_at=25, hard=True),
-                out,
-                image_fields({**RAW, **_field_defaults()}),
-                workers=2,
-                chunksize=4,
-            )
+            write_failing(tmp_path, hard=True)
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # put back as it was
     finally:
         signal.signal(signal.SIGINT, previous)
