@@ -22,6 +22,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -214,6 +215,9 @@ class _Watchdog:
                     os._exit(1)
 
         ffcv.writer.Process = Recorded
+        # interrupt_main does nothing while SIGINT is ignored (a job started in the background
+        # of a shell, nohup ... &): the wait for a dead writer would never end
+        self.sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
         return self
 
     def __exit__(self, *exc):
@@ -222,6 +226,7 @@ class _Watchdog:
         ffcv.writer.Process = self.original
         with self.lock:
             self.done.set()
+        signal.signal(signal.SIGINT, self.sigint)
 
     def _run(self):
         import _thread

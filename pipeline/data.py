@@ -399,9 +399,6 @@ class _ListSampler(torch.utils.data.Sampler):
     def __iter__(self):
         return iter(self.indices)
 
-    def __len__(self):
-        return len(self.indices)
-
 
 class TorchLoader:
     """A torch DataLoader over a map-style dataset with FFCV's interface and orders.

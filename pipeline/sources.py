@@ -18,6 +18,7 @@ torchvision root and ``split`` picks the files (``val`` means the test set).
 
 from __future__ import annotations
 
+import abc
 import copy
 import hashlib
 import io
@@ -39,7 +40,7 @@ class SourceError(RuntimeError):
     """The dataset cannot be read as configured; the message says what is wrong and where."""
 
 
-class Source:
+class Source(abc.ABC):
     """The items of one split, their labels, and how to decode an item to HxWx3 uint8 RGB."""
 
     verified = False  # True where items cannot be corrupt (decoded arrays): no check pass needed
@@ -58,13 +59,15 @@ class Source:
         """How the report names item i (a file path, or kind:split[position])."""
         return str(self.items[i])
 
+    @abc.abstractmethod
     def load(self, i: int, max_side: int | None = None) -> np.ndarray:
-        raise NotImplementedError
+        """Item i as HxWx3 uint8 RGB (a JPEG file may be decoded at a reduced scale that
+        keeps its longest side >= ``max_side``)."""
 
+    @abc.abstractmethod
     def probe(self, i: int, max_side: int | None = None) -> tuple[tuple[int, int], str | None]:
         """Decode item i as the writer will (raising if it cannot): its (h, w) as displayed
         (EXIF orientation applied) and a digest of its content (None where not computed)."""
-        raise NotImplementedError
 
     def select(self, keep: list[int]) -> Source:
         """The same source restricted to the items at positions ``keep`` (in that order)."""

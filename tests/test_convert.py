@@ -222,18 +222,18 @@ class FailingDataset(SplitDataset):
     ],
 )
 def test_writer_failure_midway_leaves_no_beton(tmp_path, hard, message):
+    with pytest.raises(ConversionError, match=message):
+        write_failing(tmp_path, hard)
+    out = tmp_path / "out" / "train.beton"
+    assert not out.exists() and no_temporaries(out.parent)
+
+
+def write_failing(tmp_path, hard):
+    """Write 40 images on 2 writers; sample 25 fails (hard: its writer is killed)."""
     make_imagefolder(tmp_path / "src", per_class=20, size=(16, 16))
     src = open_source("imagefolder", tmp_path / "src")
-    out = tmp_path / "out" / "train.beton"
-    with pytest.raises(ConversionError, match=message):
-        write_beton(
-            FailingDataset(src, fail_at=25, hard=hard),
-            out,
-            image_fields({**RAW, **_field_defaults()}),
-            workers=2,
-            chunksize=4,
-        )
-    assert not out.exists() and no_temporaries(out.parent)
+    fields = image_fields({**RAW, **_field_defaults()})
+    write_beton(FailingDataset(src, fail_at=25, hard=hard), tmp_path / "out" / "train.beton", fields, 2, chunksize=4)
 
 
 def _field_defaults():
@@ -418,3 +418,172 @@ def test_convert_rule_runs_on_stl10(tmp_path):
     assert report["source"] == {"kind": "stl10", "root": str((tmp_path / "stl").resolve()), "split": "val"}
     assert report["num_samples"] == 3 and report["classes"][0] == "s0"
     assert (tmp_path / "results" / "data" / "ffcv" / "val.beton").is_file()
+
+
+# --- error paths and corner cases, each named by what it must do ------------------------------
+def test_unreadable_cifar_copy_names_the_folder_and_the_error(tmp_path):
+    """A copy that fails the checksums is read unverified; if even that fails, the error
+    names the folder and what went wrong (not a torchvision traceback)."""
+    from pipeline.sources import SourceError
+
+    make_cifar(tmp_path)
+    (tmp_path / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"not a pickle")
+    with pytest.raises(SourceError, match=r"cifar10: cannot read .*cifar-10-batches-py: UnpicklingError"):
+        open_source("cifar10", tmp_path, "train")
+
+
+def test_other_torchvision_errors_are_not_taken_for_checksums(tmp_path):
+    """Only torchvision's "corrupted" error means "read unverified"; any other propagates."""
+    from pipeline.sources import _torchvision_copy
+
+    class Broken:
+        base_folder = "broken"
+
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("the disk went away")
+
+    (tmp_path / "broken").mkdir()
+    notes: list = []
+    with pytest.raises(RuntimeError, match="the disk went away"):
+        _torchvision_copy(Broken, tmp_path, "cifar10", notes)
+    assert notes == []
+
+
+@pytest.mark.parametrize(
+    "kind, split, message",
+    [
+        ("cifar100", "unlabeled", r"cifar100: unknown split 'unlabeled' \(train, val = test\)"),
+        ("stl10", "extra", r"stl10: unknown split 'extra' \(train, val, test, unlabeled, train\+unlabeled\)"),
+        ("lmdb", "train", r"unknown dataset source kind 'lmdb' \(one of imagefolder, .*stl10"),
+    ],
+)
+def test_unknown_split_or_kind_is_named(tmp_path, kind, split, message):
+    from pipeline.sources import SourceError
+
+    with pytest.raises(SourceError, match=message):
+        open_source(kind, tmp_path, split)
+
+
+def test_large_jpeg_is_decoded_at_a_reduced_scale(tmp_path):
+    """max_side 16 of a 64 x 48 JPEG: libjpeg's 1/4 scale is the smallest that keeps the
+    longest side >= 16, so 16 x 12 is decoded; size_out still has the full (h, w)."""
+    path = tmp_path / "big.jpg"
+    Image.fromarray(rand_images(1, 48, 64, seed=0)[0]).save(path, quality=95)
+    size: list = []
+    assert decode_file(path, max_side=16, size_out=size).shape == (12, 16, 3)
+    assert size == [(48, 64)]
+    assert decode_file(path).shape == (48, 64, 3)
+
+
+def test_wider_than_16_bit_greyscale_is_stretched_to_8_bits():
+    """Values beyond 16 bits: (v - min) * 255 // (max - min), by hand for 0, 50000, 100000, 200000."""
+    from pipeline.sources import to_rgb
+
+    image = Image.fromarray(np.array([[0, 100000], [50000, 200000]], dtype=np.int32), mode="I")
+    assert to_rgb(image)[..., 0].tolist() == [[0, 127], [63, 255]]
+    assert (to_rgb(image) == to_rgb(image)[..., :1]).all()  # grey: three equal channels
+
+
+def test_split_with_no_readable_image_names_the_split(tmp_path):
+    (tmp_path / "u").mkdir()
+    (tmp_path / "u" / "x.png").write_bytes(b"not a png")
+    with pytest.raises(ConversionError, match=r"no readable images in split 'train' \(1 skipped\)"):
+        convert(tmp_path / "u", tmp_path / "out.beton", RAW, source="unlabeled", split="train", progress=False)
+    assert not (tmp_path / "out.beton").exists()
+
+
+def test_auto_write_mode_beyond_the_raw_budget_is_proportion():
+    from pipeline.convert import RAW_BUDGET, resolve_write_mode
+    from pipeline.sections import Convert
+
+    assert resolve_write_mode(Convert(), 1 << 20) == ("raw", "auto: raw pixels take 1 MiB <= 4096 MiB")
+    assert resolve_write_mode(Convert(), RAW_BUDGET + 1) == (
+        "proportion",
+        "auto: raw pixels would take 4.0 GiB > 4 GiB",
+    )
+
+
+def test_page_size_doubles_until_it_holds_two_samples():
+    from pipeline.convert import MIN_PAGE, page_size_for
+
+    assert page_size_for(MIN_PAGE // 2, 0) == MIN_PAGE
+    assert page_size_for(3 * MIN_PAGE, 0) == 8 * MIN_PAGE  # 1, 2, 4 pages < 6: doubled to 8
+    assert page_size_for(1, 1 << 30) == 1 << 23
+
+
+@pytest.mark.parametrize(
+    "raised, expected",
+    [
+        (OSError(28, "No space left on device", "/x/train.beton.tmp"), "the disk or quota is full"),
+        (ValueError("bad field"), None),
+    ],
+)
+def test_write_errors_in_the_main_process(tmp_path, monkeypatch, raised, expected):
+    """An OSError of the write becomes a ConversionError that says why (a full disk: where);
+    any other error propagates as it is. Either way no .beton is left."""
+    import ffcv.writer
+
+    def fail(self, *args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(ffcv.writer.DatasetWriter, "from_indexed_dataset", fail)
+    make_imagefolder(tmp_path / "src", per_class=2, size=(8, 8))
+    src = open_source("imagefolder", tmp_path / "src")
+    out = tmp_path / "out" / "train.beton"
+    error = ConversionError if expected else type(raised)
+    with pytest.raises(error) as info:
+        write_beton(SplitDataset(src, None), out, image_fields({**RAW, **_field_defaults()}))
+    if expected:
+        assert f"writing {out} failed: No space left on device (/x/train.beton.tmp) - {expected}" in str(info.value)
+    else:
+        assert info.value is raised
+    assert not out.exists() and no_temporaries(out.parent)
+
+
+def test_describe_error_of_a_non_os_error_is_its_text():
+    from pipeline.convert import describe_error
+
+    assert describe_error(ValueError("bad field")) == "bad field"
+    assert describe_error("RuntimeError: boom") == "RuntimeError: boom"  # as a writer reports it
+
+
+def test_kill_workers_terminates_a_live_writer():
+    import multiprocessing as mp
+
+    from pipeline.convert import _Watchdog
+
+    watchdog = _Watchdog(expected=1)
+    writer = mp.get_context("fork").Process(target=signal.pause)  # blocks until a signal
+    writer.start()
+    watchdog.started.append(writer)
+    watchdog.kill_workers()
+    assert writer.exitcode == -signal.SIGTERM
+
+
+def test_released_shared_memory_may_already_be_gone():
+    """FFCV may have unlinked its metadata block itself: releasing it again is no error."""
+    from multiprocessing.shared_memory import SharedMemory
+    from types import SimpleNamespace
+
+    from pipeline.convert import _release_shared_memory
+
+    shm = SharedMemory(create=True, size=16)
+    shm.unlink()
+    _release_shared_memory(SimpleNamespace(metadata_sm=shm))
+    with pytest.raises(FileNotFoundError):
+        SharedMemory(name=shm.name)
+
+
+@pytest.mark.timeout(60)  # without the fix: FFCV's writer waits for ever
+def test_dead_writer_is_caught_while_sigint_is_ignored(tmp_path):
+    """A job started in the background of a shell (nohup ... &) ignores SIGINT, and then the
+    watchdog's interrupt_main does nothing: it installs Python's handler while it watches."""
+    out = tmp_path / "out" / "train.beton"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(ConversionError, match=r"writer process \d+ exited with code -9"):
+            write_failing(tmp_path, hard=True)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # put back as it was
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not out.exists() and no_temporaries(out.parent)
