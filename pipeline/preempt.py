@@ -29,7 +29,22 @@ def install() -> None:
         for sig in SIGNALS:
             signal.signal(sig, _handler)
     except ValueError:
-        pass
+        return
+    if not _fork_hook:
+        os.register_at_fork(after_in_child=_uninstall_in_child)
+        _fork_hook.append(True)
+
+
+_fork_hook: list[bool] = []  # registered once per process
+
+
+def _uninstall_in_child() -> None:
+    """A process forked from this one (a loader worker, a pool or writer process) dies on SIGTERM
+    as usual: with the flag-setting handler it would outlive its parent's terminate() and the
+    join after it (a pool's workers wait on a lock the terminating parent holds)."""
+    for sig in SIGNALS:
+        if signal.getsignal(sig) is _handler:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def requested() -> bool:
