@@ -88,6 +88,7 @@ def check_images(
     good, shapes, digests, skipped = [], [], [], []
     bar = tqdm(total=len(source), desc="convert: checking", disable=not progress, mininterval=2)
     pool = mp.get_context("fork").Pool(workers) if workers > 1 else None
+    complete = False
     try:
         results = pool.imap(_probe, range(len(source)), chunksize=32) if pool else map(_probe, range(len(source)))
         for i, res in results:
@@ -100,10 +101,16 @@ def check_images(
                 raise ConversionError(f"unreadable image {source.key(i)}: {res}")
             else:
                 skipped.append({"path": source.key(i), "reason": res})
+        complete = True
     finally:
         bar.close()
         if pool:
-            pool.terminate()
+            # every result is in: the workers take their sentinels and exit (terminate() holds the
+            # task queue's lock while it signals them, and joins them: kept for the error path)
+            if complete:
+                pool.close()
+            else:
+                pool.terminate()
             pool.join()
         _PROBE = (None, None)
     return Checked(good, shapes, digests, skipped)
