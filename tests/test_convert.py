@@ -148,11 +148,12 @@ def test_corrupt_files_are_skipped_and_reported(corrupt_tree, tmp_path):
         assert np.array_equal(image, decode_file(path))
 
 
-def test_strict_fails_naming_the_file(corrupt_tree, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])  # 2: the checking pool is terminated mid-way
+def test_strict_fails_naming_the_file(corrupt_tree, tmp_path, workers):
     root, _ = corrupt_tree
     out = tmp_path / "out" / "train.beton"
     with pytest.raises(ConversionError, match="z_truncated.jpg"):
-        convert(root, out, {**RAW, "strict": True}, progress=False)
+        convert(root, out, {**RAW, "workers": workers, "strict": True}, progress=False)
     assert not out.exists() and not out.with_suffix(".json").exists()
     with pytest.raises(SystemExit, match=r"error: unreadable image .*z_truncated\.jpg"):
         main(["--root", str(root), "--out", str(out), "--strict", "--config", json.dumps(RAW)])
