@@ -62,14 +62,6 @@ class Estimate:
     half: float | None
     n: int
 
-    @property
-    def lo(self) -> float | None:
-        return None if self.half is None else self.mean - self.half
-
-    @property
-    def hi(self) -> float | None:
-        return None if self.half is None else self.mean + self.half
-
     def text(self, decimals: int = 1, signed: bool = False, extra: str = "") -> str:
         """'+3.2 ± 1.1 (n=3)'; '3.2 (n=1)' without an interval; ``extra`` goes inside the brackets."""
         mean = f"{self.mean:+.{decimals}f}" if signed else f"{self.mean:.{decimals}f}"

@@ -485,6 +485,19 @@ def test_knn_monitor_without_labelled_training_images_is_nan(ffcv_small, tmp_pat
     assert math.isnan(t.knn_monitor())
 
 
+def test_a_collapsed_run_is_reported_as_failed(ffcv_small, tmp_path, monkeypatch, capsys):
+    """A run whose loss never diverged but whose last epoch sits at chance (failure() says so):
+    the stage warns and its summary carries the failure, which the tables count."""
+    from pipeline import pretrain
+
+    monkeypatch.setattr(pretrain, "failure", lambda rows: "collapsed: loss 5.545 at chance")
+    summary = pretrain.run(pretrain_cfg(), ffcv_small, tmp_path / "out", tmp_path / "state", progress=False)
+    assert summary["failure"] == "collapsed: loss 5.545 at chance" and summary["diverged"] is False
+    assert "warning: training failed (collapsed: loss 5.545 at chance); the cell is reported as failed" in (
+        capsys.readouterr().out
+    )
+
+
 def test_a_key_encoder_that_misses_its_update_is_reported(ffcv_small, tmp_path, monkeypatch, capsys):
     """The key encoder never takes its momentum update: the stage's EMA replay sees it and
     warns, and the summary records the failed check."""

@@ -169,6 +169,8 @@ def test_recipes_follow_the_papers():
         ("RandomGrayscale", 0.2),
         ("RandomGaussianBlur", 0.5, pytest.approx(blur)),
     ]
+    # the official CIFAR-10 demo (moco colab-notebook branch): aug+ without the blur
+    assert _spec(augment.recipe("cifar", 32)) == [("ColorJitter", 0.8, (0.4, 0.4, 0.4, 0.1)), ("RandomGrayscale", 0.2)]
     a, b = augment.view_recipes("v3", 64)
     jitter = ("ColorJitter", 0.8, (0.4, 0.4, 0.2, 0.1))
     assert _spec(a) == [jitter, ("RandomGrayscale", 0.2), ("RandomGaussianBlur", 1.0, pytest.approx(blur))]

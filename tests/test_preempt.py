@@ -3,6 +3,7 @@ worker, a pool or writer process) still dies on SIGTERM, so terminate() and join
 
 import multiprocessing as mp
 import signal
+import subprocess
 
 import pytest
 
@@ -57,3 +58,29 @@ def test_a_forked_process_has_the_default_handlers(installed):
     child.join()
     assert defaults == {int(sig): True for sig in preempt.SIGNALS} and child.exitcode == 0
     assert signal.getsignal(signal.SIGTERM) is preempt._handler  # the parent keeps its own
+
+
+@pytest.mark.parametrize(
+    "signum, env, requeued",
+    [
+        (signal.SIGUSR1, {"SLURM_JOB_ID": "42", "SLURM_PROCID": "0"}, True),  # SLURM's warning, rank 0
+        (signal.SIGUSR2, {"SLURM_JOB_ID": "42", "RANK": "1"}, False),  # the other ranks only exit
+        (signal.SIGTERM, {"SLURM_JOB_ID": "42", "SLURM_PROCID": "0"}, False),  # scancel: stays cancelled
+        (signal.SIGUSR1, {}, False),  # outside SLURM
+    ],
+)
+def test_requeue_after_a_warning_signal(monkeypatch, signum, env, requeued):
+    for key in ("SLURM_JOB_ID", "SLURM_PROCID", "RANK", "MOCO_REQUEUE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    calls, logged = [], []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd))
+    monkeypatch.setattr(preempt, "_requested", [signum])
+    with pytest.raises(SystemExit) as stop:
+        preempt.requeue_and_exit(logged.append)
+    assert stop.value.code == 75
+    assert calls == ([["scontrol", "requeue", "42"]] if requeued else [])
+    name = signal.Signals(signum).name
+    expected = "requeueing SLURM job 42" if requeued else "exiting with 75 (restart to resume)"
+    assert logged == [f"{name} received: state saved, {expected}"]

@@ -41,7 +41,7 @@ def test_mean_and_ci_by_hand():
     assert (e.mean, e.n) == (2.0, 3) and e.half == pytest.approx(4.303 / math.sqrt(3), rel=1e-3)
     assert e.text() == "2.0 ± 2.5 (n=3)"
     one = estimate([7.25])
-    assert one == Estimate(7.25, None, 1) and one.text() == "7.2 (n=1)" and one.lo is None
+    assert one == Estimate(7.25, None, 1) and one.text() == "7.2 (n=1)" and one.half is None
     assert estimate([]) is None
 
 
