@@ -16,8 +16,8 @@ rule probe:
         CONDA_ENV
     threads: config["probe"].get("threads", 2)
     params:
-        py=PY,
         **job_config(lambda w: {"data": config["data"], "probe": config["probe"]}),
+        py=PY,
         data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder
     shell:
         "{params.py} -m pipeline.probe --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
@@ -39,9 +39,9 @@ rule detect:
         CONDA_ENV
     threads: config["detect"].get("threads", 2)
     params:
+        **job_config(lambda w: {"detect": result_part("detect", config["detect"], drop=(JOBS,))}),
         py=PY,
         # how many trials and which cells do not change a trial: raising trials adds jobs only
-        **job_config(lambda w: {"detect": result_part("detect", config["detect"], drop=(JOBS,))}),
         root=detection_root(),
         seed=lambda w: config["detect"]["seed"] + int(w.trial),
         # several ranks: torchrun starts one process per GPU of the job (DDP, SyncBN with norm bn)

@@ -43,13 +43,13 @@ rule pretrain:
         runtime=lambda w, attempt: cell_runtime(w) * attempt,
         nodes=cell_nodes,
     params:
+        **job_config(lambda w: {"data": config["data"], "pretrain": params_of(w.cell)}),
         py=PY,
         # functions of `resources`: how a cell is launched is not a params change (no rerun)
         srun=lambda w, resources: pretrain_launch.srun_prefix(resources, cell_launch(w.cell)["launcher"]),
         module=lambda w, resources: pretrain_launch.module_args(
             cell_launch(w.cell), f"{R}/logs/pretrain/submitit/{w.cell}"
         ),
-        **job_config(lambda w: {"data": config["data"], "pretrain": params_of(w.cell)}),
         state=lambda w: f"{R}/state/{w.cell}",
         out=lambda w, output: os.path.dirname(output.checkpoint),
         data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder

@@ -28,9 +28,9 @@ rule tables:
     conda:
         CONDA_ENV
     params:
+        **job_config(tables_sections),
         py=PY,
         results=lambda w, output: os.path.dirname(os.path.dirname(output.main)),
-        **job_config(tables_sections),
     shell:
         "{params.py} -m pipeline.tables {params.results:q} --config {params.cfg:q} > {log:q} 2>&1"
 
@@ -49,8 +49,8 @@ rule claims:
     conda:
         CONDA_ENV
     params:
+        **job_config(claims_sections),
         py=PY,
         results=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
-        **job_config(claims_sections),
     shell:
         "{params.py} -m pipeline.claims {params.results:q} --config {params.cfg:q} > {log:q} 2>&1"
