@@ -49,8 +49,13 @@ def run_pretraining(monkeypatch, exit_code, received=(), rank=0):
     monkeypatch.setattr(pretrain, "main", fake_main)
     monkeypatch.setattr(preempt, "received", lambda: list(received))
     monkeypatch.setattr(launch, "time", SimpleNamespace(sleep=sleeps.append))
+    # the task sets MOCO_REQUEUE=0 for its trainer; undone after the test, so that the SLURM jobs of
+    # later tests (which inherit this process's environment) still requeue themselves
+    monkeypatch.setenv("MOCO_REQUEUE", "1")
     try:
-        return launch.Pretraining(["--config", "c.json"])(), sleeps
+        result = launch.Pretraining(["--config", "c.json"])(), sleeps
+        assert os.environ["MOCO_REQUEUE"] == "0"  # the trainer leaves the requeue to submitit
+        return result
     except BaseException as err:  # SystemExit included: what the task ends with
         return err, sleeps
 
