@@ -27,11 +27,7 @@ from pipeline import checkpoint
 from pipeline.io import atomic_path, atomic_write_json
 from pipeline.layout import VITS, is_resnet
 
-TIMM_NAMES = {
-    "vit_tiny": "vit_tiny_patch16_224",
-    "vit_small": "vit_small_patch16_224",
-    "vit_base": "vit_base_patch16_224",
-}
+TIMM_NAMES = {name: f"{name}_patch16_224" for name in VITS}  # e.g. vit_small_patch16_224
 
 
 def torchvision_loading(arch: dict) -> str:

@@ -12,9 +12,13 @@ import hashlib
 import json
 import os
 
-RESNETS = ("resnet18", "resnet50")
-VITS = ("vit_tiny", "vit_small", "vit_base")
-QUEUE_POLICIES = ("fifo", "random")  # the queue's replacement rules (pipeline.moco.queue)
+RESNETS = ("resnet18", "resnet50")  # their blocks and depths: pipeline.models.ARCHS
+# name: (embed_dim, depth, heads): ViT-Ti as DeiT; ViT-S/B as the MoCo v3 reference (12 heads
+# in ViT-S, where DeiT-S has 6)
+VITS = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 12), "vit_base": (768, 12, 12)}
+# the queue's replacement rules: pipeline.moco.queue.POLICIES, which building the DAG cannot
+# import (torch); tests/test_dag.py holds the two and the schema's enum equal
+QUEUE_POLICIES = ("fifo", "random")
 BACKBONE_LABELS = {
     "resnet18": "ResNet-18",
     "resnet50": "ResNet-50",
@@ -44,6 +48,10 @@ FIGURE_FORMATS = ("png", "pdf")
 
 def is_resnet(backbone: str) -> bool:
     return backbone in RESNETS
+
+
+def is_vit(backbone: str) -> bool:
+    return backbone in VITS
 
 
 # what each cell's jobs write, under <results>/cells/<cell>/

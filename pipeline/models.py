@@ -16,13 +16,12 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
+from pipeline.layout import VITS
+
 if TYPE_CHECKING:
     from timm.models.vision_transformer import VisionTransformer  # imported when a ViT is built
 
 ARCHS = {"resnet18": (BasicBlock, [2, 2, 2, 2]), "resnet50": (Bottleneck, [3, 4, 6, 3])}
-# name: (embed_dim, depth, heads): ViT-Ti as DeiT; ViT-S/B as the MoCo v3 reference (12 heads
-# in ViT-S, where DeiT-S has 6)
-VITS = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 12), "vit_base": (768, 12, 12)}
 
 
 class ResNetBackbone(ResNet):

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pipeline.layout import QUEUE_POLICIES as POLICIES
+POLICIES = ("fifo", "random")  # the replacement rules enqueue implements
 
 
 class KeyQueue(nn.Module):
