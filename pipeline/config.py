@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar, overload
 import jsonschema
 import yaml
 
+from pipeline.method_registry import METHODS, method_spec, resolve
 from pipeline.sections import INIT, RUNTIME, Claims, Convert, Data, Dataset, Detect, Grid, Launch, Pretrain, Probe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,7 +121,8 @@ def result_part(name: str, values: dict, drop: tuple[str, ...] = (RUNTIME,), unt
 
 def result_config(sections: dict, drop: tuple[str, ...] = (RUNTIME,)) -> dict:
     """result_part of each typed section of a stage's config (name -> validated dict)."""
-    untrained = sections.get("pretrain", {}).get("method") == "random"
+    method = sections.get("pretrain", {}).get("method", Pretrain.method)
+    untrained = not method_spec(method).trains
     return {
         name: result_part(name, values, drop, untrained) if name in SECTION_TYPES else values
         for name, values in sections.items()
@@ -141,11 +143,18 @@ def pretrain_cell(base: Pretrain, override: dict, where: str = "pretrain", num_s
     return cell
 
 
-@functools.cache
 def load_schema() -> dict:
     """The config's JSON schema, read once per process (every grid cell is validated against
-    it while the DAG is built); callers must not modify it."""
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    it while the DAG is built); callers must not modify it. Its pretrain.method enum is the
+    method registry's names (pipeline.method_registry), read anew once a method is registered."""
+    return _schema(tuple(METHODS))
+
+
+@functools.cache
+def _schema(methods: tuple[str, ...]) -> dict:
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema["$defs"]["pretrain"]["properties"]["method"]["enum"] = list(methods)
+    return schema
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -218,10 +227,13 @@ def check_pretrain(p: Pretrain | dict, where: str = "pretrain", num_samples: int
     drops = list(p.lr_step_epochs or [])
     if drops != sorted(set(drops)) or (drops and drops[-1] >= p.epochs):
         raise ConfigError(f"{where}: lr_step_epochs={drops} must increase and stay below epochs={p.epochs}")
-    if p.method != "moco":
-        return
-    vit = p.backbone.startswith("vit")
-    if vit and p.variant != "v3":
+    if p.spec.check:
+        resolve(p.spec.check)(p, where, num_samples)
+
+
+def check_moco(p: Pretrain, where: str, num_samples: int | None) -> None:
+    """MoCo's cross-field rules (pipeline.method_registry: the moco method's ``check``)."""
+    if p.is_vit and p.variant != "v3":
         raise ConfigError(f"{where}: backbone {p.backbone} needs variant v3 (the ViT adaptation)")
     if p.variant == "v3" and p.mechanism != "moco":
         raise ConfigError(f"{where}: mechanism {p.mechanism} applies to v1/v2, not v3")
@@ -232,10 +244,10 @@ def check_pretrain(p: Pretrain | dict, where: str = "pretrain", num_samples: int
             f"{where}: bn_splits={p.bn_splits} does not divide the batch size {p.batch_size} "
             f"(BatchNorm normalises each rank's batch in that many equal sub-batches)"
         )
-    if p.symmetric and (p.variant == "v3" or p.mechanism != "moco"):
+    if p.symmetric and not p.has_queue:
         raise ConfigError(f"{where}: symmetric applies to MoCo v1/v2's queue (v3's loss is symmetric already)")
-    if p.variant == "v3" or p.mechanism != "moco":
-        return  # no queue
+    if not p.has_queue:
+        return
     keys = p.batch_size * (1 + p.symmetric)  # per step: the symmetric loss enqueues both views' keys
     if p.K % keys != 0:
         raise ConfigError(
@@ -248,8 +260,7 @@ def check_pretrain(p: Pretrain | dict, where: str = "pretrain", num_samples: int
 def pretrain_warnings(p: Pretrain | dict, num_samples: int | None) -> list[str]:
     """Settings that run but are probably not meant (the stage logs them)."""
     p = as_section(Pretrain, p)
-    queue = p.method == "moco" and p.variant != "v3" and p.mechanism == "moco"
-    if queue and num_samples and p.K >= num_samples and not p.mask_same_source:
+    if p.has_queue and num_samples and p.K >= num_samples and not p.mask_same_source:
         return [
             f"K={p.K} >= {num_samples} training images: the queue holds keys of the query's own image "
             "as negatives; lower K or set mask_same_source: true"

@@ -24,6 +24,7 @@ import pandas as pd
 from pipeline.grid import format_value
 from pipeline.io import atomic_path
 from pipeline.layout import FIGURE_FORMATS, FIGURES, cell_file
+from pipeline.method_registry import is_moco
 from pipeline.studies import MECHANISMS, groups, mechanism_groups, shuffle_bn_groups, value
 
 
@@ -113,7 +114,7 @@ def accuracy_vs_k(gs):
 
 def accuracy_vs_m(gs):
     fig, ax = pyplot().subplots(figsize=(5, 3.5))
-    sel = {g.params.get("m"): g for g in gs.values() if g.get("method") == "moco" and set(g.diff) <= {"m"}}
+    sel = {g.params.get("m"): g for g in gs.values() if is_moco(g.get("method")) and set(g.diff) <= {"m"}}
     ms = sorted(m for m in sel if m is not None)
     xs = list(range(len(ms)))  # the paper's m (0 ... 0.9999) are evenly spaced on this axis
     fails = _plot_values(ax, xs, [value(sel[m].cells, "top1") for m in ms], color="C0", label="linear")

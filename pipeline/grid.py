@@ -152,7 +152,7 @@ def claims_cells(cfg: dict) -> dict[str, dict]:
     base = section("pretrain", cfg["pretrain"])
     if "claims" not in cfg:
         raise ConfigError("the config has no 'claims' section (workflow/config/config.yaml has one)")
-    if base.method != "moco" or base.variant == "v3" or base.mechanism != "moco":
+    if not (base.is_moco and base.has_queue):
         raise ConfigError(
             "claims: the claims vary the queue and the momentum of MoCo v1/v2; the base cell "
             f"(pretrain) is method={base.method} variant={base.variant} mechanism={base.mechanism}"
@@ -236,7 +236,7 @@ def cell_resources(params: Pretrain | dict, spec: Resources | dict | None = None
     """
     p, spec = as_section(Pretrain, params), as_section(Resources, spec or {})
     cost = {**BACKBONE_COST, **spec.backbone_cost}[p.backbone]
-    if p.method == "random":
+    if not p.trains:
         return {"runtime": max(1, math.ceil(spec.overhead_minutes)), "nodes": 1}
     nodes = spec.nodes
     if spec.batch_per_node:

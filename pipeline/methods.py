@@ -1,4 +1,5 @@
-"""Which model a pretraining cell trains: MoCo v1/v2/v3, end-to-end, memory bank, supervised.
+"""Which model a pretraining cell trains: MoCo v1/v2/v3, end-to-end, memory bank, supervised;
+each method's builder is named in pipeline.method_registry.
 
 Every model has ``encoder_q.backbone`` (what transfers) and
 ``forward(x1, x2, index, labels) -> (loss, logits, target)``.
@@ -10,20 +11,20 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.config import ConfigError, as_section
-from pipeline.layout import RESNETS
+from pipeline.layout import VITS, is_resnet
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd, MemoryBank
 from pipeline.moco.method import Method
 from pipeline.moco.split_bn import default_splits, has_batch_norm, max_splits, split_batch_norm
 from pipeline.moco.v3 import MoCoV3
-from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, feature_dim, projection_head
+from pipeline.models import Encoder, bn_mlp, build_backbone, feature_dim, projection_head
 from pipeline.sections import Pretrain
 
 
 def arch_of(p: Pretrain | dict, image_size: int | None = None) -> dict:
     """The backbone record stored in checkpoints (enough to rebuild it)."""
     p = as_section(Pretrain, p)
-    if p.backbone in VITS:
+    if p.is_vit:
         return {
             "backbone": p.backbone,
             "patch_size": p.patch_size,
@@ -84,18 +85,26 @@ def bn_guard_text(model: nn.Module, world_size: int) -> str:
 
 
 def build_model(p: Pretrain | dict, image_size: int, num_classes: int, num_samples: int, world_size: int = 1) -> Method:
+    """The model of the cell's method (pipeline.method_registry: its builder) on a new backbone."""
     p = as_section(Pretrain, p)
-    resnet = p.backbone in RESNETS
-    v3_resnet = p.method == "moco" and p.variant == "v3" and resnet
     # MoCo v3's ResNet starts each residual branch at zero (zero_init_residual, as its reference);
     # its ViT keeps the random patch projection (unset: MoCo only, a supervised ViT trains it)
-    frozen_patches = p.method == "moco" if p.freeze_patch_embed is None else p.freeze_patch_embed
+    v3_resnet = p.is_moco and p.variant == "v3" and is_resnet(p.backbone)
+    frozen_patches = p.is_moco if p.freeze_patch_embed is None else p.freeze_patch_embed
     backbone = build_backbone(arch_of(p, image_size), zero_init_residual=v3_resnet, freeze_patch_embed=frozen_patches)
+    build = p.spec.build_function()
+    return build(p, backbone, num_classes=num_classes, num_samples=num_samples, world_size=world_size)
+
+
+def build_supervised(p: Pretrain, backbone: nn.Module, num_classes: int, num_samples: int, world_size: int) -> Method:
+    return Supervised(backbone, num_classes)
+
+
+def build_moco(p: Pretrain, backbone: nn.Module, num_classes: int, num_samples: int, world_size: int) -> Method:
+    """MoCo v3 (ResNet or ViT), or v1/v2 with its mechanism: the queue, end-to-end or a memory bank."""
     dim, feat = p.dim, feature_dim(backbone)
-    if p.method == "supervised":
-        return Supervised(backbone, num_classes)
     if p.variant == "v3":
-        hidden, vit = p.mlp_dim, not resnet
+        hidden, vit = p.mlp_dim, p.is_vit
         projector = bn_mlp(3 if vit else 2, feat, hidden, dim)
         # the reference's ResNet predictor ends in a Linear, its ViT predictor in a BN
         predictor = bn_mlp(2, dim, hidden, dim, last_bn=vit)

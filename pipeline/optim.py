@@ -49,11 +49,7 @@ class LARS(torch.optim.Optimizer):
 # ``p``: the pretrain section; pipeline.pretrain passes it as a dict (its unset keys take the defaults)
 def optimizer_name(p: Pretrain | dict) -> str:
     p = as_section(Pretrain, p)
-    if p.optimizer != "auto":
-        return p.optimizer
-    if p.variant == "v3":
-        return "adamw" if p.backbone.startswith("vit") else "lars"
-    return "sgd"
+    return p.spec.optimizer(p) if p.optimizer == "auto" else p.optimizer  # auto: the method's own
 
 
 def build_optimizer(p: Pretrain | dict, params) -> torch.optim.Optimizer:

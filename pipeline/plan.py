@@ -239,7 +239,7 @@ def makespan(hours: list[float], slots: int) -> float:
 def pretraining_row(cid: str, params: dict, cfg: dict, profile: dict, images: int, table) -> dict:
     p = as_section(Pretrain, params)
     row = {"cell": cid, "images": images, "epochs": p.epochs, "images_x_epochs": images * p.epochs}
-    if p.method == "random":  # trains nothing: a small CPU job
+    if not p.trains:  # the random-init baseline: a small CPU job
         return {**row, "gpu_hours": 0.0, "gpu": None, "note": "trains nothing", "gpus": 0, "wall_h": 0.0}
     sized = cell_resources(p, as_section(Resources, (cfg.get("grid") or {}).get("resources") or {}))
     res = profile_resources(profile, "pretrain", PRETRAIN_OWN)

@@ -376,7 +376,7 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
         f"rank {env.rank}/{env.world_size} on {env.host}: method={p.method} variant={p.variant} "
         f"mechanism={p.mechanism} backbone={p.backbone} K={p.K} m={p.m} T={p.T}"
     )
-    if p.method == "random":  # the random-init baseline: same backbone, no training
+    if not p.trains:  # the random-init baseline: same backbone, no training
         backbone = build_backbone(arch)
         return finish(
             cfg,

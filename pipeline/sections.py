@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.layout import is_vit
+from pipeline.method_registry import MethodSpec, method_spec
+
 # What a key sets (field metadata "sets"); unmarked keys determine their stage's result.
 # A rule's params, which Snakemake compares to decide a rerun, and a pretraining run's
 # fingerprint, which decides a resume, hold the result keys only (pipeline.config.result_part).
@@ -76,7 +79,7 @@ class Data:
 class Pretrain:
     """One pretraining cell (the base cell of the grid)."""
 
-    method: str = marked("moco", INIT)  # moco | supervised | random
+    method: str = marked("moco", INIT)  # a name of pipeline.method_registry: moco | supervised | random
     variant: str = "v2"
     mechanism: str = "moco"  # how negatives are produced: moco | end_to_end | memory_bank
     backbone: str = marked("resnet18", INIT)
@@ -114,6 +117,28 @@ class Pretrain:
     checkpoint_every: int = runtime(0)  # resume state every N steps too; 0: at epoch ends only
     seed: int = marked(0, INIT)
     threads: int = runtime(1)
+
+    # what the method registry (pipeline.method_registry) and the backbone list say of this cell
+    @property
+    def spec(self) -> MethodSpec:
+        return method_spec(self.method)
+
+    @property
+    def is_moco(self) -> bool:
+        return self.spec.moco
+
+    @property
+    def has_queue(self) -> bool:
+        """Negatives from a queue of keys (MoCo v1/v2): K must hold whole batches of keys."""
+        return self.spec.has_queue(self)
+
+    @property
+    def trains(self) -> bool:
+        return self.spec.trains
+
+    @property
+    def is_vit(self) -> bool:
+        return is_vit(self.backbone)
 
 
 @dataclass(frozen=True, kw_only=True)

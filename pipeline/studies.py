@@ -23,7 +23,8 @@ from pipeline import stats
 from pipeline.claims_plan import half_life
 from pipeline.config import ConfigError, as_section, merge
 from pipeline.grid import AXES, BASE_ID, format_value, group_id, momentum_reference, parse_cell_id
-from pipeline.layout import BACKBONE_LABELS, cell_file
+from pipeline.layout import BACKBONE_LABELS, cell_file, is_resnet, is_vit
+from pipeline.method_registry import is_moco, method_label, row_order
 from pipeline.provenance import environment_note
 from pipeline.sections import Detect, Pretrain
 
@@ -53,8 +54,7 @@ DETECTION_KEYS = ["AP50", "AP", "AP75", "APs", "APm", "APl"]
 SAMPLES = "_samples"  # column suffix: a metric's values per trial within the cell
 PAPER_M = [0, 0.5, 0.9, 0.99, 0.999, 0.9999]  # the MoCo paper's momentum rows, and the seeds' m = 0.5
 MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": "MoCo"}
-METHOD_LABELS = {"moco": "MoCo", "supervised": "supervised", "random": "random init"}
-RANDOM_ID, RANDOM_LABEL = "method=random", METHOD_LABELS["random"]  # the main table's reference
+RANDOM_ID, RANDOM_LABEL = "method=random", method_label("random")  # the main table's reference
 SUPERVISED_ID = "method=supervised"
 SEPARATE = {"method", "variant", "backbone", "mechanism", "K", "m", "epochs", "seed", "shuffle_bn"}  # own study or none
 # the BN leak's signature (paper 3.3): without the guard the pretext task gets easier (instance
@@ -326,10 +326,6 @@ def compare(table: Table, ref: Group | None, label: str, metric: str = "top1") -
     return table
 
 
-def _is_moco(g: Group) -> bool:
-    return g.get("method") == "moco"
-
-
 def differs(g: Group, reference: dict) -> set[str]:
     """The axes (seed aside) in which a group differs from a reference cell's differences."""
     return {a for a in {*g.diff, *reference} if g.diff.get(a) != reference.get(a)}
@@ -348,7 +344,7 @@ def one_axis(
     """The reference cell (the base unless given) and the MoCo cells that differ from it in
     ``axis`` only, one row per value."""
     ref = parse_cell_id(reference)
-    sel = {g.params.get(axis): g for g in gs.values() if _is_moco(g) and differs(g, ref) <= {axis}}
+    sel = {g.params.get(axis): g for g in gs.values() if is_moco(g.get("method")) and differs(g, ref) <= {axis}}
     values = sorted({*sel, *fixed}, key=_sort_key)
     rows = [_row([format_value(v)], sel.get(v), metrics) for v in values]
     table = _metric_table(
@@ -387,7 +383,7 @@ def momentum(
 
 def shuffle_bn_groups(gs: dict[str, Group]) -> dict[bool, Group]:
     """shuffle_bn -> the base group and the MoCo group differing from it in shuffle_bn only."""
-    return {g.pretrain.shuffle_bn: g for g in gs.values() if _is_moco(g) and set(g.diff) <= {"shuffle_bn"}}
+    return {g.pretrain.shuffle_bn: g for g in gs.values() if is_moco(g.get("method")) and set(g.diff) <= {"shuffle_bn"}}
 
 
 def bn_leak(gs: dict[str, Group], prov) -> Table:
@@ -424,7 +420,7 @@ def mechanism_groups(gs: dict[str, Group]) -> dict[tuple[str, int], Group]:
     from the base in mechanism, K and batch size only."""
     out: dict[tuple[str, int], Group] = {}
     for g in sorted(gs.values(), key=lambda g: len(g.diff)):
-        if _is_moco(g) and g.get("variant") != "v3" and set(g.diff) <= {"mechanism", "K", "batch_size"}:
+        if is_moco(g.get("method")) and g.get("variant") != "v3" and set(g.diff) <= {"mechanism", "K", "batch_size"}:
             out.setdefault((g.pretrain.mechanism, dictionary_size(g.pretrain)), g)
     return out
 
@@ -470,16 +466,15 @@ def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
     for fixed in (BASE_ID, SUPERVISED_ID, RANDOM_ID):
         if fixed not in gs:  # always a row, "—" until computed
             picked.append(Group(fixed, parse_cell_id(fixed), merge(base, parse_cell_id(fixed)), None))
-    order = {"moco": 0, "supervised": 1, "random": 2}
 
     def key(g):
-        return (order.get(g.pretrain.method, 3), g.id != BASE_ID, str(g.get("variant")), str(g.get("backbone")), g.id)
+        return (row_order(g.pretrain.method), g.id != BASE_ID, str(g.get("variant")), str(g.get("backbone")), g.id)
 
     rows = []
     for g in sorted(picked, key=key):
         method = g.diff.get("method") or g.get("method") or "moco"
-        label = "MoCo (base cell)" if g.id == BASE_ID else METHOD_LABELS.get(method, method)
-        variant = (g.get("variant") or "") if method == "moco" else ""
+        label = "MoCo (base cell)" if g.id == BASE_ID else method_label(method)
+        variant = (g.get("variant") or "") if is_moco(method) else ""
         other = ", ".join(
             f"{a}={format_value(v)}" for a, v in g.diff.items() if a not in ("method", "variant", "backbone")
         )
@@ -491,9 +486,9 @@ def backbone_label(p: dict) -> str:
     if not p.get("backbone"):
         return ""
     name = BACKBONE_LABELS.get(p["backbone"], p["backbone"])
-    if p["backbone"].startswith("resnet") and p.get("width") and p["width"] != 64:
+    if is_resnet(p["backbone"]) and p.get("width") and p["width"] != 64:
         name += f" (width {p['width']})"
-    if p["backbone"].startswith("vit") and p.get("patch_size"):
+    if is_vit(p["backbone"]) and p.get("patch_size"):
         name += f"/{p['patch_size']}"
     return name
 
@@ -659,7 +654,7 @@ def provenance_factory(df: pd.DataFrame, cfg: dict, results: Path):
 
     def prov(gs: list[Group], vary: set) -> str:
         ps = [g.params for g in gs if g is not None and g.params] or ([base] if base else [])
-        moco = [p for p in ps if p.get("method") == "moco"]
+        moco = [p for p in ps if is_moco(p.get("method"))]
         same = [
             f"{a}={format_value(base[a])}"
             for a in ("variant", "K", "m", "T", "batch_size", "lr")
