@@ -1,0 +1,134 @@
+"""A new method is its own file plus one registry entry: a toy method, defined and registered
+here and nowhere else, goes through the config's validation, the grid, a real pretraining and
+probe on the embedded data, the tables and the figures."""
+
+import csv
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from pipeline import method_registry, pretrain, probe, tables
+from pipeline.config import ConfigError, load_schema, pretrain_cell, section
+from pipeline.grid import grid_cells
+from pipeline.layout import cell_file
+from pipeline.method_registry import MethodSpec, register
+from pipeline.moco.method import Method
+from pipeline.models import Encoder, feature_dim, projection_head
+from pipeline.optim import optimizer_name
+from pipeline.sections import Pretrain
+
+
+class Toy(Method):
+    """In-batch instance discrimination through one encoder: each image's first view against
+    the second views of the batch (no key encoder, no queue)."""
+
+    def __init__(self, backbone: torch.nn.Module, dim: int, T: float):
+        super().__init__()
+        self.encoder_q = Encoder(backbone, projection_head(feature_dim(backbone), dim, mlp=False))
+        self.T = T
+
+    def forward(self, x1, x2=None, index=None, labels=None):
+        q1, q2 = (F.normalize(self.encoder_q(x), dim=1) for x in (x1, x2))
+        logits = q1 @ q2.T / self.T
+        target = torch.arange(len(q1), device=logits.device)
+        return F.cross_entropy(logits, target), logits, target
+
+
+def build_toy(p, backbone, num_classes, num_samples, world_size):
+    return Toy(backbone, p.dim, p.T)
+
+
+# between MoCo's rows (10) and the supervised baseline's (20)
+TOY = MethodSpec("toy", "toy method", 15, f"{__name__}:build_toy")
+
+
+@pytest.fixture
+def toy():
+    register(TOY)
+    yield TOY
+    del method_registry.METHODS[TOY.name]
+
+
+BASE = {
+    "method": "moco",
+    "variant": "v2",
+    "backbone": "resnet18",
+    "width": 8,
+    "dim": 16,
+    "K": 32,
+    "m": 0.9,
+    "T": 0.2,
+    "epochs": 3,
+    "batch_size": 16,
+    "lr": 0.05,
+    "mask_same_source": True,
+    "knn_every": 0,
+}
+DATA = {"crop_size": 32, "workers": 1}
+
+
+def test_the_schema_takes_the_registered_methods(toy):
+    assert load_schema()["$defs"]["pretrain"]["properties"]["method"]["enum"] == ["moco", "supervised", "random", "toy"]
+    cell = pretrain_cell(Pretrain(), {"method": "toy"})
+    assert cell.spec is TOY and not cell.is_moco and not cell.has_queue and cell.trains
+    assert optimizer_name(cell) == "sgd"  # the registry's default: the MoCo v1/v2 recipe's
+
+
+def test_an_unregistered_method_is_refused():
+    known = r"\['moco', 'supervised', 'random'\]"
+    with pytest.raises(ConfigError, match=rf"config key 'pretrain.method': 'toy' is not one of {known}"):
+        pretrain_cell(Pretrain(), {"method": "toy"})
+
+
+def test_the_registry_says_which_cells_have_a_queue():
+    """By definition of each mechanism: only MoCo v1/v2's own mechanism keeps a queue."""
+    queue = {
+        (): True,
+        (("variant", "v1"),): True,
+        (("variant", "v3"),): False,
+        (("mechanism", "end_to_end"),): False,
+        (("mechanism", "memory_bank"),): False,
+        (("method", "supervised"),): False,
+        (("method", "random"),): False,
+    }
+    for change, expected in queue.items():
+        assert Pretrain(**dict(change)).has_queue is expected, change
+
+
+def read_csv(results, name):
+    return list(csv.DictReader((results / "tables" / f"{name}.csv").open()))
+
+
+def test_a_toy_method_runs_through_grid_pretraining_tables_and_figures(toy, ffcv_small, tmp_path):
+    cfg = {
+        "dataset": {"source": "synthetic", "synthetic": {"train_per_class": 8, "val_per_class": 4}},
+        "pretrain": BASE,
+        "probe": {"mode": "cached", "epochs": 5},
+        "detect": {"enabled": False},
+        "grid": {"one_at_a_time": {"method": ["toy"]}, "baselines": ["random"]},
+    }
+    cells = grid_cells(cfg)
+    assert list(cells) == ["base", "method=toy", "method=random"]
+    assert cells["method=toy"] == {**BASE, "method": "toy"}
+    results = tmp_path / "results"
+    for cid, params in cells.items():
+        out = results / "cells" / cid / "pretrain"
+        summary = pretrain.run({"data": DATA, "pretrain": params}, ffcv_small, out, tmp_path / "state" / cid, False)
+        assert summary["method"] == params["method"] and summary["failure"] is None, (cid, summary["failure"])
+        ckpt = out / "checkpoint.pt"
+        probe.run({"probe": cfg["probe"], "data": DATA}, ckpt, ffcv_small, results / "cells" / cid / "probe.json")
+    assert torch.load(cell_file(results, "method=toy", "checkpoint"), weights_only=False)["method"] == "toy"
+    assert section("pretrain", cells["method=toy"]).spec is TOY
+
+    tables.run(results, cfg)
+    rows = read_csv(results, "methods")
+    # MoCo's rows, then the toy's (its registry order), then the baselines; its label from the registry
+    assert [r["method"] for r in rows] == ["MoCo (base cell)", "toy method", "supervised", "random init"]
+    toy_row = rows[1]
+    assert toy_row["variant"] == "" and toy_row["backbone"] == "ResNet-18 (width 8)"  # a variant is MoCo's
+    assert 0 <= float(toy_row["top1"]) <= 100 and toy_row["top1_n"] == "1"
+    # not a MoCo variant: none of the MoCo ablations takes its cell; the grid table lists every cell
+    assert [r["cell"] for r in read_csv(results, "grid")] == ["base", "method=random", "method=toy"]
+    for curve in ("base", "method=toy", "method=random"):
+        assert (results / "figures" / "curves" / f"{curve}.png").read_bytes()[:4] == b"\x89PNG"
