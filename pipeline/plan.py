@@ -126,7 +126,7 @@ DETECTION = (
 
 def method_key(p: Pretrain) -> str:
     """The throughput table's method of a cell: what a training step computes."""
-    if p.method != "moco":
+    if not p.is_moco:
         return p.method
     if p.mechanism != "moco":
         return f"moco {p.mechanism}"
