@@ -65,3 +65,30 @@ def test_moco_v3_recipe_excludes_biases_and_norm_parameters():
         else:  # 0.bias, 1.weight, 1.bias (BN), 3.bias
             expected = -p.lr * g
         torch.testing.assert_close(moved[name], expected, rtol=1e-5, atol=1e-8, msg=name)
+
+
+def test_lars_matches_timm_without_weight_decay():
+    """timm.optim.Lars with MoCo v3's exclusion as parameter groups (weights adapted, biases and
+    BN parameters plain momentum SGD), three steps. Only without weight decay: timm's trust
+    ratio divides by ||g|| + wd ||w||, MoCo v3's by ||g + wd w|| (the hand test covers decay)."""
+    from timm.optim import Lars
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+
+    ours, theirs = model(), model()
+    weights = [t for t in theirs.parameters() if t.ndim > 1]
+    rest = [t for t in theirs.parameters() if t.ndim <= 1]
+    optimizers = {
+        ours: LARS(ours.parameters(), lr=0.5, momentum=0.9),
+        theirs: Lars([{"params": weights, "always_adapt": True}, {"params": rest}], lr=0.5, momentum=0.9, eps=0.0),
+    }
+    x = torch.randn(5, 3, 8, 8)
+    for _ in range(3):
+        for net, opt in optimizers.items():
+            opt.zero_grad()
+            net(x).square().sum().backward()
+            opt.step()
+    for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+        torch.testing.assert_close(a, b, msg=name)
