@@ -1,18 +1,39 @@
-"""The speed benchmarks run end to end on real data (tiny sizes; they measure, they do not assert speed)."""
+"""The speed benchmarks run end to end on real data (tiny sizes; they measure, they do not assert speed).
+
+Their arithmetic (ratios, floors) is checked against times the test sets: the real measurement
+still runs, then its medians are replaced by round numbers whose ratios are worked out by hand.
+"""
 
 import json
 
 TINY = "workflow/config/presets/tiny.yaml"
 
 
+def set_medians(module, medians: dict, measured: dict):
+    """``module.interleaved`` runs as before (its real medians go into ``measured``), then
+    reports ``medians`` (seconds per candidate) instead."""
+    real = module.interleaved
+
+    def interleaved(candidates, rounds, warmup=1):
+        res = real(candidates, rounds, warmup)
+        measured.update(res)
+        return {name: {**r, "median_s": medians[name]} for name, r in res.items()}
+
+    return interleaved
+
+
 def test_bench_epoch_takes_an_epoch_apart(ffcv_small, tmp_path, monkeypatch, repo):
     from pipeline.bench import epoch
 
     monkeypatch.chdir(tmp_path)  # bench/out/ of this run lands here
+    measured: dict = {}
+    medians = {"model": 2.0, "loader": 1.0, "recipe": 0.5, "real": 2.5}
+    monkeypatch.setattr(epoch, "interleaved", set_medians(epoch, medians, measured))
     result = epoch.main(["--configfile", str(repo / TINY), "--data", str(ffcv_small), "--rounds", "1"])
-    assert set(result["results"]) == {"model", "loader", "recipe", "real"}
-    assert all(r["median_s"] > 0 for r in result["results"].values())
-    assert result["ratio_vs_model"]["model"] == 1.0 and result["ratio_vs_model"]["real"] > 0
+    assert set(measured) == {"model", "loader", "recipe", "real"}
+    assert all(r["median_s"] > 0 for r in measured.values())
+    # each epoch time over the model's 2.0 s
+    assert result["ratio_vs_model"] == {"model": 1.0, "loader": 0.5, "recipe": 0.25, "real": 1.25}
     assert result["width"] == 8 and result["threads"] == 1  # the preset, layered over the default config
     saved = json.loads((tmp_path / "bench" / "out" / "epoch.json").read_text())
     assert saved["machine"]["cpu"]["model"]
@@ -23,25 +44,42 @@ def test_bench_cores_compares_thread_layouts(ffcv_small, tmp_path, monkeypatch, 
 
     monkeypatch.chdir(repo)  # workers run `python -m pipeline.bench` from the repository
     monkeypatch.setattr(cores, "write", lambda name, result: tmp_path / f"{name}.json")
+    real, measured = cores.run_layout, []
+    rates = {(1, 2): [4.0, 8.0], (2, 1): [5.0, 6.0]}  # steps/s per round, set by the test
+
+    def run_layout(configfiles, data, jobs, threads, epochs):
+        if len(measured) < len(rates):  # the workers run in the first round only (time)
+            measured.append(real(configfiles, data, jobs, threads, epochs))
+        return rates[jobs, threads].pop(0)
+
+    monkeypatch.setattr(cores, "run_layout", run_layout)
     result = cores.main(
-        ["--configfile", str(repo / TINY), "--data", str(ffcv_small), "--cores", "2", "--epochs", "1", "--rounds", "1"]
+        ["--configfile", str(repo / TINY), "--data", str(ffcv_small), "--cores", "2", "--epochs", "1", "--rounds", "2"]
     )
+    assert len(measured) == 2 and all(r > 0 for r in measured)  # the workers of both layouts ran
     layouts = result["layouts"]
     assert {(r["jobs"], r["threads"]) for r in layouts.values()} == {(1, 2), (2, 1)}
-    assert all(r["steps_per_s"] > 0 for r in layouts.values())
-    assert layouts["1 job(s) x 2 thread(s)"]["ratio_vs_one_job"] == 1.0
+    # medians: one job 6.0 steps/s (4 and 8), two jobs 5.5 (5 and 6): 5.5 / 6
+    assert layouts["1 job(s) x 2 thread(s)"]["steps_per_s"] == 6.0
+    assert layouts["2 job(s) x 1 thread(s)"]["steps_per_s"] == 5.5
+    assert layouts["2 job(s) x 1 thread(s)"]["ratio_vs_one_job"] == 0.917
 
 
 def test_bench_step_measures_the_floor_beside_the_steps(tmp_path, monkeypatch):
     from pipeline.bench import step
 
     monkeypatch.chdir(tmp_path)
+    measured: dict = {}
+    medians = {"supervised": 2.0, "key_forward": 0.5, "moco_v2": 3.0, "moco_v3": 6.0, "moco_v2_unguarded": 2.5}
+    monkeypatch.setattr(step, "interleaved", set_medians(step, medians, measured))
     result = step.main(["--batch", "16", "--size", "16", "--width", "4", "--rounds", "1"])
-    res = result["results"]
-    assert set(res) == {"supervised", "moco_v2", "key_forward", "moco_v3", "moco_v2_unguarded"}
-    sup, key = res["supervised"]["median_s"], res["key_forward"]["median_s"]
-    assert result["moco_v2_measured_floor"] == round((sup + key) / sup, 3)
-    assert result["ratio_vs_supervised"]["moco_v2_unguarded"] == round(res["moco_v2_unguarded"]["median_s"] / sup, 3)
+    assert set(measured) == set(medians) and all(r["median_s"] > 0 for r in measured.values())
+    # the floor: the supervised step plus the key forward, 2.0 + 0.5, over the supervised 2.0
+    assert result["moco_v2_measured_floor"] == 1.25
+    assert result["ratio_vs_supervised"] == {"moco_v2": 1.5, "moco_v3": 3.0, "moco_v2_unguarded": 1.25}
+    assert result["moco_v2_over_measured_floor"] == 1.2  # 1.5 / 1.25
+    assert result["floor"] == {"moco_v2": 1.333, "moco_v3": 2.667}  # (3 + 1) / 3 and (2 * 3 + 2) / 3
+    assert result["samples_per_s"]["supervised"] == 8.0  # 16 images in 2.0 s
 
 
 def test_bench_step_on_the_fast_path(tmp_path, monkeypatch):

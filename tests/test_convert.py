@@ -12,7 +12,6 @@ import pickle
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -207,8 +206,7 @@ class FailingDataset(SplitDataset):
 
     def __getitem__(self, i):
         if i == self.fail_at:
-            if self.hard:
-                time.sleep(0.5)  # as an OOM kill would: some time into the writing
+            if self.hard:  # as an OOM kill would, midway through the writing
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"simulated read error at sample {i}")
         return super().__getitem__(i)
@@ -243,39 +241,45 @@ def _field_defaults():
     return {k: DEFAULTS[k] for k in ("max_resolution", "jpeg_quality", "compress_probability", "smart_threshold")}
 
 
-SLOW_CONVERT = """
-import sys, time
+HELD_CONVERT = """
+import signal, sys
 from pipeline import convert as c
 get = c.SplitDataset.__getitem__
-def slow(self, i):  # only the writer is slowed down, not the check pass
-    time.sleep(0.05)
+def held(self, i):  # the writer stops halfway (sample 100 of 200) and says so
+    if i == 100:
+        print("writing sample 100", flush=True)
+        signal.pause()  # until the test kills the process group
     return get(self, i)
-c.SplitDataset.__getitem__ = slow
+c.SplitDataset.__getitem__ = held
 c.run(sys.argv[1], sys.argv[2], {"write_mode": "raw", "workers": 1}, progress=False)
 """
 
 
+@pytest.mark.timeout(300)
 def test_killed_conversion_leaves_no_beton(tmp_path):
     make_imagefolder(tmp_path / "src", per_class=100, size=(16, 16))
     out = tmp_path / "out" / "train.beton"
     proc = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CONVERT, str(tmp_path / "src"), str(out)],
+        [sys.executable, "-c", HELD_CONVERT, str(tmp_path / "src"), str(out)],
         cwd=REPO,
         start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and not (out.parent.is_dir() and not no_temporaries(out.parent)):
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            time.sleep(0.2)
-        assert not no_temporaries(out.parent), "the conversion never started writing"
-        time.sleep(1.0)  # well inside the writing (200 images x 50 ms)
+        lines = []
+        for line in proc.stdout:  # until the writer is halfway through
+            lines.append(line)
+            if line.endswith("writing sample 100\n"):  # after the progress bar (\r, no newline)
+                break
+        else:
+            raise AssertionError(f"the conversion ended before it was halfway:\n{''.join(lines)[-2000:]}")
+        assert not no_temporaries(out.parent), "halfway, and no temporary file is being written"
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
-        proc.stderr.close()
+        proc.stdout.close()
     assert not out.exists() and not out.with_suffix(".json").exists()
     # the next run cleans the killed run's temporary and completes
     convert(tmp_path / "src", out, RAW, progress=False)

@@ -72,34 +72,6 @@ def test_nccl_single_rank_collectives():
         dist.destroy_process_group()
 
 
-def test_ffcv_loads_to_gpu(ffcv_small):
-    from ffcv.fields.basics import IntDecoder
-    from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder
-    from ffcv.loader import Loader, OrderOption
-    from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
-
-    device = torch.device("cuda:0")
-    loader = Loader(
-        str(ffcv_small / "train.beton"),
-        batch_size=16,
-        num_workers=2,
-        order=OrderOption.RANDOM,
-        pipelines={
-            "image": [
-                RandomResizedCropRGBImageDecoder((32, 32)),
-                ToTensor(),
-                ToDevice(device, non_blocking=True),
-                ToTorchImage(),
-            ],
-            "label": [IntDecoder(), ToTensor(), ToDevice(device), Squeeze()],
-            "index": [IntDecoder(), ToTensor(), ToDevice(device), Squeeze()],
-        },
-    )
-    images, labels, index = next(iter(loader))
-    assert images.is_cuda and images.shape == (16, 3, 32, 32) and images.dtype == torch.uint8
-    assert labels.is_cuda
-
-
 def test_detection_fine_tunes_on_the_gpu(tmp_path):
     """The detect stage moves the detector and every batch to the job's GPU (C4 head, BN)."""
     import json

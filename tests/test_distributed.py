@@ -1,5 +1,6 @@
-"""MoCo across processes (2 gloo ranks on CPU): ShuffleBN, identical queues, and the same
-training as one process at twice the batch."""
+"""MoCo across processes (2 gloo ranks on CPU): ShuffleBN in a BatchNorm model, identical
+queues, and (with GroupNorm, which has no batch statistics to differ by) the same training as
+one process at twice the batch."""
 
 import os
 import socket
@@ -93,6 +94,46 @@ def test_two_ranks_equal_one_process_at_twice_the_batch(tmp_path):
     for key, value in single.items():
         torch.testing.assert_close(r0[key].float(), value.float(), rtol=1e-4, atol=1e-5, msg=key)
         torch.testing.assert_close(r1[key].float(), value.float(), rtol=1e-4, atol=1e-5, msg=key)
+
+
+def _bn_worker(rank, world, port, out):
+    """One MoCo v2 forward of a BatchNorm model on this rank's half of the global batch; what
+    the key and query encoders saw and returned, and the logits."""
+    _init(rank, world, port)
+    torch.manual_seed(0)
+    model = build_model({**P, "norm": "bn"}, 16, 10, 1000, world_size=world)
+    seen = {}
+    model.encoder_k.register_forward_hook(lambda m, args, out: seen.update(k_in=args[0], k_out=out))
+    model.encoder_q.register_forward_hook(lambda m, args, out: seen.update(q_out=out))
+    x1, x2, idx = global_batches()[0]
+    rows = slice(rank * B, (rank + 1) * B)
+    torch.manual_seed(7 + rank)  # each rank its own stream: only rank 0's broadcast can align them
+    with torch.no_grad():
+        _, logits, _ = model(x1[rows], x2[rows], idx[rows])
+    torch.save({**seen, "logits": logits, "shuffle_bn": model.shuffle_bn}, f"{out}/bn{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_shuffle_bn_in_a_batch_norm_model(tmp_path):
+    """ShuffleBN by its definition (MoCo paper, 3.3): rank 0 draws a permutation of the global
+    key batch; rank r's key encoder (its BN) normalises slice r of it; each query meets the key
+    of its own image, wherever that image was encoded."""
+    mp.spawn(_bn_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"bn{r}.pt") for r in (0, 1)]
+    assert all(r["shuffle_bn"] for r in ranks)  # BatchNorm: the guard is on
+    _, x2, _ = global_batches()[0]
+    torch.manual_seed(7)
+    perm = torch.randperm(2 * B)  # rank 0's draw: its seed, the forward's first random numbers
+    for r, seen in enumerate(ranks):
+        mine = perm[r * B : (r + 1) * B]
+        assert torch.equal(seen["k_in"], x2[mine])  # the BN batch: slice r of the permutation
+        assert set(mine.tolist()) != set(range(r * B, (r + 1) * B))  # ... not this rank's own images
+    # keys in the order of the global batch: key of image perm[j] is row j of the encoded slices
+    keys = torch.nn.functional.normalize(torch.cat([seen["k_out"] for seen in ranks]), dim=1)[perm.argsort()]
+    for r, seen in enumerate(ranks):
+        q = torch.nn.functional.normalize(seen["q_out"], dim=1)
+        positives = (q * keys[r * B : (r + 1) * B]).sum(1) / P["T"]
+        torch.testing.assert_close(seen["logits"][:, 0], positives)
 
 
 def _shuffle_worker(rank, world, port, out):

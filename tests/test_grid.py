@@ -152,9 +152,8 @@ def test_cell_resources_scale_with_the_cell():
 
 
 def test_dag_of_a_100_cell_product_grid(tmp_path):
-    """Dry run of a 5 x 5 x 4 product grid (100 cells): builds the whole DAG; prints the time."""
-    import time
-
+    """Dry run of a 5 x 5 x 4 product grid (100 cells): builds the whole DAG. How long it takes
+    is measured, not asserted: `python -m pipeline.bench dag` (a 100-cell grid too)."""
     from conftest import run, snakemake_bin
     from test_workflow import jobs_planned
 
@@ -165,7 +164,6 @@ def test_dag_of_a_100_cell_product_grid(tmp_path):
         "    K: [64, 128, 256, 512, 1024]\n    m: [0, 0.9, 0.99, 0.999, 0.9999]\n"
         "    T: [0.07, 0.1, 0.2, 0.5]\n"
     )
-    start = time.perf_counter()
     proc = run(
         [
             snakemake_bin(),
@@ -180,8 +178,5 @@ def test_dag_of_a_100_cell_product_grid(tmp_path):
         ],
         timeout=300,
     )
-    seconds = time.perf_counter() - start
-    print(f"\nDAG of 100 cells (dry run, 305 jobs): {seconds:.1f} s")
     counts = jobs_planned(proc.stdout)
     assert counts["pretrain"] == counts["probe"] == counts["detect"] == 100 and counts["tables"] == 1
-    assert seconds < 60

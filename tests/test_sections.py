@@ -96,18 +96,29 @@ def test_to_dict_round_trips_a_stage_config():
     assert {k: to_dict(v) for k, v in typed.items()} == {k: cfg[k] for k in ("data", "probe")}
 
 
-@pytest.mark.parametrize("cls", [*SECTION_TYPES.values(), *NESTED.values()])
-def test_sections_are_frozen(cls):
-    typed = cls()
-    first = dataclasses.fields(cls)[0].name
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        setattr(typed, first, None)
+# known exceptions: plain dicts inside the frozen grid section (its sweeps, axis -> values, and
+# resources.backbone_cost, backbone -> factor); a stage could change them in place
+MUTABLE = {"grid": {"one_at_a_time", "product", "resources"}}
+
+
+@pytest.mark.parametrize("name", sorted(SECTION_TYPES))
+def test_a_built_section_holds_nothing_mutable(name):
+    """What building adds to a frozen dataclass: YAML's lists become tuples and nested dicts
+    sections, so no stage can change its config in place; hashing fails on any list or dict
+    left inside, or on a section declared without frozen=True."""
+    typed = section(name, load_yaml(DEFAULT_CONFIG)[name])
+    for f in dataclasses.fields(typed):
+        if f.name not in MUTABLE.get(name, ()):
+            hash(getattr(typed, f.name))
+    if name not in MUTABLE:
+        hash(typed)
 
 
 def test_a_grid_cell_replaces_and_validates():
     base = section("pretrain", load_yaml(DEFAULT_CONFIG)["pretrain"])
     cell = pretrain_cell(base, {"K": 1024, "m": 0.9})
-    assert cell == dataclasses.replace(base, K=1024, m=0.9) and base.K == 256
+    assert to_dict(cell) == {**to_dict(base), "K": 1024, "m": 0.9}  # these two keys changed, no other
+    assert (base.K, base.m) == (256, 0.99)  # the base cell unchanged
     with pytest.raises(ConfigError, match="pretrain.m"):
         pretrain_cell(base, {"m": 1.5})  # the schema's range
     with pytest.raises(ConfigError, match="K=100 is not a multiple"):

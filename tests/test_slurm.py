@@ -333,7 +333,6 @@ def test_failing_job_fails_the_workflow(cluster, exact_results, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(json.dumps(BAD))
     target = results / "cells" / "base" / "pretrain" / "checkpoint.pt"
-    t0 = time.time()
     only_base = base_cells_only(tmp_path, merge(EXACT, BAD))  # the tiny grid's K=128 needs an even batch
     proc = hard_run(
         snakemake_cmd(results, target, configfiles=[exact_results / "overlay.yaml", bad, only_base]), timeout=240
@@ -345,4 +344,3 @@ def test_failing_job_fails_the_workflow(cluster, exact_results, tmp_path):
     assert why in (results / "logs" / "pretrain" / "base.log").read_text()
     assert why in out  # show-failed-logs: the log is in Snakemake's output
     assert not target.exists()
-    assert time.time() - t0 < 240

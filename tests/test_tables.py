@@ -17,7 +17,7 @@ from pipeline.config import merge
 from pipeline.detect import summarize_trials
 from pipeline.grid import parse_cell_id
 from pipeline.layout import STUDY_NAMES
-from pipeline.pretrain import rows_to_csv
+from pipeline.pretrain import LOG_COLUMNS, rows_to_csv
 from pipeline.tables import latex
 from pipeline.tables import run as write_tables
 
@@ -78,12 +78,15 @@ def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE,
                 "queue_age_p99": params["K"] / params["batch_size"],
                 "queue_age_max": params["K"] / params["batch_size"],
                 "drift": 0.01,
+                "negative_drift_mean": 0.25 * e,
+                "negative_drift_max": 0.5 * e,
                 "seconds": 1.0,
             }
             for e in (1, 2)
         ]
     )
-    (d / "pretrain" / "log.csv").write_text(rows_to_csv(rows))  # the real columns (pretrain.LOG_COLUMNS)
+    assert all(list(row) == LOG_COLUMNS for row in rows), "the fake log lacks a column pretrain writes"
+    (d / "pretrain" / "log.csv").write_text(rows_to_csv(rows))
     (d / "pretrain" / "summary.json").write_text(
         json.dumps(
             {
@@ -184,6 +187,10 @@ def test_every_study_written_in_three_formats(results):
     cells = read_csv(results, "cells")
     assert {r["cell"] for r in cells} >= {"base", "seed=1", "K=16384", "m=0"}
     assert {r["status"] for r in cells if r["cell"] == "K=16384"} == {"missing"}
+    # the queue's columns: the last epoch's (2) of the log, K / B = 4096 / 256 steps
+    base = next(r for r in cells if r["cell"] == "base")
+    assert float(base["queue_age_max"]) == 16 and float(base["negative_drift_mean"]) == 0.5
+    assert float(base["negative_drift_max"]) == 1.0
 
 
 def test_k_ablation_numbers_and_missing_cell(results):

@@ -106,7 +106,10 @@ def test_tiny_workflow_end_to_end(tiny_results):
     # every job says where its time went, and the pipeline benchmark sets it beside Snakemake's
     timing = json.loads((results / "cells" / "base" / "pretrain" / "summary.json").read_text())["timing"]
     assert {"setup", "loader_first_batch", "steps", "data_wait", "knn_monitor", "checkpoints"} <= set(timing)
-    assert sum(v for k, v in timing.items() if k != "wall") == pytest.approx(timing["wall"], abs=0.05)
+    # the phases do not overlap (a nested phase would count its seconds twice); their arithmetic
+    # is checked by hand in test_cov_data.py::test_stopwatch_report_by_hand
+    named = sum(v for k, v in timing.items() if k not in ("other", "wall"))
+    assert named <= timing["wall"] + 0.05  # rounding of each to 0.01 s
     from pipeline.bench import pipeline as bench_pipeline
 
     jobs = bench_pipeline.collect(results)

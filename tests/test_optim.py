@@ -1,0 +1,94 @@
+"""LARS (pipeline.optim) against its definition, worked out by hand: MoCo v3's optimizer
+(moco-v3 optimizer.py, You et al. 2017). Weights (ndim > 1) take weight decay and the trust
+ratio trust_coefficient * ||w|| / ||g + wd w||; biases and normalisation parameters take
+neither; then momentum SGD (buf = momentum * buf + update; w -= lr * buf)."""
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from pipeline.optim import LARS, build_optimizer
+from pipeline.sections import Pretrain
+
+
+def steps(params_and_grads, n, **hyper):
+    """``n`` LARS steps, each with the same gradients; the parameters after each step."""
+    params = [nn.Parameter(torch.tensor(p)) for p, _ in params_and_grads]
+    opt = LARS(params, **hyper)
+    after = []
+    for _ in range(n):
+        for p, (_, g) in zip(params, params_and_grads):
+            p.grad = torch.tensor(g)
+        opt.step()
+        after.append([p.detach().clone() for p in params])
+    return after
+
+
+def test_lars_update_by_hand():
+    hyper = dict(lr=1.0, weight_decay=0.1, momentum=0.9, trust_coefficient=0.001)
+    weight = ([[3.0, 4.0]], [[0.3, 0.4]])  # ||w|| = 5
+    bias = ([1.0, -2.0], [0.5, 0.5])
+    zero_weight = ([[0.0, 0.0]], [[1.0, 0.0]])  # ||w|| = 0: ratio 1
+    (w1, b1, z1), (w2, b2, z2) = steps([weight, bias, zero_weight], 2, **hyper)
+    # step 1: g + 0.1 w = [0.6, 0.8] (norm 1), ratio 0.001 * 5 / 1 -> [0.003, 0.004] = buf
+    torch.testing.assert_close(w1, torch.tensor([[2.997, 3.996]]))
+    # step 2: w = 0.999 [3, 4], so g + 0.1 w = 0.9995 [0.6, 0.8]; ratio * that = 0.001 * 4.995 [0.6, 0.8]
+    # = [0.002997, 0.003996]; buf = 0.9 [0.003, 0.004] + that = [0.005697, 0.007596]
+    torch.testing.assert_close(w2, torch.tensor([[2.991303, 3.988404]]))
+    # a bias: no weight decay, no ratio: buf 0.5, then 0.9 * 0.5 + 0.5 = 0.95
+    torch.testing.assert_close(b1, torch.tensor([0.5, -2.5]))
+    torch.testing.assert_close(b2, torch.tensor([-0.45, -3.45]))
+    # a zero weight: ratio 1 (nothing to scale by) -> [-1, 0]; then ||w|| = 1, g + 0.1 w = [0.9, 0]
+    # (norm 0.9), ratio 0.001 / 0.9 -> [0.001, 0]; buf = 0.9 [1, 0] + [0.001, 0]
+    torch.testing.assert_close(z1, torch.tensor([[-1.0, 0.0]]))
+    torch.testing.assert_close(z2, torch.tensor([[-1.901, 0.0]]))
+
+
+def test_moco_v3_recipe_excludes_biases_and_norm_parameters():
+    """build_optimizer on MoCo v3's ResNet recipe: LARS; after one step each weight moved by
+    lr * trust_coefficient * ||w|| along -(g + wd w); each bias and BN parameter by -lr * g."""
+    p = dataclasses.replace(Pretrain(), method="moco", variant="v3", backbone="resnet18", optimizer="auto")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    opt = build_optimizer(p, model.parameters())
+    assert isinstance(opt, LARS)
+    model(torch.randn(5, 3, 8, 8)).square().sum().backward()
+    before = {n: (t.detach().clone(), t.grad.clone()) for n, t in model.named_parameters()}
+    opt.step()
+    moved = {n: t.detach() - before[n][0] for n, t in model.named_parameters()}
+    assert sorted(n for n, t in model.named_parameters() if t.ndim > 1) == ["0.weight", "3.weight"]
+    for name, (w, g) in before.items():
+        if w.ndim > 1:
+            u = g + p.weight_decay * w
+            expected = -p.lr * 0.001 * w.norm() * u / u.norm()
+        else:  # 0.bias, 1.weight, 1.bias (BN), 3.bias
+            expected = -p.lr * g
+        torch.testing.assert_close(moved[name], expected, rtol=1e-5, atol=1e-8, msg=name)
+
+
+def test_lars_matches_timm_without_weight_decay():
+    """timm.optim.Lars with MoCo v3's exclusion as parameter groups (weights adapted, biases and
+    BN parameters plain momentum SGD), three steps. Only without weight decay: timm's trust
+    ratio divides by ||g|| + wd ||w||, MoCo v3's by ||g + wd w|| (the hand test covers decay)."""
+    from timm.optim import Lars
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+
+    ours, theirs = model(), model()
+    weights = [t for t in theirs.parameters() if t.ndim > 1]
+    rest = [t for t in theirs.parameters() if t.ndim <= 1]
+    optimizers = {
+        ours: LARS(ours.parameters(), lr=0.5, momentum=0.9),
+        theirs: Lars([{"params": weights, "always_adapt": True}, {"params": rest}], lr=0.5, momentum=0.9, eps=0.0),
+    }
+    x = torch.randn(5, 3, 8, 8)
+    for _ in range(3):
+        for net, opt in optimizers.items():
+            opt.zero_grad()
+            net(x).square().sum().backward()
+            opt.step()
+    for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+        torch.testing.assert_close(a, b, msg=name)
