@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import nn
 from torch.nn import functional as F
 
-from pipeline.config import ConfigError, as_section
+from pipeline.config import ConfigError
 from pipeline.layout import RESNETS
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd, MemoryBank
@@ -20,9 +20,8 @@ from pipeline.models import VITS, Encoder, bn_mlp, build_backbone, feature_dim, 
 from pipeline.sections import Pretrain
 
 
-def arch_of(p: Pretrain | dict, image_size: int | None = None) -> dict:
+def arch_of(p: Pretrain, image_size: int | None = None) -> dict:
     """The backbone record stored in checkpoints (enough to rebuild it)."""
-    p = as_section(Pretrain, p)
     if p.backbone in VITS:
         return {
             "backbone": p.backbone,
@@ -83,8 +82,7 @@ def bn_guard_text(model: nn.Module, world_size: int) -> str:
     return "keys shuffled across " + " x ".join(where)
 
 
-def build_model(p: Pretrain | dict, image_size: int, num_classes: int, num_samples: int, world_size: int = 1) -> Method:
-    p = as_section(Pretrain, p)
+def build_model(p: Pretrain, image_size: int, num_classes: int, num_samples: int, world_size: int = 1) -> Method:
     resnet = p.backbone in RESNETS
     v3_resnet = p.method == "moco" and p.variant == "v3" and resnet
     # MoCo v3's ResNet starts each residual branch at zero (zero_init_residual, as its reference);

@@ -1,6 +1,7 @@
 """Odd dataset trees a user points the converter at: each converts, or fails with a message
 that names the problem, and nothing is written half-way. Every file is generated here."""
 
+import dataclasses
 import json
 import os
 import struct
@@ -21,7 +22,7 @@ from pipeline.convert import run as convert
 from pipeline.data import two_view_loader
 from pipeline.sources import SourceError, decode_file, open_source
 
-OPTS = {**RAW, "max_resolution": 64}
+OPTS = dataclasses.replace(RAW, max_resolution=64)
 
 
 def stored_by_path(report, out):
@@ -188,7 +189,7 @@ def test_image_kinds_convert_as_a_viewer_shows_them(tmp_path):
     out = tmp_path / "train.beton"
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # e.g. PIL's palette-transparency warning
-        report = convert(root, out, {**OPTS, "workers": 1}, split="train", progress=False)
+        report = convert(root, out, dataclasses.replace(OPTS, workers=1), split="train", progress=False)
     assert report["skipped"] == [] and report["num_samples"] == 4 + len(expect)
     assert {os.path.basename(i["path"]): i["reason"] for i in report["ignored"]} == {
         ".cache": "hidden folder (not scanned)",

@@ -12,6 +12,7 @@ from test_convert import make_cifar, make_imagefolder, make_stl10
 from pipeline import augment
 from pipeline.convert import run as convert
 from pipeline.data import LOADERS, converted_source, eval_loader, two_view_loader
+from pipeline.sections import Convert
 
 KW = dict(batch_size=16, workers=1, seed=3)
 
@@ -99,7 +100,7 @@ def test_torchvision_loader_without_beton(tmp_path):
     convert(
         tmp_path / "cifar",
         tmp_path / "c" / "train.beton",
-        {"workers": 1},
+        Convert(workers=1),
         source="cifar10",
         beton=False,
         progress=False,
@@ -114,7 +115,7 @@ def test_torchvision_loader_without_beton(tmp_path):
     convert(
         tmp_path / "stl",
         tmp_path / "s" / "train.beton",
-        {"workers": 1},
+        Convert(workers=1),
         source="stl10",
         split="train+unlabeled",
         beton=False,
@@ -131,7 +132,7 @@ def test_torchvision_loader_skips_what_conversion_skipped(tmp_path):
     root = tmp_path / "train"
     make_imagefolder(root)
     (root / "a" / "bad.png").write_bytes(b"garbage")
-    report = convert(root, tmp_path / "train.beton", {"workers": 1}, beton=False, progress=False)
+    report = convert(root, tmp_path / "train.beton", Convert(workers=1), beton=False, progress=False)
     assert len(report["skipped"]) == 1 and len(converted_source(tmp_path / "train.beton")) == 6
     make_imagefolder(root, classes=("b",), per_class=4)  # one more image after the conversion
     with pytest.raises(RuntimeError, match="changed since it was converted"):

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from pipeline.bench.timing import write
+from pipeline.sections import Convert
 
 CLASSES = 10
 
@@ -62,7 +63,8 @@ def make_beton(images: Path, out: Path, mode: str, size: int, workers: int) -> d
     report = out.with_suffix(".json")
     if out.is_file() and report.is_file():
         return json.loads(report.read_text())
-    return convert(images, out, {"write_mode": mode, "max_resolution": size, "workers": workers}, progress=False)
+    opts = Convert(write_mode=mode, max_resolution=size, workers=workers)
+    return convert(images, out, opts, progress=False)
 
 
 def two_view_args(args) -> dict:
