@@ -20,6 +20,7 @@ rule plan:
     params:
         py=PY,
         cfg=lambda w: json.dumps(config),
-        profile=os.environ.get("PLAN_PROFILE", "profiles/slurm"),
+        # PLAN_PROFILE: another profile than pipeline.plan's default (DEFAULT_PROFILE)
+        profile=(f" --profile {shlex.quote(os.environ['PLAN_PROFILE'])}" if "PLAN_PROFILE" in os.environ else ""),
     shell:
-        "{params.py} -m pipeline.plan --config-json {params.cfg:q} --profile {params.profile:q} | tee {log:q}"
+        "{params.py} -m pipeline.plan --config-json {params.cfg:q}{params.profile} | tee {log:q}"
