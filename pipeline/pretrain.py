@@ -37,7 +37,7 @@ from pipeline import checkpoint, cpus, distributed, preempt, provenance
 from pipeline.augment import view_recipes
 from pipeline.board import Board, board_dir
 from pipeline.config import ConfigError, load_stage_config, pretrain_warnings, result_config, section
-from pipeline.data import eval_loader, is_converted, two_view_loader
+from pipeline.data import Reading, Views, eval_loader, is_converted, two_view_loader
 from pipeline.fast_path import FastPath
 from pipeline.features import features_of
 from pipeline.io import atomic_write_json, atomic_write_text
@@ -164,18 +164,14 @@ class Trainer:
             self.net = nn.parallel.DistributedDataParallel(self.model, broadcast_buffers=False)
         if p.compile:
             self.net = torch.compile(self.net)
-        self.loader = two_view_loader(
-            data_dir / "train.beton",
-            p.batch_size // env.world_size,
-            d.crop_size,
-            scale_min=p.crop_scale_min,
-            workers=self.threads.loader,
-            seed=p.seed,
-            distributed=env.world_size > 1,
-            threads=self.threads.torch,
-            crop=d.crop,
+        reading = Reading(
+            batch_size=p.batch_size // env.world_size,
             loader=d.loader,
+            workers=self.threads.loader,
+            threads=self.threads.torch,
+            distributed=env.world_size > 1,
         )
+        self.loader = two_view_loader(data_dir / "train.beton", Views.of(p, d), reading)
         if len(self.loader) == 0:
             raise ConfigError(
                 f"pretrain.batch_size={p.batch_size} exceeds the training set ({self.num_samples} images)"

@@ -19,7 +19,7 @@ from test_convert import RAW, make_imagefolder, no_temporaries, rand_images, rea
 from pipeline import convert as conv
 from pipeline.convert import ConversionError
 from pipeline.convert import run as convert
-from pipeline.data import two_view_loader
+from pipeline.data import Reading, Views, two_view_loader
 from pipeline.sources import SourceError, decode_file, open_source
 
 OPTS = dataclasses.replace(RAW, max_resolution=64)
@@ -54,7 +54,7 @@ def test_extreme_aspect_ratio_is_stored_with_every_side_at_least_one_pixel(tmp_p
     assert report["resolution"]["stored"]["min_hw"] == [1, 24]
     # and the training loader crops it like any other image
     seen = []
-    for v1, _v2, _, idx in two_view_loader(out, batch_size=4, crop_size=16, workers=1, drop_last=False):
+    for v1, _v2, _, idx in two_view_loader(out, Views(crop_size=16), Reading(batch_size=4, workers=1, drop_last=False)):
         assert v1.shape[1:] == (3, 16, 16) and torch.isfinite(v1.float()).all()
         seen += idx.tolist()
     assert sorted(seen) == list(range(8))
