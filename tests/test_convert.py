@@ -158,7 +158,7 @@ def test_strict_fails_naming_the_file(corrupt_tree, tmp_path, workers):
         convert(root, out, dataclasses.replace(RAW, workers=workers, strict=True), progress=False)
     assert not out.exists() and not out.with_suffix(".json").exists()
     with pytest.raises(SystemExit, match=r"error: unreadable image .*z_truncated\.jpg"):
-        main(["--root", str(root), "--out", str(out), "--strict", "--config", json.dumps(RAW)])
+        main(["--root", str(root), "--out", str(out), "--strict", "--config", json.dumps(dataclasses.asdict(RAW))])
 
 
 @pytest.mark.parametrize(
@@ -242,12 +242,13 @@ def write_failing(tmp_path, hard):
 SLOW_CONVERT = """
 import sys, time
 from pipeline import convert as c
+from pipeline.sections import Convert
 get = c.SplitDataset.__getitem__
 def slow(self, i):  # only the writer is slowed down, not the check pass
     time.sleep(0.05)
     return get(self, i)
 c.SplitDataset.__getitem__ = slow
-c.run(sys.argv[1], sys.argv[2], {"write_mode": "raw", "workers": 1}, progress=False)
+c.run(sys.argv[1], sys.argv[2], Convert(write_mode="raw", workers=1), progress=False)
 """
 
 
