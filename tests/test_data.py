@@ -15,7 +15,6 @@ from pipeline.data import LOADERS, Reading, Views, converted_source, eval_loader
 from pipeline.sections import Convert
 
 
-
 @pytest.fixture(scope="module")
 def eval_views(ffcv_small):
     """index -> (image, label) of the centre view at 32 px (the stored size), per loader."""
