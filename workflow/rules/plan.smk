@@ -8,6 +8,9 @@
 # A local rule with no output: it runs wherever Snakemake runs, every time it is asked for.
 
 
+from pipeline.plan import DEFAULT_PROFILE  # (no torch: the DAG is built without it)
+
+
 localrules:
     plan,
 
@@ -20,7 +23,7 @@ rule plan:
     params:
         py=PY,
         cfg=lambda w: json.dumps(config),
-        # PLAN_PROFILE: another profile than pipeline.plan's default (DEFAULT_PROFILE)
-        profile=(f" --profile {shlex.quote(os.environ['PLAN_PROFILE'])}" if "PLAN_PROFILE" in os.environ else ""),
+        # an environment variable, not a config key; its default is pipeline.plan's
+        profile=os.environ.get("PLAN_PROFILE", DEFAULT_PROFILE),
     shell:
-        "{params.py} -m pipeline.plan --config-json {params.cfg:q}{params.profile} | tee {log:q}"
+        "{params.py} -m pipeline.plan --config-json {params.cfg:q} --profile {params.profile:q} | tee {log:q}"
