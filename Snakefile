@@ -8,7 +8,7 @@
 #   snakemake claims                            # the seeds' claims as experiments (tables/claims.*)
 #   snakemake plan                              # the grid's GPU-hours and wall time before submitting
 #   snakemake --profile slurm                   # on a SLURM cluster
-from pipeline.config import ConfigError, read_command_line_values, validate
+from pipeline.config import ConfigError, read_command_line_values, typed_config, validate
 from pipeline.grid import claims_cells, grid_cells  # (not `expand`: that is Snakemake's)
 
 
@@ -16,10 +16,13 @@ configfile: "workflow/config/config.yaml"
 
 
 read_command_line_values(config)  # --config pretrain='{epochs: 50}': 50, not '50'
-validate(config)  # schema + cross-field rules, with the key and the allowed range on error
-CELLS = grid_cells(config)
+# schema + cross-field rules, with the key and the allowed range on error; then typed once:
+# the rules read CFG (every default is pipeline.sections'), and `config`, the dicts as given,
+# only where they write a job's JSON (its keys as the config states them)
+CFG = typed_config(validate(config))
+CELLS = grid_cells(CFG)
 try:  # `snakemake claims` only; a config whose claims cannot run fails that target alone
-    CLAIMS_CELLS, CLAIMS_ERROR = claims_cells(config), None
+    CLAIMS_CELLS, CLAIMS_ERROR = claims_cells(CFG), None
 except ConfigError as err:
     CLAIMS_CELLS, CLAIMS_ERROR = {}, err
 

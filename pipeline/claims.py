@@ -29,9 +29,10 @@ import pandas as pd
 
 from pipeline import stats
 from pipeline.claims_plan import Budget, needs
-from pipeline.config import DEFAULT_CONFIG, ConfigError, merge, section
+from pipeline.config import DEFAULT_CONFIG, ConfigError, to_dict, typed_config
 from pipeline.grid import cell_id, claims_cells, claims_overrides, format_value, group_id, training_set_size
 from pipeline.layout import QUEUE_POLICIES
+from pipeline.sections import Claims, Config
 from pipeline.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
 from pipeline.studies import (
     QUEUE_METRICS,
@@ -72,15 +73,13 @@ class Cells:
     """The claims' cells by role (pipeline.grid.claims_overrides), as groups of seeds, and the
     size of the experiment (steps, training images, classes)."""
 
-    def __init__(self, df: pd.DataFrame, cfg: dict, results: Path):
+    def __init__(self, df: pd.DataFrame, cfg: Config, claims: Claims, results: Path):
         self.gs = groups(df)
-        base = cfg["pretrain"]
-        self.claims, typed_base = section("claims", cfg["claims"]), section("pretrain", base)
+        self.claims, base = claims, to_dict(cfg.pretrain)
         self.ids = {
-            role: group_id(cell_id(base, merge(base, o)))
-            for role, o in claims_overrides(self.claims, typed_base).items()
+            role: group_id(cell_id(base, {**base, **o})) for role, o in claims_overrides(claims, cfg.pretrain).items()
         }
-        self.batch = typed_base.batch_size
+        self.batch = cfg.pretrain.batch_size
         self.budget = Budget(*data_size(cfg, results), self.batch, self.claims.epochs)
         self.needs = needs(self.claims, self.budget)  # each claim's cells and a-priori needs
 
@@ -106,7 +105,7 @@ class Cells:
         return all(self.value(r).status != "missing" for r in roles)
 
 
-def data_size(cfg: dict, results: Path) -> tuple[int | None, int | None]:
+def data_size(cfg: Config, results: Path) -> tuple[int | None, int | None]:
     """(training images, classes): the embedded data's from the config, else the conversion report."""
     n = training_set_size(cfg)
     if n is not None:
@@ -442,7 +441,11 @@ def queue_table(c: Cells, prov) -> Table:
 
 
 def claims_tables(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
-    c = Cells(df, cfg, results)
+    """``cfg``: the config as the job's JSON states it (the tables' provenance names its keys)."""
+    typed = typed_config(cfg)
+    if typed.claims is None:
+        raise ConfigError("the claims tables need the config's claims section")
+    c = Cells(df, typed, typed.claims, results)
     prov = provenance_factory(df, cfg, results)
     mom = momentum(
         c.gs,
@@ -459,7 +462,8 @@ def run(results: Path, cfg: dict) -> str:
     if not cfg.get("claims") or not cfg.get("pretrain"):
         raise ConfigError("the claims tables need the config's pretrain and claims sections")
     cfg = {**cfg, "detect": {"enabled": False}}  # the claims rest on pretraining and the probe only
-    tables = claims_tables(collect(results, claims_cells(cfg)), cfg, results)
+    expected = {cid: cell.stated(cfg["pretrain"]) for cid, cell in claims_cells(typed_config(cfg)).items()}
+    tables = claims_tables(collect(results, expected), cfg, results)
     for t in tables:
         write_table(t, results / "tables")
     return "\n".join(markdown(t) for t in tables)

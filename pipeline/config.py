@@ -18,7 +18,20 @@ import jsonschema
 import yaml
 
 from pipeline.method_registry import METHODS, method_spec, resolve
-from pipeline.sections import INIT, RUNTIME, Claims, Convert, Data, Dataset, Detect, Grid, Launch, Pretrain, Probe
+from pipeline.sections import (
+    INIT,
+    RUNTIME,
+    Claims,
+    Config,
+    Convert,
+    Data,
+    Dataset,
+    Detect,
+    Grid,
+    Launch,
+    Pretrain,
+    Probe,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = REPO / "workflow" / "config" / "config.schema.yaml"
@@ -62,11 +75,6 @@ def _typed_value(f: dataclasses.Field, value):
     return tuple(value) if isinstance(value, list) else value
 
 
-def as_section(cls: type[S], section: S | dict | None) -> S:
-    """``section`` typed: a ``cls`` as is, a dict (what older callers pass) built into one."""
-    return section if isinstance(section, cls) else build(cls, section)  # type: ignore[arg-type]  # a dict or None
-
-
 # typed per name for the sections the stages read, so that a checker sees what each one holds
 @overload
 def section(name: Literal["pretrain"], values: dict | None = None) -> Pretrain: ...
@@ -79,10 +87,25 @@ def section(name: Literal["grid"], values: dict | None = None) -> Grid: ...
 @overload
 def section(name: Literal["claims"], values: dict | None = None) -> Claims: ...
 @overload
+def section(name: Literal["probe"], values: dict | None = None) -> Probe: ...
+@overload
+def section(name: Literal["detect"], values: dict | None = None) -> Detect: ...
+@overload
+def section(name: Literal["launch"], values: dict | None = None) -> Launch: ...
+@overload
+def section(name: Literal["dataset"], values: dict | None = None) -> Dataset: ...
+@overload
 def section(name: str, values: dict | None = None) -> Any: ...
 def section(name: str, values: dict | None = None) -> Any:
     """The typed config section ``name`` (a key of SECTION_TYPES) from its validated dict."""
     return build(SECTION_TYPES[name], values)
+
+
+def typed_config(cfg: dict) -> Config:
+    """The whole (validated) workflow config typed, once: absent sections and keys at their
+    defaults, as every stage reads them; ``claims`` stays None when the config has none."""
+    typed = build(Config, {name: values for name, values in cfg.items() if name != "claims"})
+    return typed if "claims" not in cfg else dataclasses.replace(typed, claims=section("claims", cfg["claims"]))
 
 
 def to_dict(typed) -> dict:
@@ -221,9 +244,8 @@ def _non_finite(value, path=()):
             yield from _non_finite(v, (*path, i))
 
 
-def check_pretrain(p: Pretrain | dict, where: str = "pretrain", num_samples: int | None = None) -> None:
-    """Cross-field rules of one pretraining cell (a dict: as grid.py passes it)."""
-    p = as_section(Pretrain, p)
+def check_pretrain(p: Pretrain, where: str = "pretrain", num_samples: int | None = None) -> None:
+    """Cross-field rules of one pretraining cell."""
     drops = list(p.lr_step_epochs or [])
     if drops != sorted(set(drops)) or (drops and drops[-1] >= p.epochs):
         raise ConfigError(f"{where}: lr_step_epochs={drops} must increase and stay below epochs={p.epochs}")
@@ -257,9 +279,8 @@ def check_moco(p: Pretrain, where: str, num_samples: int | None) -> None:
         )
 
 
-def pretrain_warnings(p: Pretrain | dict, num_samples: int | None) -> list[str]:
+def pretrain_warnings(p: Pretrain, num_samples: int | None) -> list[str]:
     """Settings that run but are probably not meant (the stage logs them)."""
-    p = as_section(Pretrain, p)
     if p.has_queue and num_samples and p.K >= num_samples and not p.mask_same_source:
         return [
             f"K={p.K} >= {num_samples} training images: the queue holds keys of the query's own image "
@@ -268,18 +289,17 @@ def pretrain_warnings(p: Pretrain | dict, num_samples: int | None) -> list[str]:
     return []
 
 
-def check_dataset(d: dict) -> None:
-    if d["source"] != "synthetic":
-        root = d["root"]  # the schema requires it, a non-empty string, for every other source
+def check_dataset(d: Dataset) -> None:
+    if d.source != "synthetic":
+        root = str(d.root)  # the schema requires it, a non-empty string, for every other source
         if not Path(root).expanduser().is_dir():
             raise ConfigError(f"dataset.root: folder not found: {root}")
 
 
-def check_detect(det: Detect | dict, dataset: dict) -> None:
-    det = as_section(Detect, det)
+def check_detect(det: Detect, dataset: Dataset) -> None:
     if not det.enabled:
         return
-    if det.root is None and dataset["source"] != "synthetic":
+    if det.root is None and dataset.source != "synthetic":
         raise ConfigError(
             "detect.root: required (a COCO folder or a VOCdevkit) unless dataset.source is "
             "'synthetic', or set detect.enabled: false"
@@ -289,8 +309,7 @@ def check_detect(det: Detect | dict, dataset: dict) -> None:
     check_detector(det)
 
 
-def check_detector(det: Detect | dict) -> None:
-    det = as_section(Detect, det)
+def check_detector(det: Detect) -> None:
     if det.max_image_size and det.max_image_size < det.image_size:
         raise ConfigError(f"detect.max_image_size={det.max_image_size} is below detect.image_size={det.image_size}")
     if det.batch_size % det.ranks:
@@ -353,8 +372,7 @@ def read_command_line_values(cfg: dict, schema: dict | None = None) -> dict:
     return read(cfg, schema)
 
 
-def check_claims(claims: Claims | dict) -> None:
-    claims = as_section(Claims, claims)
+def check_claims(claims: Claims) -> None:
     if claims.long_epochs <= claims.epochs:
         raise ConfigError(
             f"claims.long_epochs={claims.long_epochs} must exceed claims.epochs={claims.epochs} "
@@ -366,11 +384,12 @@ def validate(cfg: dict) -> dict:
     """Validate a whole workflow config; returns it unchanged."""
     schema = load_schema()
     validate_schema(cfg, schema)
-    check_dataset(cfg["dataset"])
-    check_detect(cfg["detect"], cfg["dataset"])
-    check_pretrain(cfg["pretrain"])
-    if "claims" in cfg:
-        check_claims(cfg["claims"])
+    typed = typed_config(cfg)
+    check_dataset(typed.dataset)
+    check_detect(typed.detect, typed.dataset)
+    check_pretrain(typed.pretrain)
+    if typed.claims is not None:
+        check_claims(typed.claims)
     return cfg
 
 
@@ -385,9 +404,9 @@ def validate_sections(cfg: dict, sections: list[str]) -> dict:
             sub = schema["$defs"][sub["$ref"].split("/")[-1]]
         validate_schema(cfg[name], {**sub, "$defs": schema["$defs"]}, prefix=name)
     if "pretrain" in sections:
-        check_pretrain(cfg["pretrain"])
+        check_pretrain(section("pretrain", cfg["pretrain"]))
     if "detect" in sections:
-        check_detector(cfg["detect"])
+        check_detector(section("detect", cfg["detect"]))
     return cfg
 
 

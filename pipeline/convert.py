@@ -32,7 +32,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from pipeline.config import as_section
 from pipeline.io import atomic_path, atomic_write_json
 from pipeline.sections import Convert
 from pipeline.sources import KINDS, UNLABELED, Source, SourceError, open_source
@@ -41,7 +40,6 @@ from pipeline.sources import KINDS, UNLABELED, Source, SourceError, open_source
 # below RAW_BUDGET bytes, i.e. comfortably in the page cache; above it FFCV's ImageNet recipe
 # (half the images JPEG-compressed). smart: JPEG for images above smart_threshold bytes.
 RAW_BUDGET = 4 << 30
-DEFAULTS = dataclasses.asdict(Convert())  # the defaults as a dict (they are defined in pipeline.sections)
 MIN_PAGE = 1 << 21  # FFCV's minimum; its 8 MiB default pads small datasets heavily
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -363,10 +361,9 @@ def _release_shared_memory(writer) -> None:
             pass
 
 
-def image_fields(opts: Convert | dict) -> dict:
+def image_fields(opts: Convert) -> dict:
     from pipeline import ffcv_runtime
 
-    opts = as_section(Convert, opts)
     ffcv_runtime.load()
     from ffcv.fields import IntField, RGBImageField
 
@@ -419,7 +416,7 @@ def remove_stale_temporaries(out: Path) -> None:
 def run(
     root,
     out,
-    opts: Convert | dict | None = None,
+    opts: Convert | None = None,
     source: str = "imagefolder",
     split: str | None = None,
     progress: bool = True,
@@ -428,10 +425,9 @@ def run(
     """Convert one split; returns the report (also written next to ``out`` as .json).
 
     ``beton=False`` checks the images and writes only the report (enough for the torchvision
-    loader where FFCV is not installed). ``opts``: the convert section (a dict: its unset keys
-    take the defaults).
+    loader where FFCV is not installed). ``opts``: the convert section (None: the defaults).
     """
-    opts = as_section(Convert, opts)
+    opts = opts or Convert()
     out = Path(out)
     split = split or out.stem
     t0 = time.perf_counter()

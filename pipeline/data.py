@@ -21,65 +21,98 @@ from __future__ import annotations
 import functools
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from pipeline.sections import Data, Pretrain
+
 LOADERS = ("ffcv", "torchvision")
 RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop (as torchvision's default)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Views:
+    """How two_view_loader draws an image's two views: each a random resized crop (side
+    ``crop_size``, a share scale_min..1 of the area, an aspect ratio in ``ratio``) and a flip,
+    from ``seed``; ``crop``: where the crops are drawn (loader | device). scale_min=1,
+    ratio=(1, 1), flip=False: no geometric augmentation (both views equal the evaluation view)."""
+
+    crop_size: int
+    scale_min: float = 0.2
+    ratio: tuple[float, float] = RATIO
+    flip: bool = True
+    crop: str = "loader"
+    seed: int = 0
+
+    @classmethod
+    def of(cls, p: Pretrain, d: Data) -> Views:
+        """A pretraining cell's views."""
+        return cls(crop_size=d.crop_size, scale_min=p.crop_scale_min, crop=d.crop, seed=p.seed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reading:
+    """How a split is read: batches of ``batch_size`` (per process) by ``loader``, with
+    ``workers`` decoding processes and ``threads`` torch threads; one shard per rank when
+    ``distributed``."""
+
+    batch_size: int
+    loader: str = "ffcv"
+    workers: int = 2
+    threads: int | None = None
+    distributed: bool = False
+    drop_last: bool = True
+
+
 # --- factories -----------------------------------------------------------------------------
-def two_view_loader(
-    path,
-    batch_size: int,
-    crop_size: int,
-    scale_min: float = 0.2,
-    workers: int = 2,
-    seed: int = 0,
-    distributed: bool = False,
-    threads: int | None = None,
-    drop_last: bool = True,
-    crop: str = "loader",
-    loader: str = "ffcv",
-    flip: bool = True,
-    ratio=RATIO,
-):
+def two_view_loader(path, views: Views, reading: Reading):
     """Yields (view1, view2, label, index); each view is its own random resized crop + flip.
 
     path: the split's ``.beton`` (its report ``.json`` next to it is what the torchvision
-    loader reads). crop="loader": crops drawn while decoding (fastest); with FFCV they are
-    drawn from (seed, view, batch, sample) (pipeline.seeded_crop), so every run of a config,
-    and every resumed run, sees the same views. crop="device": the loader yields whole centre
-    views and the crops are drawn from torch's RNG on the device. scale_min=1, ratio=(1, 1),
-    flip=False: no geometric augmentation
-    (both views equal the evaluation view).
+    loader reads). views.crop="loader": crops drawn while decoding (fastest); with FFCV they
+    are drawn from (seed, view, batch, sample) (pipeline.seeded_crop), so every run of a
+    config, and every resumed run, sees the same views. crop="device": the loader yields whole
+    centre views and the crops are drawn from torch's RNG on the device.
     """
-    _check_choice(loader, crop)
-    if crop == "device":
+    v, r = views, reading
+    _check_choice(r.loader, v.crop)
+    if v.crop == "device":
         from pipeline.augment import DeviceCrop
 
         base = eval_loader(
             path,
-            batch_size,
-            crop_size,
-            workers,
-            threads=threads,
-            distributed=distributed,
+            r.batch_size,
+            v.crop_size,
+            r.workers,
+            threads=r.threads,
+            distributed=r.distributed,
             order="random",
-            seed=seed,
-            drop_last=drop_last,
-            loader=loader,
+            seed=v.seed,
+            drop_last=r.drop_last,
+            loader=r.loader,
         )
-        return TwoViewLoader(base, DeviceCrop(crop_size, scale_min))
-    scale = (scale_min, 1.0)
-    if loader == "torchvision":
-        dataset = TwoViewDataset(converted_source(path), crop_size, scale, ratio, flip, seed)
-        return TwoViewLoader(TorchLoader(dataset, batch_size, workers, seed, True, distributed, drop_last))
-    return TwoViewLoader(
-        _ffcv_views(path, batch_size, crop_size, scale, ratio, flip, workers, seed, distributed, threads, drop_last)
+        return TwoViewLoader(base, DeviceCrop(v.crop_size, v.scale_min))
+    scale = (v.scale_min, 1.0)
+    if r.loader == "torchvision":
+        dataset = TwoViewDataset(converted_source(path), v.crop_size, scale, v.ratio, v.flip, v.seed)
+        return TwoViewLoader(TorchLoader(dataset, r.batch_size, r.workers, v.seed, True, r.distributed, r.drop_last))
+    ffcv = _ffcv_views(
+        path,
+        r.batch_size,
+        v.crop_size,
+        scale,
+        v.ratio,
+        v.flip,
+        r.workers,
+        v.seed,
+        r.distributed,
+        r.threads,
+        r.drop_last,
     )
+    return TwoViewLoader(ffcv)
 
 
 def crop_loader(

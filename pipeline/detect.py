@@ -55,7 +55,7 @@ from tqdm import tqdm
 
 from pipeline import checkpoint, cpus, distributed, voc_eval
 from pipeline.augment import MEAN, STD
-from pipeline.config import ConfigError, as_section, load_stage_config, to_dict
+from pipeline.config import ConfigError, load_stage_config, section, to_dict
 from pipeline.detection_data import DetectionDataError, DetectionSplit, load_splits
 from pipeline.io import atomic_write_json
 from pipeline.models import build_backbone, group_norm
@@ -166,10 +166,9 @@ def check_norm(arch: dict, dc: Detect, source: str) -> None:
         )
 
 
-def build_detector(ckpt: dict, dc: Detect | dict, num_classes: int, source: str = "checkpoint") -> FasterRCNN:
+def build_detector(ckpt: dict, dc: Detect, num_classes: int, source: str = "checkpoint") -> FasterRCNN:
     """Faster R-CNN over the checkpoint's backbone (all weights loaded), FPN or C4 head.
-    ``dc``: the detect section (a dict: its unset keys take the defaults)."""
-    dc = as_section(Detect, dc)
+    ``dc``: the detect section."""
     check_norm(ckpt["arch"], dc, source)
     backbone = build_backbone(ckpt["arch"])
     checkpoint.load_backbone_state(backbone, ckpt["backbone"], source)
@@ -226,9 +225,9 @@ def build_detector(ckpt: dict, dc: Detect | dict, num_classes: int, source: str 
     )
 
 
-def test_scale(detector: FasterRCNN, dc: Detect | dict) -> None:
+def test_scale(detector: FasterRCNN, dc: Detect) -> None:
     """Evaluate at image_size (torchvision would take the last training size)."""
-    detector.transform.min_size = (as_section(Detect, dc).image_size,)
+    detector.transform.min_size = (dc.image_size,)
 
 
 def pretrained_part(detector: FasterRCNN) -> dict:
@@ -351,7 +350,7 @@ def coco_from_dict(data: dict) -> COCO:
     return coco
 
 
-def coco_evaluate(gt: str | Path | dict, detections: list[dict]) -> dict:
+def coco_evaluate(gt: dict | str | Path, detections: list[dict]) -> dict:
     """COCO bbox AP, AP50, AP75, APs, APm, APl in percent (None: no ground truth of that size).
     ``gt``: a COCO-format dict or its JSON file. Ground truth marked iscrowd (crowds; VOC's
     difficult objects) is ignored, not missed."""
@@ -384,10 +383,9 @@ def voc_metric(split: DetectionSplit, dc: Detect) -> str:
     return choice if choice != "auto" else ("11point" if split.year == "2007" else "area")
 
 
-def evaluate(split: DetectionSplit, detections: list[dict], dc: Detect | dict) -> dict:
+def evaluate(split: DetectionSplit, detections: list[dict], dc: Detect) -> dict:
     """The split's own protocol: COCO box AP; on VOC, VOC's metric (AP50, AP75 and AP over IoU
     0.50:0.95, as the MoCo paper's VOC table) with the COCO-style numbers beside it."""
-    dc = as_section(Detect, dc)
     coco = coco_evaluate(split.coco, detections)
     if split.kind != "voc":
         return {**coco, "protocol": "COCO box AP (pycocotools)"}
@@ -446,7 +444,7 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
     """Fine-tune on the train split, score the val split, write the metrics JSON to ``out``
     (rank 0; the other ranks return None).
     ``seed`` (default detect.seed) draws the new layers, the batch order and the flips."""
-    dc = as_section(Detect, cfg["detect"])
+    dc = section("detect", cfg["detect"])
     cfg = {**cfg, "detect": to_dict(dc)}  # the metrics record every setting, defaults included
     seed, watch = dc.seed if seed is None else seed, Stopwatch()
     torch.manual_seed(seed)

@@ -19,7 +19,6 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import as_section
 from pipeline.sections import Voc
 
 VOC_CLASSES = (
@@ -75,9 +74,9 @@ def detect_layout(root: Path) -> str:
     )
 
 
-def load_splits(root, dataset: str = "auto", voc: Voc | dict | None = None) -> tuple[DetectionSplit, DetectionSplit]:
-    """(train, val) of the detection dataset under ``root``; ``voc``: detect.voc (a dict: its
-    unset keys take the defaults, VOC07+12 -> VOC07 test)."""
+def load_splits(root, dataset: str = "auto", voc: Voc | None = None) -> tuple[DetectionSplit, DetectionSplit]:
+    """(train, val) of the detection dataset under ``root``; ``voc``: detect.voc (None: the
+    defaults, VOC07+12 -> VOC07 test)."""
     root = Path(root)
     if not root.is_dir():
         raise DetectionDataError(f"detection dataset root not found: {root}")
@@ -85,7 +84,7 @@ def load_splits(root, dataset: str = "auto", voc: Voc | dict | None = None) -> t
     if layout == "coco":
         return coco_split(root, "train"), coco_split(root, "val")
     if layout == "voc":
-        voc = as_section(Voc, voc)
+        voc = voc or Voc()
         return voc_split(root, list(voc.train)), voc_split(root, [voc.val])
     raise ValueError(f"detect.dataset must be auto, coco or voc, not {dataset!r}")
 

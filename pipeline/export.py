@@ -25,7 +25,7 @@ import torch
 
 from pipeline import checkpoint
 from pipeline.io import atomic_path, atomic_write_json
-from pipeline.layout import VITS, is_resnet
+from pipeline.layout import VITS, is_resnet, is_vit
 
 TIMM_NAMES = {name: f"{name}_patch16_224" for name in VITS}  # e.g. vit_small_patch16_224
 
@@ -120,7 +120,7 @@ def run(ckpt_path: Path, out: Path, probe: Path | None = None, cell: str | None 
             "MODEL.PIXEL_MEAN/STD: ImageNet's in 0-255 (as the MoCo detection configs)",
             "Detectron2 checkpoint (stem, res2..res5), BN statistics included",
         )
-    elif arch["backbone"] in VITS:
+    elif is_vit(arch["backbone"]):
         save(
             "timm.pth", lambda p: torch.save(state, p), timm_loading(arch), "timm VisionTransformer state dict, no head"
         )

@@ -10,13 +10,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import yaml
 
 from pipeline.claims_plan import Budget, role_seeds
-from pipeline.config import ConfigError, as_section, merge, pretrain_cell, section, to_dict
+from pipeline.config import ConfigError, merge, pretrain_cell, to_dict
 from pipeline.layout import QUEUE_POLICIES
-from pipeline.sections import Claims, Grid, Pretrain, Resources
+from pipeline.sections import Claims, Config, Grid, Pretrain, Resources
 
 AXES = [
     "method",
@@ -38,6 +39,20 @@ AXES = [
     "seed",
 ]
 BASE_ID = "base"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the grid: its pretrain section, typed and validated, and what it sets over
+    the base cell (its override, grid.supervised's recipe included)."""
+
+    pretrain: Pretrain
+    override: dict
+
+    def stated(self, base: dict) -> dict:
+        """The cell as the config states it: the config's own pretrain keys (``base``, as
+        given) with the override. What the job's JSON holds, and the tables' expected cells."""
+        return merge(base, self.override)
 
 
 def format_value(value) -> str:
@@ -92,38 +107,32 @@ def _sweep_overrides(grid: Grid) -> list[dict]:
     return overrides
 
 
-def _replicates(overrides: list[dict], seeds: int, base: dict) -> list[dict]:
+def _replicates(overrides: list[dict], seeds: int, base: Pretrain) -> list[dict]:
     """``grid.seeds``: every cell N times, seeds seed, seed+1, ... (its own seed or the base's)."""
-    return [
-        {**o, "seed": as_section(Pretrain, merge(base, o)).seed + i} if i else o
-        for o in overrides
-        for i in range(seeds)
-    ]
+    return [{**o, "seed": o.get("seed", base.seed) + i} if i else o for o in overrides for i in range(seeds)]
 
 
-def training_set_size(cfg: dict) -> int | None:
+def training_set_size(cfg: Config) -> int | None:
     """Known at DAG build for the embedded dataset; for other sources the stage checks it."""
-    ds = cfg.get("dataset") or {}
-    if ds.get("source") != "synthetic":
+    if cfg.dataset.source != "synthetic":
         return None
-    from pipeline.synthetic import CLASSES, DEFAULTS
+    from pipeline.synthetic import CLASSES
 
-    return len(CLASSES) * {**DEFAULTS, **(ds.get("synthetic") or {})}["train_per_class"]
+    return len(CLASSES) * cfg.dataset.synthetic.train_per_class
 
 
-def check_cell(cid: str, base: Pretrain, override: dict, num_samples: int | None = None) -> None:
-    """The cell is the (typed) base cell with the override applied (dataclasses.replace),
+def check_cell(cid: str, base: Pretrain, override: dict, num_samples: int | None = None) -> Pretrain:
+    """The cell: the (typed) base cell with the override applied (dataclasses.replace),
     validated as any pretrain section."""
     try:
-        pretrain_cell(base, override, num_samples=num_samples)
+        return pretrain_cell(base, override, num_samples=num_samples)
     except ConfigError as err:
         raise ConfigError(f"ablation cell '{cid}' is impossible: {err}") from None
 
 
-def grid_cells(cfg: dict) -> dict[str, dict]:
-    """All cells of the grid: id -> full pretrain parameters (validated)."""
-    grid = section("grid", cfg.get("grid"))
-    return only(_cells(cfg, _sweep_overrides(grid)), grid.only)
+def grid_cells(cfg: Config) -> dict[str, Cell]:
+    """All cells of the grid: id -> the cell (validated)."""
+    return only(_cells(cfg, _sweep_overrides(cfg.grid)), cfg.grid.only)
 
 
 def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
@@ -146,22 +155,21 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
     }
 
 
-def claims_cells(cfg: dict) -> dict[str, dict]:
-    """The claims study's cells: id -> full pretrain parameters (validated); ``claims.seeds`` of
-    each cell a claim this budget can decide needs, one of the others (pipeline.claims_plan)."""
-    base = section("pretrain", cfg["pretrain"])
-    if "claims" not in cfg:
+def claims_cells(cfg: Config) -> dict[str, Cell]:
+    """The claims study's cells: id -> the cell (validated); ``claims.seeds`` of each cell a
+    claim this budget can decide needs, one of the others (pipeline.claims_plan)."""
+    base, claims = cfg.pretrain, cfg.claims
+    if claims is None:
         raise ConfigError("the config has no 'claims' section (workflow/config/config.yaml has one)")
     if not (base.is_moco and base.has_queue):
         raise ConfigError(
             "claims: the claims vary the queue and the momentum of MoCo v1/v2; the base cell "
             f"(pretrain) is method={base.method} variant={base.variant} mechanism={base.mechanism}"
         )
-    claims = section("claims", cfg["claims"])
     overrides = claims_overrides(claims, base)
     budget = Budget(training_set_size(cfg), None, base.batch_size, claims.epochs)
     seeds = role_seeds(claims, budget, overrides)
-    return _cells(cfg, [r for role, o in overrides.items() for r in _replicates([o], seeds[role], cfg["pretrain"])], 1)
+    return _cells(cfg, [r for role, o in overrides.items() for r in _replicates([o], seeds[role], base)], 1)
 
 
 def with_recipe(grid: Grid, override: dict) -> dict:
@@ -172,21 +180,19 @@ def with_recipe(grid: Grid, override: dict) -> dict:
     return {**{k: v for k, v in to_dict(grid.supervised).items() if v is not None}, **override}
 
 
-def _cells(cfg: dict, overrides: list[dict], seeds: int | None = None) -> dict[str, dict]:
+def _cells(cfg: Config, overrides: list[dict], seeds: int | None = None) -> dict[str, Cell]:
     """The cells of ``overrides``, ``seeds`` of each (None: grid.seeds)."""
-    base, typed_base = cfg["pretrain"], section("pretrain", cfg["pretrain"])  # typed once, not per cell
-    grid, num_samples = section("grid", cfg.get("grid")), training_set_size(cfg)
-    seeds = grid.seeds if seeds is None else seeds
-    cells: dict[str, dict] = {}
-    for override in _replicates(overrides, seeds, base):
-        cid = cell_id(base, merge(base, override))
-        override = with_recipe(grid, override)
-        check_cell(cid, typed_base, override, num_samples)
-        cells.setdefault(cid, merge(base, override))
+    base, num_samples = to_dict(cfg.pretrain), training_set_size(cfg)
+    seeds = cfg.grid.seeds if seeds is None else seeds
+    cells: dict[str, Cell] = {}
+    for override in _replicates(overrides, seeds, cfg.pretrain):
+        cid = cell_id(base, {**base, **override})
+        override = with_recipe(cfg.grid, override)
+        cells.setdefault(cid, Cell(check_cell(cid, cfg.pretrain, override, num_samples), override))
     return cells
 
 
-def only(cells: dict[str, dict], chosen: Sequence[str] | None) -> dict[str, dict]:
+def only(cells: dict[str, Cell], chosen: Sequence[str] | None) -> dict[str, Cell]:
     """The cells of ``chosen`` (grid.only; a cell's id or its seed-less group id), all if None."""
     if not chosen:
         return cells
@@ -196,11 +202,10 @@ def only(cells: dict[str, dict], chosen: Sequence[str] | None) -> dict[str, dict
     return {cid: p for cid, p in cells.items() if cid in chosen or group_id(cid) in chosen}
 
 
-def cell_params(cfg: dict, cid: str) -> dict:
-    """Parameters of a cell given by id, whether or not it is in the declared grid."""
-    override = with_recipe(section("grid", cfg.get("grid")), parse_cell_id(cid))
-    check_cell(cid, section("pretrain", cfg["pretrain"]), override, num_samples=training_set_size(cfg))
-    return merge(cfg["pretrain"], override)
+def cell_params(cfg: Config, cid: str) -> Cell:
+    """A cell given by id, whether or not it is in the declared grid."""
+    override = with_recipe(cfg.grid, parse_cell_id(cid))
+    return Cell(check_cell(cid, cfg.pretrain, override, num_samples=training_set_size(cfg)), override)
 
 
 # Pretraining cost of one epoch relative to a ResNet-18, per backbone (rough, for job sizing).
@@ -226,7 +231,7 @@ def group_id(cid: str) -> str:
     return ",".join(parts) or BASE_ID
 
 
-def cell_resources(params: Pretrain | dict, spec: Resources | dict | None = None) -> dict:
+def cell_resources(p: Pretrain, spec: Resources) -> dict:
     """Job resources of one cell's pretraining, scaled with the cell (``grid.resources``).
 
     nodes   = max(nodes, ceil(batch_size / batch_per_node))  (batch_per_node null: always ``nodes``)
@@ -234,7 +239,6 @@ def cell_resources(params: Pretrain | dict, spec: Resources | dict | None = None
 
     The random-init baseline does not train: overhead only, one node.
     """
-    p, spec = as_section(Pretrain, params), as_section(Resources, spec or {})
     cost = {**BACKBONE_COST, **spec.backbone_cost}[p.backbone]
     if not p.trains:
         return {"runtime": max(1, math.ceil(spec.overhead_minutes)), "nodes": 1}

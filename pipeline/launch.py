@@ -31,7 +31,6 @@ import subprocess
 import time
 from pathlib import Path
 
-from pipeline.config import as_section
 from pipeline.sections import Launch
 
 FINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
@@ -66,11 +65,9 @@ def srun_prefix(resources, launcher: str = "direct") -> str:
     return shlex.join(srun) + " "
 
 
-def module_args(launch: Launch | dict, folder: str) -> str:
+def module_args(launch: Launch, folder: str) -> str:
     """What the rule runs with ``python -m``: the trainer, or this launcher with the options
-    of the config's ``launch.slurm`` section, followed by ``--`` (the trainer's arguments).
-    ``launch``: the launch section (the rule passes a dict: its unset keys take the defaults)."""
-    launch = as_section(Launch, launch)
+    of the config's ``launch.slurm`` section, followed by ``--`` (the trainer's arguments)."""
     if launch.launcher != "submitit":
         return "pipeline.pretrain"
     args = ["pipeline.launch"]

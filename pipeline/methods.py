@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 from torch.nn import functional as F
 
-from pipeline.config import ConfigError, as_section
+from pipeline.config import ConfigError
 from pipeline.layout import VITS, is_resnet
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd, MemoryBank
@@ -21,9 +21,8 @@ from pipeline.models import Encoder, bn_mlp, build_backbone, feature_dim, projec
 from pipeline.sections import Pretrain
 
 
-def arch_of(p: Pretrain | dict, image_size: int | None = None) -> dict:
+def arch_of(p: Pretrain, image_size: int | None = None) -> dict:
     """The backbone record stored in checkpoints (enough to rebuild it)."""
-    p = as_section(Pretrain, p)
     if p.is_vit:
         return {
             "backbone": p.backbone,
@@ -84,9 +83,8 @@ def bn_guard_text(model: nn.Module, world_size: int) -> str:
     return "keys shuffled across " + " x ".join(where)
 
 
-def build_model(p: Pretrain | dict, image_size: int, num_classes: int, num_samples: int, world_size: int = 1) -> Method:
+def build_model(p: Pretrain, image_size: int, num_classes: int, num_samples: int, world_size: int = 1) -> Method:
     """The model of the cell's method (pipeline.method_registry: its builder) on a new backbone."""
-    p = as_section(Pretrain, p)
     # MoCo v3's ResNet starts each residual branch at zero (zero_init_residual, as its reference);
     # its ViT keeps the random patch projection (unset: MoCo only, a supervised ViT trains it)
     v3_resnet = p.is_moco and p.variant == "v3" and is_resnet(p.backbone)

@@ -7,7 +7,6 @@ import math
 
 import torch
 
-from pipeline.config import as_section
 from pipeline.sections import Pretrain
 
 
@@ -46,14 +45,11 @@ class LARS(torch.optim.Optimizer):
                 p.add_(buf, alpha=-group["lr"])
 
 
-# ``p``: the pretrain section; pipeline.pretrain passes it as a dict (its unset keys take the defaults)
-def optimizer_name(p: Pretrain | dict) -> str:
-    p = as_section(Pretrain, p)
+def optimizer_name(p: Pretrain) -> str:
     return p.spec.optimizer(p) if p.optimizer == "auto" else p.optimizer  # auto: the method's own
 
 
-def build_optimizer(p: Pretrain | dict, params) -> torch.optim.Optimizer:
-    p = as_section(Pretrain, p)
+def build_optimizer(p: Pretrain, params) -> torch.optim.Optimizer:
     params = [t for t in params if t.requires_grad]  # never the key encoder nor frozen parts
     name, wd = optimizer_name(p), p.weight_decay
     if name == "sgd":
@@ -65,9 +61,8 @@ def build_optimizer(p: Pretrain | dict, params) -> torch.optim.Optimizer:
     raise ValueError(f"unknown optimizer '{name}' (sgd, lars, adamw)")
 
 
-def lr_at(p: Pretrain | dict, progress: float, epochs: float) -> float:
+def lr_at(p: Pretrain, progress: float, epochs: float) -> float:
     """Learning rate at a fraction of training: linear warmup, then cosine or step decay."""
-    p = as_section(Pretrain, p)
     warm = p.warmup_epochs / max(epochs, 1e-9)
     if progress < warm:
         return p.lr * progress / warm

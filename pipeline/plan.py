@@ -29,17 +29,17 @@ import yaml
 from pipeline.config import (
     DEFAULT_CONFIG,
     ConfigError,
-    as_section,
     check_detector,
     check_pretrain,
     load_schema,
     load_yaml,
     merge,
+    typed_config,
     validate_schema,
 )
-from pipeline.grid import cell_resources, grid_cells, group_id, training_set_size
+from pipeline.grid import Cell, cell_resources, grid_cells, group_id, training_set_size
 from pipeline.layout import is_resnet
-from pipeline.sections import Detect, Pretrain, Resources
+from pipeline.sections import Config, Dataset, Pretrain
 
 DEFAULT_PROFILE = "profiles/slurm"
 
@@ -186,14 +186,14 @@ def gpus_of(resources: dict) -> int:
     return int(gres[1]) if gres else 1
 
 
-def train_images(cfg: dict) -> tuple[int, str]:
+def train_images(cfg: Config) -> tuple[int, str]:
     """The training split's size: its conversion report when it is this dataset's, else a known count."""
-    ds = cfg["dataset"]
-    source = ds["source"]
-    report = Path(cfg["results"]) / "data/ffcv/train.json"
+    ds = cfg.dataset
+    source = ds.source
+    report = Path(cfg.results) / "data/ffcv/train.json"
     if report.is_file():
         data = json.loads(report.read_text())
-        if _report_is_of(data.get("source") or {}, ds, cfg["results"]):
+        if _report_is_of(data.get("source") or {}, ds, cfg.results):
             return int(data["num_samples"]), f"the conversion report {report}"
         note = f"; {report} is of another dataset ({data.get('source', {}).get('root')}): ignored"
     else:
@@ -202,27 +202,27 @@ def train_images(cfg: dict) -> tuple[int, str]:
         size = training_set_size(cfg)
         assert size is not None  # the synthetic dataset's size follows from its config
         return size, "the synthetic dataset's config" + note
-    key = "stl10+unlabeled" if source == "stl10" and ds.get("stl10_unlabeled") else source
+    key = "stl10+unlabeled" if source == "stl10" and ds.stl10_unlabeled else source
     count, what = TRAIN_IMAGES[key]
     return count, what + note
 
 
-def _report_is_of(described: dict, ds: dict, results: str) -> bool:
-    kind = {"synthetic": "imagefolder"}.get(ds["source"], ds["source"])
-    root = Path(f"{results}/data/synthetic") if ds["source"] == "synthetic" else Path(str(ds.get("root")))
+def _report_is_of(described: dict, ds: Dataset, results: str) -> bool:
+    kind = "imagefolder" if ds.source == "synthetic" else ds.source
+    root = Path(f"{results}/data/synthetic") if ds.source == "synthetic" else Path(str(ds.root))
     where = Path(str(described.get("root", ""))).expanduser().resolve()
     return described.get("kind") == kind and where.is_relative_to(root.expanduser().resolve())
 
 
-def detection_cells(cfg: dict, cells: dict) -> list[str]:
+def detection_cells(cfg: Config, cells: dict[str, Cell]) -> list[str]:
     """The cells with detection transfer (as the detect rule's `detects`): ResNets, chosen cells."""
-    det = cfg["detect"]
-    chosen = det.get("cells", ["all"])
+    det = cfg.detect
+    chosen = det.cells
     return [
         cid
-        for cid, params in cells.items()
-        if det["enabled"]
-        and is_resnet(params["backbone"])
+        for cid, cell in cells.items()
+        if det.enabled
+        and is_resnet(cell.pretrain.backbone)
         and ("all" in chosen or cid in chosen or group_id(cid) in chosen)
     ]
 
@@ -236,17 +236,16 @@ def makespan(hours: list[float], slots: int) -> float:
     return max(free)
 
 
-def pretraining_row(cid: str, params: dict, cfg: dict, profile: dict, images: int, table) -> dict:
-    p = as_section(Pretrain, params)
+def pretraining_row(cid: str, p: Pretrain, cfg: Config, profile: dict, images: int, table) -> dict:
     row = {"cell": cid, "images": images, "epochs": p.epochs, "images_x_epochs": images * p.epochs}
     if not p.trains:  # the random-init baseline: a small CPU job
         return {**row, "gpu_hours": 0.0, "gpu": None, "note": "trains nothing", "gpus": 0, "wall_h": 0.0}
-    sized = cell_resources(p, as_section(Resources, (cfg.get("grid") or {}).get("resources") or {}))
+    sized = cell_resources(p, cfg.grid.resources)
     res = profile_resources(profile, "pretrain", PRETRAIN_OWN)
     nodes = int(res.get("nodes", sized["nodes"]))
     runtime = minutes(res["runtime"]) if "runtime" in res else sized["runtime"]
     gpus = nodes * gpus_of(res)
-    entry, img_per_s, note = find_throughput(p, cfg["data"]["crop_size"], table)
+    entry, img_per_s, note = find_throughput(p, cfg.data.crop_size, table)
     row = {**row, "nodes": nodes, "gpus": gpus, "runtime_min": runtime, "note": note}
     if entry is None:
         return {**row, "gpu_hours": None, "gpu": None, "wall_h": None}
@@ -256,13 +255,13 @@ def pretraining_row(cid: str, params: dict, cfg: dict, profile: dict, images: in
             "wall_h": wall, "exceeds": wall * 60 > runtime}  # fmt: skip
 
 
-def detection_plan(cfg: dict, cells: dict, profile: dict, table=DETECTION) -> dict:
-    det = as_section(Detect, cfg["detect"])
+def detection_plan(cfg: Config, cells: dict[str, Cell], profile: dict, table=DETECTION) -> dict:
+    det = cfg.detect
     chosen = detection_cells(cfg, cells)
     jobs = [(cid, t) for cid in chosen for t in range(det.trials)]
     res = profile_resources(profile, "detect")
     out = {"cells": chosen, "jobs": len(jobs), "trials": det.trials, "ranks": det.ranks, "profile_gpus": gpus_of(res)}
-    backbones = {cells[cid]["backbone"] for cid in chosen}
+    backbones = {cells[cid].pretrain.backbone for cid in chosen}
     speeds = [s for s in table if s.head == det.head and s.backbone in backbones]
     if not jobs:
         return {**out, "gpu_hours": 0.0, "note": "no detection transfer"}
@@ -287,11 +286,11 @@ def by_gpu(parts: list[dict]) -> dict[str, float]:
     return totals
 
 
-def make_plan(cfg: dict, profile: dict, throughput=THROUGHPUT, detection=DETECTION) -> dict:
+def make_plan(cfg: Config, profile: dict, throughput=THROUGHPUT, detection=DETECTION) -> dict:
     """The plan as numbers (render() prints it)."""
     cells = grid_cells(cfg)
     images, images_from = train_images(cfg)
-    rows = [pretraining_row(cid, params, cfg, profile, images, throughput) for cid, params in cells.items()]
+    rows = [pretraining_row(cid, cell.pretrain, cfg, profile, images, throughput) for cid, cell in cells.items()]
     detect = detection_plan(cfg, cells, profile, detection)
     jobs = int(profile.get("jobs", 1))
     attempts = 1 + int(profile.get("restart-times", 0))
@@ -416,14 +415,15 @@ def load_config(configfiles: list[str], overrides: list[str]) -> dict:
     return cfg
 
 
-def check(cfg: dict) -> dict:
-    """The config's schema and cross-field rules, but not its folders: a plan is made before
-    the data is where the jobs will read it."""
+def check(cfg: dict) -> Config:
+    """The config typed, after its schema and cross-field rules, but not its folders: a plan
+    is made before the data is where the jobs will read it."""
     validate_schema(cfg, load_schema())
-    check_pretrain(cfg["pretrain"])
-    if cfg["detect"]["enabled"]:
-        check_detector(cfg["detect"])
-    return cfg
+    typed = typed_config(cfg)
+    check_pretrain(typed.pretrain)
+    if typed.detect.enabled:
+        check_detector(typed.detect)
+    return typed
 
 
 def load_profile(path: str) -> dict:

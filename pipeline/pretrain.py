@@ -25,6 +25,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,7 @@ from pipeline import checkpoint, cpus, distributed, preempt, provenance
 from pipeline.augment import view_recipes
 from pipeline.board import Board, board_dir
 from pipeline.config import ConfigError, load_stage_config, pretrain_warnings, result_config, section
-from pipeline.data import eval_loader, is_converted, two_view_loader
+from pipeline.data import Reading, Views, eval_loader, is_converted, two_view_loader
 from pipeline.fast_path import FastPath
 from pipeline.features import features_of
 from pipeline.io import atomic_write_json, atomic_write_text
@@ -46,6 +47,7 @@ from pipeline.moco.ema_check import EmaRecord
 from pipeline.moco.split_bn import max_splits
 from pipeline.models import build_backbone
 from pipeline.optim import build_optimizer, lr_at
+from pipeline.sections import Data, Pretrain
 from pipeline.stopwatch import Stopwatch
 
 SECTIONS = ["data", "pretrain"]
@@ -94,6 +96,35 @@ def run_fingerprint(cfg: dict, data_dir: Path) -> dict:
     return json.loads(json.dumps({**sections, "data files": data}))  # plain lists, as a state loads
 
 
+@dataclass(frozen=True)
+class Job:
+    """A pretraining job's config: as its JSON states it (stored with the outputs; its result
+    keys are the run's fingerprint) and its sections, typed once."""
+
+    stated: dict
+    pretrain: Pretrain
+    data: Data
+
+    @classmethod
+    def of(cls, cfg: dict) -> Job:
+        """The job of a (validated) config with ``data`` and ``pretrain`` sections."""
+        return cls(cfg, section("pretrain", cfg["pretrain"]), section("data", cfg["data"]))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run leaves (pipeline.pretrain.finish writes it)."""
+
+    arch: dict  # the backbone record (methods.arch_of)
+    backbone_state: dict
+    model_state: dict
+    log_rows: list[dict]
+    bn_guard: str
+    diverged: bool = False
+    key_encoder: dict | None = None  # the momentum encoder's check (pipeline.moco.ema_check)
+    failure: str | None = None  # why the run counts as failed (pipeline.pretrain.failure)
+
+
 def queue_checksum(model: nn.Module) -> str:
     q = getattr(model, "queue", None)
     return "-" if q is None else f"{float(q.keys.double().sum()):.10f}/{int(q.ptr)}"
@@ -101,12 +132,12 @@ def queue_checksum(model: nn.Module) -> str:
 
 class Trainer:
     def __init__(
-        self, cfg: dict, data_dir: Path, state_dir: Path, env, progress: bool = True, watch: Stopwatch | None = None
+        self, job: Job, data_dir: Path, state_dir: Path, env, progress: bool = True, watch: Stopwatch | None = None
     ):
-        self.p, self.d, self.env = section("pretrain", cfg["pretrain"]), section("data", cfg["data"]), env
+        self.p, self.d, self.env = job.pretrain, job.data, env
         self.watch = watch or Stopwatch()
         self.state_path = state_dir / "last.pt"
-        self.fingerprint = run_fingerprint(cfg, data_dir)
+        self.fingerprint = run_fingerprint(job.stated, data_dir)
         self.progress = progress and env.is_main
         p, d = self.p, self.d
         report = data_dir / "train.json"  # the conversion's report (absent: a hand-made .beton)
@@ -133,18 +164,14 @@ class Trainer:
             self.net = nn.parallel.DistributedDataParallel(self.model, broadcast_buffers=False)
         if p.compile:
             self.net = torch.compile(self.net)
-        self.loader = two_view_loader(
-            data_dir / "train.beton",
-            p.batch_size // env.world_size,
-            d.crop_size,
-            scale_min=p.crop_scale_min,
-            workers=self.threads.loader,
-            seed=p.seed,
-            distributed=env.world_size > 1,
-            threads=self.threads.torch,
-            crop=d.crop,
+        reading = Reading(
+            batch_size=p.batch_size // env.world_size,
             loader=d.loader,
+            workers=self.threads.loader,
+            threads=self.threads.torch,
+            distributed=env.world_size > 1,
         )
+        self.loader = two_view_loader(data_dir / "train.beton", Views.of(p, d), reading)
         if len(self.loader) == 0:
             raise ConfigError(
                 f"pretrain.batch_size={p.batch_size} exceeds the training set ({self.num_samples} images)"
@@ -366,8 +393,9 @@ class Trainer:
 
 
 def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: bool = True) -> dict:
-    p, watch = section("pretrain", cfg["pretrain"]), Stopwatch()
-    arch = arch_of(p, section("data", cfg["data"]).crop_size)
+    """``cfg``: the job's config as its JSON states it (typed here once)."""
+    job, watch = Job.of(cfg), Stopwatch()
+    p, arch = job.pretrain, arch_of(job.pretrain, job.data.crop_size)
     preempt.install()
     env = distributed.init()
     cpus.use(p.threads)  # the Trainer sets it again once it knows its device
@@ -377,20 +405,9 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
         f"mechanism={p.mechanism} backbone={p.backbone} K={p.K} m={p.m} T={p.T}"
     )
     if not p.trains:  # the random-init baseline: same backbone, no training
-        backbone = build_backbone(arch)
-        return finish(
-            cfg,
-            arch,
-            out_dir,
-            backbone.state_dict(),
-            [],
-            env,
-            diverged=False,
-            model_state={},
-            bn_guard="not applicable (no training)",
-            watch=watch,
-        )
-    trainer = Trainer(cfg, data_dir, state_dir, env, progress, watch)
+        untrained = build_backbone(arch).state_dict()
+        return finish(job, Outcome(arch, untrained, {}, [], "not applicable (no training)"), out_dir, env, watch)
+    trainer = Trainer(job, data_dir, state_dir, env, progress, watch)
     if env.is_main:  # loss, instance accuracy, lr, m, kNN, queue age, drift per epoch
         trainer.board = Board(board_dir(out_dir.parent, "pretrain"), "pretrain")
     watch.mark("setup")  # imports, model, loader
@@ -404,20 +421,17 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
     failed = failure(trainer.log_rows)
     if failed and ok:
         log(f"warning: training failed ({failed}); the cell is reported as failed")
-    summary = finish(
-        cfg,
+    outcome = Outcome(
         arch,
-        out_dir,
         trainer.model.encoder_q.backbone.state_dict(),
+        trainer.model.state_dict(),
         trainer.log_rows,
-        env,
+        trainer.bn_guard,
         diverged=not ok,
-        model_state=trainer.model.state_dict(),
-        bn_guard=trainer.bn_guard,
-        watch=watch,
         key_encoder=key_encoder,
         failure=failed,
     )
+    summary = finish(job, outcome, out_dir, env, watch)
     retire_state(trainer.state_path, env)
     return summary
 
@@ -446,50 +460,37 @@ def failure(log_rows: list[dict]) -> str | None:
     return None
 
 
-def finish(
-    cfg,
-    arch: dict,
-    out_dir: Path,
-    backbone_state,
-    log_rows,
-    env,
-    diverged: bool,
-    model_state,
-    bn_guard: str,
-    watch: Stopwatch,
-    key_encoder: dict | None = None,
-    failure: str | None = None,
-) -> dict:
+def finish(job: Job, outcome: Outcome, out_dir: Path, env, watch: Stopwatch) -> dict:
     """Write the stage's outputs (rank 0): checkpoint, per-epoch CSV log, summary (with where
-    this process's time went: ``timing``, seconds)."""
-    method = cfg["pretrain"]["method"]  # required by the schema
+    this process's time went: ``timing``, seconds); the config as the job's JSON stated it."""
+    method, log_rows = job.pretrain.method, outcome.log_rows
     summary = {
         "method": method,
-        "arch": arch,
+        "arch": outcome.arch,
         "world_size": env.world_size,
         "epochs_run": len(log_rows),
-        "diverged": diverged,
-        "failure": failure,
-        "bn_guard": bn_guard,
+        "diverged": outcome.diverged,
+        "failure": outcome.failure,
+        "bn_guard": outcome.bn_guard,
         "final": log_rows[-1] if log_rows else {},
-        "key_encoder": key_encoder,
+        "key_encoder": outcome.key_encoder,
         "provenance": provenance.record(),  # CPU, flags, library versions, commit
     }  # no optimizer entry, no gradient, EMA replayed (ema_check)
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.save(
             out_dir / "checkpoint.pt",
-            arch=arch,
+            arch=outcome.arch,
             method=method,
-            backbone=backbone_state,
-            model=model_state,
+            backbone=outcome.backbone_state,
+            model=outcome.model_state,
             log=log_rows,
-            config=cfg,
+            config=job.stated,
         )
         atomic_write_text(rows_to_csv(log_rows), out_dir / "log.csv")
         summary["timing"] = watch.report()
         atomic_write_json(summary, out_dir / "summary.json")
-        atomic_write_json(cfg, out_dir / "config.json")
+        atomic_write_json(job.stated, out_dir / "config.json")
     distributed.barrier()
     return summary
 

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from pipeline import checkpoint, cpus, provenance
 from pipeline.augment import normalize
 from pipeline.board import Board, board_dir
-from pipeline.config import ConfigError, as_section, load_stage_config
+from pipeline.config import ConfigError, load_stage_config, section
 from pipeline.data import crop_loader
 from pipeline.distributed import rank_device
 from pipeline.features import extract
@@ -79,10 +79,9 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks=(1, 5)) -> dict
     return {f"top{k}": 100.0 * float(hit[:, :k].any(1).float().mean()) for k in ks}
 
 
-def settings(pc: Probe | dict, arch: dict) -> dict:
+def settings(pc: Probe, arch: dict) -> dict:
     """The protocol's hyper-parameters for this backbone, with the config's explicit overrides
-    (``pc``: the probe section; a dict: its unset keys take the defaults)."""
-    pc = as_section(Probe, pc)
+    (``pc``: the probe section)."""
     s: dict[str, Any] = dict(PROTOCOLS[pc.protocol])
     if pc.protocol == "mocov3" and not is_resnet(arch["backbone"]):
         s["lr"] = MOCOV3_VIT_LR
@@ -194,8 +193,9 @@ def curve_point(probe, epoch, train_loss, val_x, val_y) -> dict:
 
 
 def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
-    """``cfg``: the stage's sections as dicts (recorded as given in the metrics)."""
-    pc, d, watch = as_section(Probe, cfg["probe"]), as_section(Data, cfg["data"]), Stopwatch()
+    """``cfg``: the stage's sections as the job's JSON gives them (recorded so in the metrics),
+    typed here once."""
+    pc, d, watch = section("probe", cfg["probe"]), section("data", cfg["data"]), Stopwatch()
     torch.manual_seed(pc.seed)
     backbone, ckpt = load_frozen_backbone(ckpt_path)
     device = rank_device()
@@ -204,7 +204,7 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     before = snapshot(backbone)
     classes = json.loads((data_dir / "train.json").read_text())["classes"]
     crop, workers, mode = d.crop_size, threads.loader, pc.mode
-    opts = dict(threads=threads.torch, loader=d.loader, crop_ratio=pc.crop_ratio)
+    opts: dict[str, Any] = dict(threads=threads.torch, loader=d.loader, crop_ratio=pc.crop_ratio)
     watch.mark("setup")
     with watch.phase("features"):
         train_x, train_y = extract(backbone, data_dir / "train.beton", crop, workers, **opts)

@@ -286,3 +286,20 @@ class Claims:
     seeds: int = 3
     m: tuple = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999)
     K: tuple = (256, 1024)  # each under FIFO and random replacement
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """The whole workflow config, typed once (pipeline.config.typed_config); the rules read it."""
+
+    results: str = "results"
+    dataset: Dataset = field(default_factory=Dataset)
+    convert: Convert = field(default_factory=Convert)
+    data: Data = field(default_factory=Data)
+    pretrain: Pretrain = field(default_factory=Pretrain)
+    cell: str | None = None  # snakemake cell --config cell=<id>: that cell's jobs
+    grid: Grid = field(default_factory=Grid)
+    claims: Claims | None = None  # snakemake claims only
+    probe: Probe = field(default_factory=Probe)
+    detect: Detect = field(default_factory=Detect)
+    launch: Launch = field(default_factory=Launch)

@@ -21,12 +21,12 @@ import pandas as pd
 
 from pipeline import stats
 from pipeline.claims_plan import half_life
-from pipeline.config import ConfigError, as_section, merge
+from pipeline.config import ConfigError, merge, section
 from pipeline.grid import AXES, BASE_ID, format_value, group_id, momentum_reference, parse_cell_id
 from pipeline.layout import BACKBONE_LABELS, cell_file, is_resnet, is_vit
 from pipeline.method_registry import is_moco, method_label, row_order
 from pipeline.provenance import environment_note
-from pipeline.sections import Detect, Pretrain
+from pipeline.sections import Pretrain
 
 METRICS = {
     "inst_acc": "instance accuracy",
@@ -236,8 +236,9 @@ class Group:
 
     @functools.cached_property
     def pretrain(self) -> Pretrain:
-        """The group's parameters typed, keys it does not set at their defaults."""
-        return as_section(Pretrain, self.params)
+        """The group's parameters (a cell's config.json, as stated) typed, keys it does not
+        set at their defaults."""
+        return section("pretrain", self.params)
 
 
 def groups(df: pd.DataFrame) -> dict[str, Group]:
@@ -584,12 +585,12 @@ def every_cell(gs, prov) -> Table:
 def dataset_text(cfg: dict, results: Path) -> str:
     ds = cfg.get("dataset")
     if ds and ds.get("source") == "synthetic":
-        from pipeline.synthetic import CLASSES, DEFAULTS
+        from pipeline.synthetic import CLASSES
 
-        s = {**DEFAULTS, **(ds.get("synthetic") or {})}
+        s = section("dataset", ds).synthetic
         return (
-            f"embedded synthetic shapes ({len(CLASSES)} classes, {s['train_per_class']} train / "
-            f"{s['val_per_class']} val images per class, {s['image_size']} px)"
+            f"embedded synthetic shapes ({len(CLASSES)} classes, {s.train_per_class} train / "
+            f"{s.val_per_class} val images per class, {s.image_size} px)"
         )
     if ds and ds.get("root"):
         return f"{ds['source']} ({ds['root']})"
@@ -629,7 +630,7 @@ def protocol_text(cfg: dict, df: pd.DataFrame, results: Path) -> str:
     )
     if cfg.get("detect") is None:  # no config given: what every detection record shares
         return text + "; detection: Faster R-CNN fine-tuned, box AP"
-    det = as_section(Detect, cfg["detect"])
+    det = section("detect", cfg["detect"])
     if det.enabled:
         length = f"{det.iterations} iterations" if det.iterations else _epochs(det.epochs)
         how = ", ".join(x for x in (length, det.norm, det.trials > 1 and f"mean of {det.trials} trials") if x)

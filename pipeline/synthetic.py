@@ -14,7 +14,6 @@ byte-identical files whatever the order or the number of processes that write th
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -22,15 +21,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from pipeline.config import ConfigError, as_section, to_dict
+from pipeline.config import ConfigError, build, to_dict
 from pipeline.io import atomic_save_png, atomic_write_json
 from pipeline.sections import Synthetic
 
 CLASSES = ["disk", "square", "triangle", "diamond", "ring", "frame", "plus", "cross", "bars", "checker"]
 SPLIT_IDS = {"train": 0, "val": 1}
 SUPERSAMPLE = 4  # draw at 4x and downsample: smooth edges, still deterministic
-
-DEFAULTS = dataclasses.asdict(Synthetic())  # the defaults as a dict (defined in pipeline.sections)
 
 
 def _rgb(rng) -> tuple[int, int, int]:
@@ -173,12 +170,12 @@ def coco_categories() -> list[dict]:
     return [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(CLASSES)]
 
 
-def run(out: str | Path, cfg: Synthetic | dict | None = None, progress: bool = True) -> dict:
+def run(out: str | Path, cfg: Synthetic | None = None, progress: bool = True) -> dict:
     """Write the whole dataset under ``out``; returns the manifest (also written). ``cfg``:
-    dataset.synthetic (a dict: its unset keys take the defaults)."""
+    dataset.synthetic (None: the defaults)."""
     from tqdm import tqdm
 
-    cfg = as_section(Synthetic, cfg)
+    cfg = cfg or Synthetic()
     out = Path(out)
     counts: dict[str, int] = {}
     size, seed = cfg.image_size, cfg.seed
@@ -229,7 +226,7 @@ def main(argv=None) -> None:
     ap.add_argument("--config", default="{}", help="JSON with keys of dataset.synthetic")
     args = ap.parse_args(argv)
     try:
-        cfg = as_section(Synthetic, json.loads(args.config))
+        cfg = build(Synthetic, json.loads(args.config))
     except ConfigError as err:
         raise SystemExit(f"[synthetic] error: {err}") from None
     manifest = run(args.out, cfg)

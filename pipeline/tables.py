@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.config import ConfigError, load_yaml, merge
+from pipeline.config import ConfigError, load_yaml, merge, typed_config
 from pipeline.grid import grid_cells
 from pipeline.io import atomic_write_text
 from pipeline.layout import TABLE_FORMATS
@@ -244,10 +244,11 @@ def latex(table: Table) -> str:
 
 # --- writing ---------------------------------------------------------------------------------
 def expected_cells(cfg: dict) -> dict[str, dict]:
-    """The cells the grid declares (when the config has a grid), so missing ones get a row."""
+    """The cells the grid declares (when the config has a grid), so missing ones get a row:
+    each as the config states it, as a finished cell's config.json holds it."""
     if not cfg.get("pretrain") or "grid" not in cfg:
         return {}
-    return grid_cells(cfg)
+    return {cid: cell.stated(cfg["pretrain"]) for cid, cell in grid_cells(typed_config(cfg)).items()}
 
 
 def write_table(table: Table, folder: Path) -> None:

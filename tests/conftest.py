@@ -27,14 +27,12 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def synthetic_small(tmp_path_factory) -> Path:
     """A small embedded dataset (ImageFolder + COCO detection scenes), generated once."""
+    from pipeline.sections import Synthetic
     from pipeline.synthetic import run as generate
 
     out = tmp_path_factory.mktemp("synthetic")
-    generate(
-        out,
-        {"train_per_class": 8, "val_per_class": 4, "det_train_images": 6, "det_val_images": 4, "det_image_size": 64},
-        progress=False,
-    )
+    small = Synthetic(train_per_class=8, val_per_class=4, det_train_images=6, det_val_images=4, det_image_size=64)
+    generate(out, small, progress=False)
     return out
 
 
@@ -42,13 +40,14 @@ def synthetic_small(tmp_path_factory) -> Path:
 def ffcv_small(synthetic_small, tmp_path_factory) -> Path:
     """train/val .beton of the small dataset."""
     from pipeline.convert import run as convert
+    from pipeline.sections import Convert
 
     out = tmp_path_factory.mktemp("ffcv")
     for split in ("train", "val"):
         convert(
             synthetic_small / "cls" / split,
             out / f"{split}.beton",
-            {"max_resolution": 32, "write_mode": "raw", "workers": 1},
+            Convert(max_resolution=32, write_mode="raw", workers=1),
         )
     return out
 

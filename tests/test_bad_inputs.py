@@ -1,6 +1,7 @@
 """Odd dataset trees a user points the converter at: each converts, or fails with a message
 that names the problem, and nothing is written half-way. Every file is generated here."""
 
+import dataclasses
 import json
 import os
 import struct
@@ -18,10 +19,10 @@ from test_convert import RAW, make_imagefolder, no_temporaries, rand_images, rea
 from pipeline import convert as conv
 from pipeline.convert import ConversionError
 from pipeline.convert import run as convert
-from pipeline.data import two_view_loader
+from pipeline.data import Reading, Views, two_view_loader
 from pipeline.sources import SourceError, decode_file, open_source
 
-OPTS = {**RAW, "max_resolution": 64}
+OPTS = dataclasses.replace(RAW, max_resolution=64)
 
 
 def stored_by_path(report, out):
@@ -53,7 +54,7 @@ def test_extreme_aspect_ratio_is_stored_with_every_side_at_least_one_pixel(tmp_p
     assert report["resolution"]["stored"]["min_hw"] == [1, 24]
     # and the training loader crops it like any other image
     seen = []
-    for v1, _v2, _, idx in two_view_loader(out, batch_size=4, crop_size=16, workers=1, drop_last=False):
+    for v1, _v2, _, idx in two_view_loader(out, Views(crop_size=16), Reading(batch_size=4, workers=1, drop_last=False)):
         assert v1.shape[1:] == (3, 16, 16) and torch.isfinite(v1.float()).all()
         seen += idx.tolist()
     assert sorted(seen) == list(range(8))
@@ -188,7 +189,7 @@ def test_image_kinds_convert_as_a_viewer_shows_them(tmp_path):
     out = tmp_path / "train.beton"
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # e.g. PIL's palette-transparency warning
-        report = convert(root, out, {**OPTS, "workers": 1}, split="train", progress=False)
+        report = convert(root, out, dataclasses.replace(OPTS, workers=1), split="train", progress=False)
     assert report["skipped"] == [] and report["num_samples"] == 4 + len(expect)
     assert {os.path.basename(i["path"]): i["reason"] for i in report["ignored"]} == {
         ".cache": "hidden folder (not scanned)",

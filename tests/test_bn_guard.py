@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, section
 from pipeline.methods import bn_guard_text, build_model
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd
@@ -148,14 +148,14 @@ def test_without_the_guard_key_and_query_share_statistics():
 
 
 def test_guard_is_on_by_default_and_off_without_batch_norm():
-    model = build_model(P, 32, 10, 100)
+    model = build_model(section("pretrain", P), 32, 10, 100)
     assert model.shuffle_bn and any(isinstance(m, SplitBatchNorm2d) for m in model.encoder_q.modules())
     assert "2 BN sub-batches" in bn_guard_text(model, 1)  # batch 16: 2 of 8
-    gn = build_model({**P, "norm": "gn"}, 32, 10, 100)
+    gn = build_model(section("pretrain", {**P, "norm": "gn"}), 32, 10, 100)
     assert not gn.shuffle_bn and bn_guard_text(gn, 1) == "not needed (no BatchNorm)"
-    off = build_model({**P, "shuffle_bn": False}, 32, 10, 100)
+    off = build_model(section("pretrain", {**P, "shuffle_bn": False}), 32, 10, 100)
     assert not off.shuffle_bn and bn_guard_text(off, 1) == "off (shuffle_bn: false)"
-    e2e = build_model({**P, "mechanism": "end_to_end"}, 32, 10, 100)
+    e2e = build_model(section("pretrain", {**P, "mechanism": "end_to_end"}), 32, 10, 100)
     assert e2e.shuffle_bn and any(isinstance(m, SplitBatchNorm2d) for m in e2e.encoder_q.modules())
 
 
@@ -167,17 +167,19 @@ def test_guard_geometry():
     assert default_splits(256, 8) == 1  # across ranks ShuffleBN alone
     assert default_splits(3, 1) == 1
     with pytest.raises(ConfigError, match="bn_splits >= 2"):
-        build_model({**P, "bn_splits": 1}, 32, 10, 100)
+        build_model(section("pretrain", {**P, "bn_splits": 1}), 32, 10, 100)
     with pytest.raises(ConfigError, match="does not divide"):
-        build_model({**P, "bn_splits": 3}, 32, 10, 100)
-    assert build_model({**P, "bn_splits": 1}, 32, 10, 100, world_size=2).shuffle_bn  # ranks shuffle
+        build_model(section("pretrain", {**P, "bn_splits": 3}), 32, 10, 100)
+    assert build_model(
+        section("pretrain", {**P, "bn_splits": 1}), 32, 10, 100, world_size=2
+    ).shuffle_bn  # ranks shuffle
 
 
 def test_checkpointed_backbone_is_plain_batch_norm():
     """The trained model's backbone state loads strictly into a plain-BN backbone and computes
     the same features: probe, detection and exports need nothing of the split."""
     torch.manual_seed(0)
-    model = build_model(P, 32, 10, 100)
+    model = build_model(section("pretrain", P), 32, 10, 100)
     model.train()
     model(torch.randn(16, 3, 32, 32), torch.randn(16, 3, 32, 32), torch.arange(16))
     state = model.encoder_q.backbone.state_dict()

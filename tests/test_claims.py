@@ -13,7 +13,7 @@ from test_tables import BASE, fake_cell
 
 from pipeline.claims import NOT_RUN
 from pipeline.claims import run as write_claims
-from pipeline.config import ConfigError, load_yaml, merge, validate
+from pipeline.config import ConfigError, load_yaml, merge, typed_config, validate
 from pipeline.grid import cell_id, claims_cells, grid_cells, group_id
 from pipeline.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
 
@@ -100,7 +100,7 @@ def full_results(root, seeds=(0, 1, 2), **changes):
 
 
 def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
-    cells = claims_cells(CONFIG)
+    cells = {cid: cell.pretrain for cid, cell in claims_cells(typed_config(CONFIG)).items()}
     groups = list(dict.fromkeys(group_id(c) for c in cells))
     assert groups == [
         "epochs=15",
@@ -118,18 +118,19 @@ def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
     ]
     # claims.seeds = 3 of each cell a decidable claim needs, paired by seed; one of m = 0.999 and
     # 0.9999: only "m = 0.9999 is too slow" needs them, and 2,925 steps are not 5 of its half-lives
-    seeds = {g: sorted(cells[c]["seed"] for c in cells if group_id(c) == g) for g in groups}
+    seeds = {g: sorted(cells[c].seed for c in cells if group_id(c) == g) for g in groups}
     assert seeds == {g: [0] if g in ("m=0.999,epochs=15", "m=0.9999,epochs=15") else [0, 1, 2] for g in groups}
     # with enough steps (200 epochs: 39,000 >= 34,656) they get 3 as well
-    longer = claims_cells({**CONFIG, "claims": {**CLAIMS, "epochs": 200, "long_epochs": 400}})
+    longer = claims_cells(typed_config({**CONFIG, "claims": {**CLAIMS, "epochs": 200, "long_epochs": 400}}))
     assert len(longer) == 12 * 3
-    assert all(p["epochs"] == 15 for c, p in cells.items() if group_id(c) not in ("base", "method=random"))
+    assert all(p.epochs == 15 for c, p in cells.items() if group_id(c) not in ("base", "method=random"))
 
 
 def test_the_default_grid_does_not_grow_with_the_claims():
     cfg = validate(load_yaml(REPO / "workflow" / "config" / "config.yaml"))
     # the claims share only the base cell and the random-init baseline with the grid
-    assert {group_id(c) for c in set(claims_cells(cfg)) & set(grid_cells(cfg))} <= {"base", "method=random"}
+    typed = typed_config(cfg)
+    assert {group_id(c) for c in set(claims_cells(typed)) & set(grid_cells(typed))} <= {"base", "method=random"}
     assert cfg["claims"]["seeds"] >= 3
     with pytest.raises(ConfigError, match="long_epochs"):
         validate({**cfg, "claims": {**cfg["claims"], "long_epochs": cfg["claims"]["epochs"]}})

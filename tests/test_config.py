@@ -1,10 +1,11 @@
 """Schema and cross-field validation: bad values fail with the key and the allowed range."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 
-from pipeline.config import DEFAULT_CONFIG, ConfigError, load_stage_config, load_yaml, validate
+from pipeline.config import DEFAULT_CONFIG, ConfigError, load_stage_config, load_yaml, section, typed_config, validate
 from pipeline.grid import cell_params
 
 
@@ -167,7 +168,7 @@ def test_stage_config_checks_only_its_sections(cfg):
 
 def test_impossible_cell_is_named(cfg):
     with pytest.raises(ConfigError, match="ablation cell 'K=1000' is impossible"):
-        cell_params(cfg, "K=1000")
+        cell_params(typed_config(cfg), "K=1000")
 
 
 def test_fpn_needs_one_anchor_size_per_level(cfg):
@@ -183,7 +184,7 @@ def test_fpn_needs_one_anchor_size_per_level(cfg):
 def test_a_queue_as_large_as_the_training_set_is_a_warning_beside_the_memory_bank_rule():
     from pipeline.config import pretrain_warnings
 
-    p = {"method": "moco", "variant": "v2", "K": 4096, "batch_size": 256}
+    p = section("pretrain", {"method": "moco", "variant": "v2", "K": 4096, "batch_size": 256})
     assert "K=4096 >= 4000 training images" in pretrain_warnings(p, 4000)[0]
-    assert pretrain_warnings(p, 5000) == [] and pretrain_warnings({**p, "mask_same_source": True}, 4000) == []
-    assert pretrain_warnings({**p, "variant": "v3"}, 4000) == []  # no queue
+    assert pretrain_warnings(p, 5000) == [] and pretrain_warnings(replace(p, mask_same_source=True), 4000) == []
+    assert pretrain_warnings(replace(p, variant="v3"), 4000) == []  # no queue

@@ -5,6 +5,7 @@ column-major binaries) with a handful of images. The .beton files are read back 
 Reader (metadata + raw pixels), without compiling a Loader: fast, and independent of loading.
 """
 
+import dataclasses
 import io
 import json
 import os
@@ -19,10 +20,11 @@ from PIL import Image
 
 from pipeline.convert import ConversionError, SplitDataset, image_fields, main, write_beton
 from pipeline.convert import run as convert
+from pipeline.sections import Convert
 from pipeline.sources import decode_file, open_source
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RAW = {"write_mode": "raw", "workers": 1}
+RAW = Convert(write_mode="raw", workers=1)
 
 
 # --- fake datasets in their real formats -----------------------------------------------------
@@ -152,10 +154,10 @@ def test_strict_fails_naming_the_file(corrupt_tree, tmp_path, workers):
     root, _ = corrupt_tree
     out = tmp_path / "out" / "train.beton"
     with pytest.raises(ConversionError, match="z_truncated.jpg"):
-        convert(root, out, {**RAW, "workers": workers, "strict": True}, progress=False)
+        convert(root, out, dataclasses.replace(RAW, workers=workers, strict=True), progress=False)
     assert not out.exists() and not out.with_suffix(".json").exists()
     with pytest.raises(SystemExit, match=r"error: unreadable image .*z_truncated\.jpg"):
-        main(["--root", str(root), "--out", str(out), "--strict", "--config", json.dumps(RAW)])
+        main(["--root", str(root), "--out", str(out), "--strict", "--config", json.dumps(dataclasses.asdict(RAW))])
 
 
 @pytest.mark.parametrize(
@@ -231,19 +233,14 @@ def write_failing(tmp_path, hard):
     """Write 40 images on 2 writers; sample 25 fails (hard: its writer is killed)."""
     make_imagefolder(tmp_path / "src", per_class=20, size=(16, 16))
     src = open_source("imagefolder", tmp_path / "src")
-    fields = image_fields({**RAW, **_field_defaults()})
+    fields = image_fields(RAW)
     write_beton(FailingDataset(src, fail_at=25, hard=hard), tmp_path / "out" / "train.beton", fields, 2, chunksize=4)
-
-
-def _field_defaults():
-    from pipeline.convert import DEFAULTS
-
-    return {k: DEFAULTS[k] for k in ("max_resolution", "jpeg_quality", "compress_probability", "smart_threshold")}
 
 
 HELD_CONVERT = """
 import signal, sys
 from pipeline import convert as c
+from pipeline.sections import Convert
 get = c.SplitDataset.__getitem__
 def held(self, i):  # the writer stops halfway (sample 100 of 200) and says so
     if i == 100:
@@ -251,7 +248,7 @@ def held(self, i):  # the writer stops halfway (sample 100 of 200) and says so
         signal.pause()  # until the test kills the process group
     return get(self, i)
 c.SplitDataset.__getitem__ = held
-c.run(sys.argv[1], sys.argv[2], {"write_mode": "raw", "workers": 1}, progress=False)
+c.run(sys.argv[1], sys.argv[2], Convert(write_mode="raw", workers=1), progress=False)
 """
 
 
@@ -314,7 +311,7 @@ def test_stl10(tmp_path):
         report = convert(
             tmp_path / "tv",
             out,
-            {**RAW, "max_resolution": None},  # 96 px, stored as is
+            dataclasses.replace(RAW, max_resolution=None),  # 96 px, stored as is
             source="stl10",
             split=split,
             progress=False,
@@ -338,7 +335,7 @@ def test_unlabeled_folder(tmp_path):
 
 def test_write_modes_and_resolution(tmp_path):
     make_imagefolder(tmp_path / "src", per_class=4, size=(64, 48))
-    small = convert(tmp_path / "src", tmp_path / "raw.beton", {"workers": 1, "max_resolution": 32}, progress=False)
+    small = convert(tmp_path / "src", tmp_path / "raw.beton", Convert(workers=1, max_resolution=32), progress=False)
     assert small["options"]["write_mode"] == "raw"  # auto: small split -> raw pixels
     assert small["resolution"]["stored"]["max_hw"] == [32, 24]
     images, *_ = read_beton(tmp_path / "raw.beton")
@@ -346,7 +343,7 @@ def test_write_modes_and_resolution(tmp_path):
     jpg = convert(
         tmp_path / "src",
         tmp_path / "jpg.beton",
-        {"workers": 1, "write_mode": "jpg", "jpeg_quality": 50, "max_resolution": 32},
+        Convert(workers=1, write_mode="jpg", jpeg_quality=50, max_resolution=32),
         progress=False,
     )
     images, labels, _, modes = read_beton(tmp_path / "jpg.beton")
@@ -355,7 +352,7 @@ def test_write_modes_and_resolution(tmp_path):
     smart = convert(
         tmp_path / "src",
         tmp_path / "smart.beton",
-        {"workers": 1, "write_mode": "smart", "smart_threshold": 100},
+        Convert(workers=1, write_mode="smart", smart_threshold=100),
         progress=False,
     )
     assert set(read_beton(tmp_path / "smart.beton")[3]) == {0}  # every image is above 100 bytes -> JPEG
@@ -537,7 +534,7 @@ def test_write_errors_in_the_main_process(tmp_path, monkeypatch, raised, expecte
     out = tmp_path / "out" / "train.beton"
     error = ConversionError if expected else type(raised)
     with pytest.raises(error) as info:
-        write_beton(SplitDataset(src, None), out, image_fields({**RAW, **_field_defaults()}))
+        write_beton(SplitDataset(src, None), out, image_fields(RAW))
     if expected:
         assert f"writing {out} failed: No space left on device (/x/train.beton.tmp) - {expected}" in str(info.value)
     else:

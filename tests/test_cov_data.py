@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline import seeded_crop
-from pipeline.data import two_view_loader
+from pipeline.data import Reading, Views, two_view_loader
 
 JITTED = ("splitmix64", "uniform", "batch_key", "crop_and_flip", "flip_columns")
 
@@ -28,7 +28,7 @@ def interpreted():
 
 
 def views_of_epoch(beton, epoch=1):
-    loader = two_view_loader(beton, batch_size=8, crop_size=16, scale_min=0.2, workers=1, seed=5)
+    loader = two_view_loader(beton, Views(crop_size=16, scale_min=0.2, seed=5), Reading(batch_size=8, workers=1))
     loader.set_epoch(epoch)
     return [torch.cat([v1, v2]).clone() for v1, v2, _, _ in loader]
 
@@ -37,9 +37,10 @@ def views_of_epoch(beton, epoch=1):
 def jpg_beton(synthetic_small, tmp_path_factory):
     """A split stored as JPEG: the decoder's decoding branch."""
     from pipeline.convert import run as convert
+    from pipeline.sections import Convert
 
     out = tmp_path_factory.mktemp("jpg") / "train.beton"
-    convert(synthetic_small / "cls" / "train", out, {"max_resolution": 32, "write_mode": "jpg", "workers": 1})
+    convert(synthetic_small / "cls" / "train", out, Convert(max_resolution=32, write_mode="jpg", workers=1))
     return out
 
 
@@ -103,7 +104,7 @@ def test_bad_order_and_crop_are_named(ffcv_small):
     with pytest.raises(ValueError, match="order must be 'sequential' or 'random', not 'shuffled'"):
         eval_loader(beton, 4, 16, order="shuffled")
     with pytest.raises(ValueError, match="crop must be 'loader' or 'device', not 'gpu'"):
-        two_view_loader(beton, 4, 16, crop="gpu")
+        two_view_loader(beton, Views(crop_size=16, crop="gpu"), Reading(batch_size=4))
 
 
 def test_missing_ffcv_says_how_to_do_without(ffcv_small, monkeypatch):

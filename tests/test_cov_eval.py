@@ -14,11 +14,11 @@ from test_convert import make_stl10
 from torch import nn
 
 from pipeline import detect, probe
-from pipeline.config import ConfigError, as_section
+from pipeline.config import ConfigError, section
 from pipeline.convert import run as convert
 from pipeline.detection_data import DetectionDataError, DetectionSplit, coco_split, load_splits, voc_split, write_voc
 from pipeline.models import build_backbone
-from pipeline.sections import Detect
+from pipeline.sections import Convert
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
 CUDA1 = torch.device("cuda", 1)  # a device object only: nothing runs on it
@@ -27,14 +27,16 @@ CUDA1 = torch.device("cuda", 1)  # a device object only: nothing runs on it
 def bn_detector() -> nn.Module:
     torch.manual_seed(0)
     ckpt = {"arch": ARCH, "backbone": build_backbone(ARCH).state_dict()}
-    return detect.build_detector(ckpt, {"norm": "bn", "image_size": 64, "fpn_channels": 16}, num_classes=3)
+    return detect.build_detector(
+        ckpt, section("detect", {"norm": "bn", "image_size": 64, "fpn_channels": 16}), num_classes=3
+    )
 
 
 # --- detect: the decisions of a multi-rank run ---------------------------------------------------
 def test_bn_on_several_gpu_ranks_becomes_syncbn_with_the_same_weights():
     detector = bn_detector()
     bns = {n: m.weight.clone() for n, m in detector.named_modules() if isinstance(m, nn.BatchNorm2d)}
-    synced_detector, synced = detect.sync_batchnorm(detector, as_section(Detect, {"norm": "bn"}), 2, CUDA1)
+    synced_detector, synced = detect.sync_batchnorm(detector, section("detect", {"norm": "bn"}), 2, CUDA1)
     syncs = {n: m for n, m in synced_detector.named_modules() if isinstance(m, nn.SyncBatchNorm)}
     assert synced and bns and set(syncs) == set(bns)
     assert not any(isinstance(m, nn.BatchNorm2d) for m in synced_detector.modules())
@@ -48,7 +50,7 @@ def test_bn_on_several_gpu_ranks_becomes_syncbn_with_the_same_weights():
 def test_syncbn_only_for_bn_over_several_gpu_ranks(norm, world_size, device):
     """gloo on CPU has no SyncBN, one rank has nothing to sync, frozen BN and GN no batch statistics."""
     module = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))
-    out, synced = detect.sync_batchnorm(module, as_section(Detect, {"norm": norm}), world_size, device)
+    out, synced = detect.sync_batchnorm(module, section("detect", {"norm": norm}), world_size, device)
     assert out is module and not synced and isinstance(module[1], nn.BatchNorm2d)
 
 
@@ -58,20 +60,20 @@ def test_ddp_gets_the_ranks_gpu_and_no_ids_on_cpu():
 
 
 def test_batch_is_split_evenly_over_the_ranks():
-    assert detect.per_rank_batch(as_section(Detect, {"batch_size": 16}), 4) == 4
+    assert detect.per_rank_batch(section("detect", {"batch_size": 16}), 4) == 4
     with pytest.raises(ConfigError, match=r"detect.batch_size=4 is not a multiple of the 3 ranks"):
-        detect.per_rank_batch(as_section(Detect, {"batch_size": 4}), 3)
+        detect.per_rank_batch(section("detect", {"batch_size": 4}), 3)
 
 
 def test_normalisation_names_group_norm_and_syncbn():
-    gn = as_section(Detect, {"norm": "gn", "batch_size": 16})
+    gn = section("detect", {"norm": "gn", "batch_size": 16})
     assert detect.normalisation(gn, False, 1) == "GroupNorm (batch-independent), batch 16"
-    bn = as_section(Detect, {"norm": "bn", "batch_size": 16})
+    bn = section("detect", {"norm": "bn", "batch_size": 16})
     assert detect.normalisation(bn, True, 8) == "SyncBN over 16 images (8 ranks x 2)"
 
 
 def test_configured_anchor_sizes_are_used_as_given():
-    dc = as_section(Detect, {"anchor_sizes": [8, 16, 32, 64, 128], "image_size": 64})
+    dc = section("detect", {"anchor_sizes": [8, 16, 32, 64, 128], "image_size": 64})
     assert detect.anchor_sizes(dc) == [8, 16, 32, 64, 128]
 
 
@@ -90,7 +92,7 @@ def test_non_finite_loss_stops_before_the_step_and_names_the_lr():
     batch = (torch.zeros(3, 8, 8), {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)})
     loader = torch.utils.data.DataLoader([batch] * 2, batch_size=1, collate_fn=detect.collate)
     with pytest.raises(FloatingPointError, match=r"at epoch 1 step 1; lower detect.lr \(now 0.02\)"):
-        detect.train(model, loader, as_section(Detect, {"epochs": 1, "lr": 0.02}))
+        detect.train(model, loader, section("detect", {"epochs": 1, "lr": 0.02}))
     assert float(model.w.detach()) == 0.0  # no step was taken with the NaN gradient
 
 
@@ -157,7 +159,7 @@ def test_to_voc_cli_exits_with_the_missing_file(tmp_path):
 @pytest.mark.parametrize("protocol", ["moco", "mocov3"])
 def test_configured_probe_lr_is_used_as_given(protocol):
     """An explicit lr overrides the protocol's and is not scaled by the batch (mocov3 would: x512/256)."""
-    s = probe.settings({"protocol": protocol, "lr": 0.5, "batch_size": 512}, ARCH)
+    s = probe.settings(section("probe", {"protocol": protocol, "lr": 0.5, "batch_size": 512}), ARCH)
     assert (s["lr"], s["batch_size"]) == (0.5, 512)
 
 
@@ -165,7 +167,9 @@ def test_probe_without_labelled_images_exits_with_the_file(tmp_path):
     make_stl10(tmp_path / "stl", n=4)
     data = tmp_path / "data"
     for split, name in (("unlabeled", "train"), ("test", "val")):
-        convert(tmp_path / "stl", data / f"{name}.beton", {"workers": 1}, source="stl10", split=split, progress=False)
+        convert(
+            tmp_path / "stl", data / f"{name}.beton", Convert(workers=1), source="stl10", split=split, progress=False
+        )
     torch.manual_seed(0)
     ckpt = tmp_path / "ckpt.pt"
     probe.checkpoint.save(ckpt, arch=ARCH, method="random", backbone=build_backbone(ARCH).state_dict())

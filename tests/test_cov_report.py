@@ -12,17 +12,17 @@ from pipeline.claims import NOT_RUN, data_size
 from pipeline.claims import run as write_claims
 from pipeline.config import (
     ConfigError,
-    as_section,
     check_detector,
     check_pretrain,
     load_stage_config,
     load_yaml,
     read_command_line_values,
+    section,
+    typed_config,
     validate,
     validate_sections,
 )
-from pipeline.grid import claims_cells, parse_cell_id
-from pipeline.sections import Pretrain
+from pipeline.grid import Cell, claims_cells, parse_cell_id
 from pipeline.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, Estimate
 from tests.test_environment import TINY_LOCK, TINY_LOCK_SHA256
 
@@ -103,7 +103,7 @@ def test_slow_momentum_decided_on_enough_steps(tmp_path):
 
 
 def test_data_size_of_converted_data_from_its_report(tmp_path):
-    cfg = {"dataset": {"source": "cifar10", "root": str(tmp_path)}}
+    cfg = typed_config({"dataset": {"source": "cifar10", "root": str(tmp_path)}})
     assert data_size(cfg, tmp_path) == (None, None)  # not converted yet
     report = tmp_path / "data" / "ffcv" / "train.json"
     report.parent.mkdir(parents=True)
@@ -119,7 +119,7 @@ def test_claims_need_their_sections(tmp_path):
     with pytest.raises(ConfigError, match="pretrain and claims sections"):
         write_claims(tmp_path, {"pretrain": CONFIG["pretrain"]})
     with pytest.raises(ConfigError, match="has no 'claims' section"):
-        claims_cells({"pretrain": CONFIG["pretrain"]})
+        claims_cells(typed_config({"pretrain": CONFIG["pretrain"]}))
 
 
 @pytest.mark.parametrize("module, prog", [(claims, "claims"), (tables, "tables")])
@@ -143,7 +143,7 @@ BASE_MOCO = {"method": "moco", "backbone": "resnet18", "epochs": 10, "batch_size
 )
 def test_pretrain_cross_field_errors(change, message):
     with pytest.raises(ConfigError, match=f"^cell x: {message}"):
-        check_pretrain({**BASE_MOCO, **change}, where="cell x")
+        check_pretrain(section("pretrain", {**BASE_MOCO, **change}), where="cell x")
 
 
 @pytest.mark.parametrize(
@@ -155,7 +155,7 @@ def test_pretrain_cross_field_errors(change, message):
 )
 def test_detector_cross_field_errors(det, message):
     with pytest.raises(ConfigError, match=message):
-        check_detector(det)
+        check_detector(section("detect", det))
 
 
 def test_dataset_and_detect_roots_are_checked(tmp_path):
@@ -227,12 +227,13 @@ def test_figures_without_data_say_so(tmp_path):
 
 # --- plan --------------------------------------------------------------------------------------
 def test_plan_branches(tmp_path):
-    p = as_section(Pretrain, {**BASE_MOCO, "mechanism": "memory_bank"})
+    p = section("pretrain", {**BASE_MOCO, "mechanism": "memory_bank"})
     assert plan.method_key(p) == "moco memory_bank"
     with pytest.raises(ConfigError, match="runtime 'soon' is neither minutes"):
         plan.minutes("soon")
-    cfg = load_yaml(plan.DEFAULT_CONFIG)
-    no_resnet = plan.detection_plan(cfg, {"base": {"backbone": "vit_small"}}, {})
+    cfg = typed_config(load_yaml(plan.DEFAULT_CONFIG))
+    vit = Cell(section("pretrain", {"backbone": "vit_small", "variant": "v3"}), {})
+    no_resnet = plan.detection_plan(cfg, {"base": vit}, {})
     assert no_resnet["jobs"] == 0 and no_resnet["note"] == "no detection transfer"
     with pytest.raises(ConfigError, match="--config epochs: expected key=value"):
         plan.load_config([], ["epochs"])

@@ -15,6 +15,7 @@ from test_distributed import P, _init, free_port
 from test_fast_path import BASE
 
 from pipeline import checkpoint, launch, preempt
+from pipeline.config import section
 
 CPU = torch.device("cpu")
 
@@ -282,7 +283,7 @@ def test_unknown_optimizer_is_named():
     from pipeline.optim import build_optimizer
 
     with pytest.raises(ValueError, match=r"unknown optimizer 'rmsprop' \(sgd, lars, adamw\)"):
-        build_optimizer({"optimizer": "rmsprop"}, [torch.nn.Parameter(torch.ones(1))])
+        build_optimizer(section("pretrain", {"optimizer": "rmsprop"}), [torch.nn.Parameter(torch.ones(1))])
 
 
 @pytest.mark.parametrize(
@@ -298,7 +299,7 @@ def test_unknown_optimizer_is_named():
 def test_learning_rate_warmup_and_steps(schedule, progress, expected):
     from pipeline.optim import lr_at
 
-    assert lr_at({"lr": 1.0, **schedule}, progress, 100) == pytest.approx(expected)
+    assert lr_at(section("pretrain", {"lr": 1.0, **schedule}), progress, 100) == pytest.approx(expected)
 
 
 # --- pipeline.models -----------------------------------------------------------------------------
@@ -316,7 +317,7 @@ def tiny_model(**changes):
     from pipeline.methods import build_model
 
     torch.manual_seed(0)
-    return build_model({**P, **changes}, 16, 10, 64)  # test_distributed's MoCo v2, 16 px images
+    return build_model(section("pretrain", {**P, **changes}), 16, 10, 64)  # test_distributed's MoCo v2, 16 px images
 
 
 def views(n: int = 4, seed: int = 1):
@@ -449,9 +450,9 @@ def pretrain_cfg(**changes) -> dict:
 
 def trainer(ffcv_small, tmp_path, **changes):
     from pipeline import distributed
-    from pipeline.pretrain import Trainer
+    from pipeline.pretrain import Job, Trainer
 
-    return Trainer(pretrain_cfg(**changes), ffcv_small, tmp_path / "state", distributed.init(), progress=False)
+    return Trainer(Job.of(pretrain_cfg(**changes)), ffcv_small, tmp_path / "state", distributed.init(), progress=False)
 
 
 def test_pretrain_compile_wraps_the_network(ffcv_small, tmp_path):

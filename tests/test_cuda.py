@@ -9,6 +9,7 @@ from conftest import require
 from test_fast_path import FAMILIES, trainer_for
 
 from pipeline import checkpoint
+from pipeline.config import section
 from pipeline.fast_path import FastPath
 from pipeline.methods import build_model
 from pipeline.optim import build_optimizer
@@ -39,8 +40,8 @@ def cuda_device():
 def test_bf16_channels_last_step_on_gpu():
     torch.manual_seed(0)
     fast = FastPath("auto", torch.device("cuda"), P["backbone"])  # the Trainer's switch: on for CUDA
-    model = fast.model(build_model(P, 32, 10, 1000).cuda())
-    opt = build_optimizer(P, model.parameters())
+    model = fast.model(build_model(section("pretrain", P), 32, 10, 1000).cuda())
+    opt = build_optimizer(section("pretrain", P), model.parameters())
     x = fast.images(torch.randn(32, 3, 32, 32, device="cuda"))
     assert fast.on and x.is_contiguous(memory_format=torch.channels_last)
     for _ in range(3):
@@ -78,11 +79,12 @@ def test_detection_fine_tunes_on_the_gpu(tmp_path):
 
     from pipeline import checkpoint, detect
     from pipeline.models import build_backbone
+    from pipeline.sections import Synthetic
     from pipeline.synthetic import run as generate
 
     generate(
         tmp_path / "synth",
-        {"train_per_class": 1, "val_per_class": 1, "det_train_images": 8, "det_val_images": 4},
+        Synthetic(train_per_class=1, val_per_class=1, det_train_images=8, det_val_images=4),
         progress=False,
     )
     arch = {"backbone": "resnet18", "width": 8, "cifar_stem": True}

@@ -126,13 +126,13 @@ def test_a_different_existing_profile_is_left_alone(tmp_path):
 
 # --- `snakemake claims`: its own cells, the default target unchanged ---------------------------
 def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost(tmp_path):
-    from pipeline.config import DEFAULT_CONFIG, load_yaml, validate
+    from pipeline.config import DEFAULT_CONFIG, load_yaml, typed_config, validate
     from pipeline.grid import claims_cells, group_id
 
     default = jobs_planned(dry_run(tmp_path).stdout)
     assert default["probe"] == 6 and "claims" not in default  # the demo's base and random init, 3 seeds each
     claims = jobs_planned(dry_run(tmp_path, target=["claims"]).stdout)
-    cells = claims_cells(validate(load_yaml(DEFAULT_CONFIG)))
+    cells = claims_cells(typed_config(validate(load_yaml(DEFAULT_CONFIG))))
     # pretraining and probe of each claims cell (the base cell among them), no detection transfer;
     # random init's 3 seeds are written by their own rule (no training)
     assert claims == {

@@ -11,9 +11,8 @@ from test_convert import make_cifar, make_imagefolder, make_stl10
 
 from pipeline import augment
 from pipeline.convert import run as convert
-from pipeline.data import LOADERS, converted_source, eval_loader, two_view_loader
-
-KW = dict(batch_size=16, workers=1, seed=3)
+from pipeline.data import LOADERS, Reading, Views, converted_source, eval_loader, two_view_loader
+from pipeline.sections import Convert
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +36,10 @@ def test_eval_views_agree_exactly(eval_views):
 
 def test_same_samples_same_order(ffcv_small):
     beton = ffcv_small / "train.beton"
-    loaders = {kind: two_view_loader(beton, crop_size=24, loader=kind, **KW) for kind in LOADERS}
+    loaders = {
+        kind: two_view_loader(beton, Views(crop_size=24, seed=3), Reading(batch_size=16, workers=1, loader=kind))
+        for kind in LOADERS
+    }
     assert len(loaders["ffcv"]) == len(loaders["torchvision"]) == 80 // 16
     orders = {}
     for epoch in (0, 1, 1):
@@ -64,13 +66,8 @@ def test_same_samples_same_order(ffcv_small):
 def test_no_augmentation_gives_the_eval_view(ffcv_small, eval_views, kind):
     loader = two_view_loader(
         ffcv_small / "train.beton",
-        crop_size=32,
-        scale_min=1.0,
-        ratio=(1, 1),
-        flip=False,
-        drop_last=False,
-        loader=kind,
-        **KW,
+        Views(crop_size=32, scale_min=1.0, ratio=(1, 1), flip=False, seed=3),
+        Reading(batch_size=16, workers=1, drop_last=False, loader=kind),
     )
     none = augment.recipe("none", 32)
     count = 0
@@ -84,7 +81,11 @@ def test_no_augmentation_gives_the_eval_view(ffcv_small, eval_views, kind):
 
 def test_torchvision_device_crop(ffcv_small):
     """crop="device": whole centre views from the loader, crops drawn from torch's RNG."""
-    loader = two_view_loader(ffcv_small / "train.beton", 16, 24, workers=0, seed=1, crop="device", loader="torchvision")
+    loader = two_view_loader(
+        ffcv_small / "train.beton",
+        Views(crop_size=24, seed=1, crop="device"),
+        Reading(batch_size=16, workers=0, loader="torchvision"),
+    )
     torch.manual_seed(0)
     v1, v2, y, i = next(iter(loader))
     assert v1.shape == v2.shape == (16, 3, 24, 24) and v1.dtype == torch.uint8 and not torch.equal(v1, v2)
@@ -99,7 +100,7 @@ def test_torchvision_loader_without_beton(tmp_path):
     convert(
         tmp_path / "cifar",
         tmp_path / "c" / "train.beton",
-        {"workers": 1},
+        Convert(workers=1),
         source="cifar10",
         beton=False,
         progress=False,
@@ -114,14 +115,20 @@ def test_torchvision_loader_without_beton(tmp_path):
     convert(
         tmp_path / "stl",
         tmp_path / "s" / "train.beton",
-        {"workers": 1},
+        Convert(workers=1),
         source="stl10",
         split="train+unlabeled",
         beton=False,
         progress=False,
     )
     v1, v2, labels, idx = next(
-        iter(two_view_loader(tmp_path / "s" / "train.beton", 6, 48, workers=1, loader="torchvision"))
+        iter(
+            two_view_loader(
+                tmp_path / "s" / "train.beton",
+                Views(crop_size=48),
+                Reading(batch_size=6, workers=1, loader="torchvision"),
+            )
+        )
     )
     assert v1.shape == (6, 3, 48, 48) and labels.tolist().count(-1) == 3
     assert sorted(idx.tolist()) == list(range(6))
@@ -131,7 +138,7 @@ def test_torchvision_loader_skips_what_conversion_skipped(tmp_path):
     root = tmp_path / "train"
     make_imagefolder(root)
     (root / "a" / "bad.png").write_bytes(b"garbage")
-    report = convert(root, tmp_path / "train.beton", {"workers": 1}, beton=False, progress=False)
+    report = convert(root, tmp_path / "train.beton", Convert(workers=1), beton=False, progress=False)
     assert len(report["skipped"]) == 1 and len(converted_source(tmp_path / "train.beton")) == 6
     make_imagefolder(root, classes=("b",), per_class=4)  # one more image after the conversion
     with pytest.raises(RuntimeError, match="changed since it was converted"):
@@ -140,7 +147,7 @@ def test_torchvision_loader_skips_what_conversion_skipped(tmp_path):
 
 def test_factory_errors(tmp_path):
     with pytest.raises(ValueError, match="data.loader"):
-        two_view_loader(tmp_path / "x.beton", 8, 32, loader="dali")
+        two_view_loader(tmp_path / "x.beton", Views(crop_size=32), Reading(batch_size=8, loader="dali"))
     with pytest.raises(FileNotFoundError, match="conversion report not found"):
         eval_loader(tmp_path / "x.beton", 8, 32, loader="torchvision")
     with pytest.raises(FileNotFoundError, match="FFCV dataset not found"):
@@ -234,7 +241,11 @@ def test_torchvision_views_replay_after_a_resume(ffcv_small):
     mid-epoch (new workers, another RNG state) yields the batches the uninterrupted one did."""
 
     def epoch_batches(workers: int, skip: int, epoch: int = 1) -> list:
-        loader = two_view_loader(ffcv_small / "train.beton", 16, 24, workers=workers, seed=1, loader="torchvision")
+        loader = two_view_loader(
+            ffcv_small / "train.beton",
+            Views(crop_size=24, seed=1),
+            Reading(batch_size=16, workers=workers, loader="torchvision"),
+        )
         loader.set_epoch(epoch)
         return list(loader.batches(skip))
 

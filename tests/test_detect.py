@@ -14,8 +14,10 @@ from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, TwoMLPH
 from torchvision.ops import FrozenBatchNorm2d
 
 from pipeline import checkpoint, detect
+from pipeline.config import section
 from pipeline.detection_data import VOC_CLASSES, DetectionSplit, load_splits, write_voc
 from pipeline.models import build_backbone
+from pipeline.sections import Synthetic, Voc
 from pipeline.synthetic import run as generate
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
@@ -34,9 +36,8 @@ TINY = {
 @pytest.fixture(scope="module")
 def det_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("synth")
-    generate(
-        root, {"train_per_class": 1, "val_per_class": 1, "det_train_images": 16, "det_val_images": 8}, progress=False
-    )
+    scenes = Synthetic(train_per_class=1, val_per_class=1, det_train_images=16, det_val_images=8)
+    generate(root, scenes, progress=False)
     return root / "det"
 
 
@@ -190,7 +191,7 @@ def test_voc_difficult_objects_are_ignored_in_evaluation(voc_root):
 def test_voc_errors_name_the_file(voc_root, tmp_path):
     devkit, _ = voc_root
     with pytest.raises(FileNotFoundError, match=r"VOC2012.*test.txt"):
-        load_splits(devkit, "voc", {"val": "2012/test"})
+        load_splits(devkit, "voc", Voc(val="2012/test"))
     broken = tmp_path / "VOCdevkit"
     shutil.copytree(devkit, broken)
     xml = sorted((broken / "VOC2007" / "Annotations").glob("*.xml"))[0]
@@ -209,7 +210,7 @@ def test_voc_errors_name_the_file(voc_root, tmp_path):
 @pytest.mark.parametrize("norm", ["frozen_bn", "bn"])
 def test_detector_backbone_holds_the_checkpoint_weights(ckpt_path, norm, head):
     ckpt = checkpoint.load(ckpt_path)
-    detector = detect.build_detector(ckpt, {**TINY, "norm": norm, "head": head}, num_classes=11)
+    detector = detect.build_detector(ckpt, section("detect", {**TINY, "norm": norm, "head": head}), num_classes=11)
     detect.verify_backbone(detector, ckpt["backbone"])
     own = detect.pretrained_part(detector)
     compared = 0
@@ -239,7 +240,7 @@ def test_detector_backbone_holds_the_checkpoint_weights(ckpt_path, norm, head):
 
 def test_c4_head_changed_layer4_weight_is_detected(ckpt_path):
     ckpt = checkpoint.load(ckpt_path)
-    detector = detect.build_detector(ckpt, {**TINY, "head": "c4"}, num_classes=11)
+    detector = detect.build_detector(ckpt, section("detect", {**TINY, "head": "c4"}), num_classes=11)
     with torch.no_grad():
         detector.roi_heads.box_head.layer4[1].conv2.weight.add_(1e-3)
     with pytest.raises(checkpoint.CheckpointError, match="layer4.1.conv2.weight"):
@@ -251,7 +252,7 @@ def test_group_norm_backbone_and_heads_train(head, det_dir):
     """norm: gn for a GN-pretrained backbone: GroupNorm everywhere, no BatchNorm; one step learns."""
     arch = {**ARCH, "norm": "gn"}
     ckpt = {"arch": arch, "backbone": build_backbone(arch).state_dict()}
-    detector = detect.build_detector(ckpt, {**TINY, "norm": "gn", "head": head}, num_classes=11)
+    detector = detect.build_detector(ckpt, section("detect", {**TINY, "norm": "gn", "head": head}), num_classes=11)
     detect.verify_backbone(detector, ckpt["backbone"])
     kinds = {type(m) for m in detector.modules()}
     assert torch.nn.GroupNorm in kinds and not kinds & {torch.nn.BatchNorm2d, FrozenBatchNorm2d}
@@ -265,7 +266,7 @@ def test_group_norm_backbone_and_heads_train(head, det_dir):
 
 def test_verify_backbone_detects_a_changed_weight(ckpt_path):
     ckpt = checkpoint.load(ckpt_path)
-    detector = detect.build_detector(ckpt, TINY, num_classes=11)
+    detector = detect.build_detector(ckpt, section("detect", TINY), num_classes=11)
     with torch.no_grad():
         detector.backbone.body.layer3[0].conv1.weight.add_(1e-3)
     with pytest.raises(checkpoint.CheckpointError, match="layer3.0.conv1.weight"):
@@ -276,14 +277,14 @@ def test_missing_key_fails_with_its_name(ckpt_path):
     ckpt = checkpoint.load(ckpt_path)
     del ckpt["backbone"]["layer1.0.bn1.running_mean"]
     with pytest.raises(checkpoint.CheckpointError, match=r"missing \['layer1.0.bn1.running_mean'\]"):
-        detect.build_detector(ckpt, TINY, num_classes=11)
+        detect.build_detector(ckpt, section("detect", TINY), num_classes=11)
 
 
 def test_misnamed_key_fails_with_both_names(ckpt_path):
     ckpt = checkpoint.load(ckpt_path)
     ckpt["backbone"]["layer2.0.convX.weight"] = ckpt["backbone"].pop("layer2.0.conv1.weight")
     with pytest.raises(checkpoint.CheckpointError) as err:
-        detect.build_detector(ckpt, TINY, num_classes=11)
+        detect.build_detector(ckpt, section("detect", TINY), num_classes=11)
     assert "layer2.0.conv1.weight" in str(err.value) and "layer2.0.convX.weight" in str(err.value)
 
 
@@ -394,7 +395,7 @@ def test_cli_errors_exit_with_a_message(det_dir, ckpt_path, tmp_path):
 
 
 def test_ranks_that_drifted_apart_fail(ckpt_path, monkeypatch):
-    detector = detect.build_detector(checkpoint.load(ckpt_path), TINY, num_classes=11)
+    detector = detect.build_detector(checkpoint.load(ckpt_path), section("detect", TINY), num_classes=11)
     detect.check_ranks_agree(detector)  # one process: trivially equal
     monkeypatch.setattr(detect.distributed, "gather_objects", lambda x: [x, x + 1e-3])
     with pytest.raises(RuntimeError, match="detector weights differ across ranks"):
@@ -446,9 +447,9 @@ def test_image_sizes_shorter_side_and_cap(ckpt_path):
     """image_size sets the shorter side; max_image_size caps the longer one (default: image_size)."""
     ckpt = checkpoint.load(ckpt_path)
     wide = [torch.rand(3, 40, 80)]
-    square = detect.build_detector(ckpt, TINY, num_classes=11).eval()
+    square = detect.build_detector(ckpt, section("detect", TINY), num_classes=11).eval()
     assert square.transform(wide)[0].image_sizes == [(32, 64)]  # bounded by 64 x 64
-    capped = detect.build_detector(ckpt, {**TINY, "max_image_size": 200}, num_classes=11).eval()
+    capped = detect.build_detector(ckpt, section("detect", {**TINY, "max_image_size": 200}), num_classes=11).eval()
     assert capped.transform(wide)[0].image_sizes == [(64, 128)]  # shorter side 64, as Detectron2's 800/1333
 
 
@@ -457,12 +458,14 @@ def test_image_sizes_shorter_side_and_cap(ckpt_path):
 
 def test_proposal_and_roi_counts_come_from_the_config(ckpt_path):
     ckpt = checkpoint.load(ckpt_path)
-    scenes = detect.build_detector(ckpt, TINY, num_classes=11)  # the defaults, sized for the scenes
+    scenes = detect.build_detector(ckpt, section("detect", TINY), num_classes=11)  # the defaults, sized for the scenes
     assert scenes.rpn._pre_nms_top_n == {"training": 1000, "testing": 500}
     assert scenes.rpn._post_nms_top_n == {"training": 300, "testing": 150}
     assert scenes.roi_heads.fg_bg_sampler.batch_size_per_image == 128
     reference = {"pre_nms_train": 12000, "post_nms_train": 2000, "pre_nms_test": 6000, "post_nms_test": 1000}
-    paper = detect.build_detector(ckpt, {**TINY, "head": "c4", "rpn": reference, "roi_per_image": 512}, num_classes=21)
+    paper = detect.build_detector(
+        ckpt, section("detect", {**TINY, "head": "c4", "rpn": reference, "roi_per_image": 512}), num_classes=21
+    )
     assert paper.rpn._pre_nms_top_n == {"training": 12000, "testing": 6000}
     assert paper.rpn._post_nms_top_n == {"training": 2000, "testing": 1000}
     assert paper.roi_heads.fg_bg_sampler.batch_size_per_image == 512
@@ -471,12 +474,12 @@ def test_proposal_and_roi_counts_come_from_the_config(ckpt_path):
 def test_multi_scale_training_and_single_scale_test(ckpt_path):
     ckpt = checkpoint.load(ckpt_path)
     detector = detect.build_detector(
-        ckpt, {**TINY, "train_sizes": [48, 56, 64], "max_image_size": 200}, num_classes=11
+        ckpt, section("detect", {**TINY, "train_sizes": [48, 56, 64], "max_image_size": 200}), num_classes=11
     ).train()
     torch.manual_seed(0)
     sides = {min(detector.transform([torch.rand(3, 40, 80)])[0].image_sizes[0]) for _ in range(40)}
     assert sides == {48, 56, 64}  # each image draws its shorter side
-    detect.test_scale(detector, {**TINY, "image_size": 64})
+    detect.test_scale(detector, section("detect", {**TINY, "image_size": 64}))
     detector.eval()
     assert detector.transform([torch.rand(3, 40, 80)])[0].image_sizes == [(64, 128)]
 
@@ -493,13 +496,13 @@ def test_embedded_scenes_as_a_voc_devkit(det_dir, tmp_path):
     from pipeline.detection_data import main as to_voc_cli
 
     to_voc_cli(["--coco", str(det_dir), "--out", str(tmp_path / "VOCdevkit")])
-    train, val = load_splits(tmp_path / "VOCdevkit", "voc", {"train": ["2007/trainval"], "val": "2007/test"})
+    train, val = load_splits(tmp_path / "VOCdevkit", "voc", Voc(train=("2007/trainval",), val="2007/test"))
     assert (val.kind, val.year, len(train.coco["images"]), len(val.coco["images"])) == ("voc", "2007", 16, 8)
     truth = [
         {"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
         for a in val.coco["annotations"]
     ]
-    m = detect.evaluate(val, truth, {"voc_metric": "auto"})
+    m = detect.evaluate(val, truth, section("detect", {"voc_metric": "auto"}))
     assert m["AP50"] == m["AP"] == pytest.approx(100.0) and m["coco_style"]["AP"] == pytest.approx(100.0)
     assert m["protocol"].startswith("VOC 11point")
-    assert detect.evaluate(val, truth, {"voc_metric": "area"})["protocol"].startswith("VOC area")
+    assert detect.evaluate(val, truth, section("detect", {"voc_metric": "area"}))["protocol"].startswith("VOC area")

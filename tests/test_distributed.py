@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pipeline.config import section
 from pipeline.methods import build_model
 from pipeline.moco.distributed import shuffle_across_ranks, unshuffle_across_ranks
 from pipeline.optim import build_optimizer
@@ -70,8 +71,8 @@ def train(model, opt, batches, rows: slice, ddp=None):
 def _two_rank_worker(rank, world, port, out):
     _init(rank, world, port)
     torch.manual_seed(0)
-    model = build_model(P, 16, 10, 1000)
-    opt = build_optimizer(P, model.parameters())
+    model = build_model(section("pretrain", P), 16, 10, 1000)
+    opt = build_optimizer(section("pretrain", P), model.parameters())
     ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
     train(model, opt, global_batches(), slice(rank * B, (rank + 1) * B), ddp)
     torch.save({k: v.clone() for k, v in model.state_dict().items()}, f"{out}/rank{rank}.pt")
@@ -82,8 +83,8 @@ def test_two_ranks_equal_one_process_at_twice_the_batch(tmp_path):
     mp.spawn(_two_rank_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     torch.manual_seed(0)
-    model = build_model(P, 16, 10, 1000)
-    opt = build_optimizer(P, model.parameters())
+    model = build_model(section("pretrain", P), 16, 10, 1000)
+    opt = build_optimizer(section("pretrain", P), model.parameters())
     train(model, opt, global_batches(), slice(0, 2 * B))
     single = model.state_dict()
     for key in ("queue.keys", "queue.ptr", "queue.source", "queue.enqueued_at"):

@@ -14,7 +14,7 @@ from pipeline.fast_path import FastPath
 from pipeline.moco.builder import info_nce
 from pipeline.moco.split_bn import max_splits
 from pipeline.moco.v3 import ctr_loss
-from pipeline.pretrain import Trainer, seed_everything
+from pipeline.pretrain import Job, Trainer, seed_everything
 
 CPU = torch.device("cpu")
 BASE = {
@@ -56,7 +56,7 @@ def trainer_for(ffcv_small, tmp_path, family: str, fast_path: str) -> Trainer:
         "data": {"crop_size": 32, "workers": 1},
         "pretrain": {**BASE, **FAMILIES[family], "fast_path": fast_path},
     }
-    return Trainer(cfg, ffcv_small, tmp_path / "state", distributed.init(), progress=False)
+    return Trainer(Job.of(cfg), ffcv_small, tmp_path / "state", distributed.init(), progress=False)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pipeline.data import LOADERS, eval_loader, two_view_loader
+from pipeline.data import LOADERS, Reading, Views, eval_loader, two_view_loader
 from pipeline.sources import decode_file, open_source
 
 
@@ -31,7 +31,9 @@ def test_round_trip_labels_indices_pixels(synthetic_small, ffcv_small):
 
 
 def test_two_views_every_sample_once(ffcv_small):
-    loader = two_view_loader(ffcv_small / "train.beton", batch_size=8, crop_size=24, workers=1, drop_last=False)
+    loader = two_view_loader(
+        ffcv_small / "train.beton", Views(crop_size=24), Reading(batch_size=8, workers=1, drop_last=False)
+    )
     seen = []
     for v1, v2, _y, idx in loader:
         assert v1.shape == v2.shape and v1.shape[1:] == (3, 24, 24)
@@ -46,9 +48,14 @@ def test_iterating_keeps_the_stages_torch_threads(ffcv_small):
     for 1 torch thread and 2 loader workers must still train on 1 thread."""
     before = torch.get_num_threads()
     try:
-        for make in (two_view_loader, eval_loader):
+        beton = ffcv_small / "train.beton"
+        makers = (
+            lambda: two_view_loader(beton, Views(crop_size=16), Reading(batch_size=8, workers=2, threads=1)),
+            lambda: eval_loader(beton, batch_size=8, crop_size=16, workers=2, threads=1),
+        )
+        for make in makers:
             torch.set_num_threads(1)
-            loader = make(ffcv_small / "train.beton", batch_size=8, crop_size=16, workers=2, threads=1)
+            loader = make()
             for _epoch in range(2):
                 for _batch in loader:
                     assert torch.get_num_threads() == 1
@@ -69,7 +76,9 @@ def _rank_worker(rank, world, port, beton, out):
     seen = {}
     for kind in LOADERS:
         loader = two_view_loader(
-            beton, batch_size=8, crop_size=16, workers=1, seed=5, distributed=True, drop_last=False, loader=kind
+            beton,
+            Views(crop_size=16, seed=5),
+            Reading(batch_size=8, workers=1, distributed=True, drop_last=False, loader=kind),
         )
         for epoch in (0, 1):
             loader.set_epoch(epoch)

@@ -2,8 +2,9 @@
 
 import pytest
 
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, section, typed_config
 from pipeline.grid import cell_id, cell_resources, grid_cells, group_id, parse_cell_id
+from pipeline.sections import Resources
 
 BASE = {
     "method": "moco",
@@ -19,13 +20,13 @@ BASE = {
 
 
 def grid(**g):
-    return {"pretrain": dict(BASE), "grid": g}
+    return typed_config({"pretrain": dict(BASE), "grid": g})
 
 
 def test_one_at_a_time():
     cells = grid_cells(grid(one_at_a_time={"K": [1024, 4096], "m": [0.9, 0.999]}))
     assert set(cells) == {"base", "K=1024", "m=0.9", "m=0.999"}  # K=4096 is the base itself
-    assert cells["K=1024"]["K"] == 1024 and cells["K=1024"]["m"] == 0.99
+    assert cells["K=1024"].pretrain.K == 1024 and cells["K=1024"].pretrain.m == 0.99
 
 
 def test_product_and_merge_with_one_at_a_time():
@@ -51,7 +52,7 @@ def test_seeds_replicate_every_cell():
         "method=random,seed=1",
         "method=random,seed=2",
     }
-    assert cells["K=1024,seed=2"] == {**BASE, "K": 1024, "seed": 2}
+    assert cells["K=1024,seed=2"].stated(BASE) == {**BASE, "K": 1024, "seed": 2}
     assert {group_id(c) for c in cells} == {"base", "K=1024", "method=random"}  # one table row each
     assert set(grid_cells(grid(seeds=1))) == {"base"}
 
@@ -84,7 +85,7 @@ def test_all_designs_together_and_duplicates_merge():
         )
     )
     assert sorted(cells) == sorted(["base", "K=1024", "m=0.9", "K=1024,m=0.9", "method=random"])
-    assert cells["K=1024,m=0.9"] == {**BASE, "K": 1024, "m": 0.9}
+    assert cells["K=1024,m=0.9"].stated(BASE) == {**BASE, "K": 1024, "m": 0.9}
 
 
 def test_product_size():
@@ -101,16 +102,20 @@ def test_product_size():
 
 
 def test_memory_bank_needs_a_larger_dataset():
-    cfg = {
-        **grid(one_at_a_time={"mechanism": ["memory_bank"]}),
-        "dataset": {"source": "synthetic", "synthetic": {"train_per_class": 100}},
-    }  # 1000 images < K=4096
+    def cfg(train_per_class):
+        return typed_config(
+            {
+                "pretrain": dict(BASE),
+                "grid": {"one_at_a_time": {"mechanism": ["memory_bank"]}},
+                "dataset": {"source": "synthetic", "synthetic": {"train_per_class": train_per_class}},
+            }
+        )
+
     with pytest.raises(
         ConfigError, match="cell 'mechanism=memory_bank' is impossible.*memory bank K=4096.*1000 images"
     ):
-        grid_cells(cfg)
-    cfg["dataset"]["synthetic"]["train_per_class"] = 500
-    assert "mechanism=memory_bank" in grid_cells(cfg)
+        grid_cells(cfg(100))  # 1000 images < K=4096
+    assert "mechanism=memory_bank" in grid_cells(cfg(500))
 
 
 def test_impossible_cell_named_at_dag_build(tmp_path):
@@ -141,14 +146,17 @@ def test_group_id_drops_the_seed():
 
 
 def test_cell_resources_scale_with_the_cell():
-    spec = {"minutes_per_epoch": 2, "overhead_minutes": 10, "nodes": 1, "batch_per_node": 512}
-    base = cell_resources(BASE, spec)
-    assert base == {"runtime": 10 + 2 * 10, "nodes": 1}
-    assert cell_resources({**BASE, "epochs": 20}, spec)["runtime"] == 10 + 2 * 20
-    assert cell_resources({**BASE, "backbone": "resnet50"}, spec)["runtime"] == 10 + 2 * 10 * 2.5
-    assert cell_resources({**BASE, "batch_size": 2048}, spec) == {"runtime": 10 + 2 * 10 // 4, "nodes": 4}
-    assert cell_resources({**BASE, "method": "random"}, spec) == {"runtime": 10, "nodes": 1}
-    assert cell_resources(BASE, None)["nodes"] == 1  # defaults
+    spec = Resources(minutes_per_epoch=2, overhead_minutes=10, nodes=1, batch_per_node=512)
+
+    def cell(**changes):
+        return section("pretrain", {**BASE, **changes})
+
+    assert cell_resources(cell(), spec) == {"runtime": 10 + 2 * 10, "nodes": 1}
+    assert cell_resources(cell(epochs=20), spec)["runtime"] == 10 + 2 * 20
+    assert cell_resources(cell(backbone="resnet50"), spec)["runtime"] == 10 + 2 * 10 * 2.5
+    assert cell_resources(cell(batch_size=2048), spec) == {"runtime": 10 + 2 * 10 // 4, "nodes": 4}
+    assert cell_resources(cell(method="random"), spec) == {"runtime": 10, "nodes": 1}
+    assert cell_resources(cell(), Resources())["nodes"] == 1  # defaults
 
 
 def test_dag_of_a_100_cell_product_grid(tmp_path):

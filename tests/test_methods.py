@@ -7,6 +7,7 @@ import torch
 from torch.nn import functional as F
 
 from pipeline.augment import normalize
+from pipeline.config import section
 from pipeline.data import eval_loader
 from pipeline.methods import build_model
 from pipeline.moco.v3 import ctr_loss, momentum_at
@@ -82,8 +83,8 @@ def instance_loss(model, images: torch.Tensor, seed: int = 5) -> float:
 def test_method_learns_on_embedded_data(name, images):
     torch.manual_seed(0)
     p = {**BASE, **METHODS[name]}
-    model = build_model(p, image_size=32, num_classes=10, num_samples=64)
-    opt = build_optimizer(p, model.parameters())
+    model = build_model(section("pretrain", p), image_size=32, num_classes=10, num_samples=64)
+    opt = build_optimizer(section("pretrain", p), model.parameters())
     x, y, idx = images
     g = torch.Generator().manual_seed(0)
     before = instance_loss(model, x)
@@ -130,13 +131,13 @@ def test_v3_momentum_schedule():
 def test_vit_patch_projection_frozen_and_position_embedding_fixed(images):
     torch.manual_seed(0)
     p = {**BASE, **METHODS["v3_vit"]}
-    model = build_model(p, image_size=32, num_classes=10, num_samples=64)
+    model = build_model(section("pretrain", p), image_size=32, num_classes=10, num_samples=64)
     backbone = model.encoder_q.backbone
     assert "pos_embed" not in dict(backbone.named_parameters())
     assert "pos_embed" in dict(backbone.named_buffers())
     patch_before = {k: v.clone() for k, v in backbone.patch_embed.state_dict().items()}
     pos_before = backbone.pos_embed.clone()
-    opt = build_optimizer(p, model.parameters())
+    opt = build_optimizer(section("pretrain", p), model.parameters())
     x, y, idx = images
     g = torch.Generator().manual_seed(0)
     block_before = backbone.blocks[0].attn.qkv.weight.clone()
@@ -208,14 +209,18 @@ def test_vit_patch_projection_is_frozen_as_the_config_says(method, key, frozen):
     """pretrain.freeze_patch_embed (moco-v3 main_moco.py --stop-grad-conv1, set for its ViTs):
     unset, frozen for MoCo only; a supervised ViT trains its patch projection."""
     p = {**BASE, **METHODS["v3_vit"], "method": method, "freeze_patch_embed": key}
-    patches = build_model(p, image_size=32, num_classes=10, num_samples=64).encoder_q.backbone.patch_embed
+    patches = build_model(
+        section("pretrain", p), image_size=32, num_classes=10, num_samples=64
+    ).encoder_q.backbone.patch_embed
     assert [t.requires_grad for t in patches.parameters()] == [not frozen, not frozen]  # weight, bias
 
 
 def test_v3_predictor_ends_as_the_reference():
     """ResNet: the predictor's last layer is a Linear (no BN); ViT: a BN without affine."""
-    resnet = build_model({**BASE, **METHODS["v3_resnet"]}, image_size=32, num_classes=10, num_samples=64)
-    vit = build_model({**BASE, **METHODS["v3_vit"]}, image_size=32, num_classes=10, num_samples=64)
+    resnet = build_model(
+        section("pretrain", {**BASE, **METHODS["v3_resnet"]}), image_size=32, num_classes=10, num_samples=64
+    )
+    vit = build_model(section("pretrain", {**BASE, **METHODS["v3_vit"]}), image_size=32, num_classes=10, num_samples=64)
     assert isinstance(resnet.predictor[-1], torch.nn.Linear)
     assert isinstance(vit.predictor[-1], torch.nn.BatchNorm1d) and not vit.predictor[-1].affine
     for model in (resnet, vit):  # both projectors end in a BN, as the reference
@@ -223,10 +228,12 @@ def test_v3_predictor_ends_as_the_reference():
 
 
 def test_v3_resnet_starts_each_residual_branch_at_zero():
-    model = build_model({**BASE, **METHODS["v3_resnet"]}, image_size=32, num_classes=10, num_samples=64)
+    model = build_model(
+        section("pretrain", {**BASE, **METHODS["v3_resnet"]}), image_size=32, num_classes=10, num_samples=64
+    )
     blocks = [b for layer in ("layer1", "layer2", "layer3", "layer4") for b in getattr(model.encoder_q.backbone, layer)]
     assert blocks and all(torch.all(b.bn2.weight == 0) for b in blocks)
-    v2 = build_model(BASE, image_size=32, num_classes=10, num_samples=64)
+    v2 = build_model(section("pretrain", BASE), image_size=32, num_classes=10, num_samples=64)
     assert all(torch.all(b.bn2.weight == 1) for b in v2.encoder_q.backbone.layer1)
 
 
@@ -234,9 +241,9 @@ def test_v3_vit_probe_lr_is_the_reference():
     from pipeline.probe import settings
 
     pc = {"protocol": "mocov3", "epochs": 90}
-    assert settings(pc, {"backbone": "vit_small"})["lr"] == pytest.approx(3.0 * 1024 / 256)
-    assert settings(pc, {"backbone": "resnet50"})["lr"] == pytest.approx(0.1 * 1024 / 256)
-    assert settings({"protocol": "moco", "epochs": 100}, {"backbone": "vit_small"})["lr"] == 30.0
+    assert settings(section("probe", pc), {"backbone": "vit_small"})["lr"] == pytest.approx(3.0 * 1024 / 256)
+    assert settings(section("probe", pc), {"backbone": "resnet50"})["lr"] == pytest.approx(0.1 * 1024 / 256)
+    assert settings(section("probe", {"protocol": "moco", "epochs": 100}), {"backbone": "vit_small"})["lr"] == 30.0
 
 
 def test_every_method_has_the_training_loops_interface():
@@ -244,7 +251,7 @@ def test_every_method_has_the_training_loops_interface():
     from pipeline.moco.method import Method
 
     for name, p in METHODS.items():
-        model = build_model({**BASE, **p}, image_size=32, num_classes=10, num_samples=64)
+        model = build_model(section("pretrain", {**BASE, **p}), image_size=32, num_classes=10, num_samples=64)
         assert isinstance(model, Method), name
         with_ema = p.get("method", "moco") == "moco" and p.get("mechanism", "moco") == "moco"
         assert model.has_momentum_encoder == with_ema, name

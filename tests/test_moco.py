@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from pipeline.config import section
 from pipeline.moco import KeyQueue, MoCo, momentum_update
 from pipeline.moco.builder import info_nce
 from pipeline.models import Encoder, build_backbone, projection_head
@@ -195,7 +196,7 @@ def test_key_encoder_check_holds_on_a_run():
 
     torch.manual_seed(0)
     model = MoCo(tiny_encoder(), dim=16, K=32, m=0.9, T=0.2, shuffle_bn=False)
-    opt = build_optimizer({"method": "moco", "lr": 0.1, "weight_decay": 1e-4}, model.parameters())
+    opt = build_optimizer(section("pretrain", {"method": "moco", "lr": 0.1, "weight_decay": 1e-4}), model.parameters())
     record = EmaRecord(model, steps=3)
     trained(model, 6, opt, record)
     report = record.report(opt)

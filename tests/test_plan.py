@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from pipeline.config import merge
+from pipeline.config import merge, typed_config
 from pipeline.plan import DetectionSpeed, Throughput, load_config, make_plan, minutes, train_images
 from tests.conftest import run, snakemake_bin
 
@@ -46,7 +46,7 @@ def config(tmp_path) -> dict:
 
 
 def test_plan_arithmetic_on_a_hand_computed_grid(tmp_path):
-    plan = make_plan(config(tmp_path), PROFILE, THROUGHPUT, DETECTION)
+    plan = make_plan(typed_config(config(tmp_path)), PROFILE, THROUGHPUT, DETECTION)
     rows = {r["cell"]: r for r in plan["cells"]}
     assert list(rows) == ["base", "batch_size=512", "method=random", "method=supervised"]
     assert plan["images"] == 50_000
@@ -83,7 +83,7 @@ def test_plan_arithmetic_on_a_hand_computed_grid(tmp_path):
 
 
 def test_retries_give_time_limits_that_grow_with_the_attempt(tmp_path):
-    plan = make_plan(config(tmp_path), {**PROFILE, "restart-times": 1}, THROUGHPUT, DETECTION)
+    plan = make_plan(typed_config(config(tmp_path)), {**PROFILE, "restart-times": 1}, THROUGHPUT, DETECTION)
     assert plan["attempts"] == 2  # 55 + 110 min >= 60 min
     assert plan["exceeding"] == ["base", "method=supervised"] and plan["short_after_retries"] == []
 
@@ -91,7 +91,7 @@ def test_retries_give_time_limits_that_grow_with_the_attempt(tmp_path):
 def test_no_figure_is_not_estimated(tmp_path):
     cfg = config(tmp_path)
     cfg["pretrain"]["cifar_stem"] = True  # 16x the compute of the published ResNet-50's stem
-    rows = {r["cell"]: r for r in make_plan(cfg, PROFILE, THROUGHPUT, DETECTION)["cells"]}
+    rows = {r["cell"]: r for r in make_plan(typed_config(cfg), PROFILE, THROUGHPUT, DETECTION)["cells"]}
     assert rows["base"]["gpu_hours"] is None and "cifar_stem=False" in rows["base"]["note"]
 
 
@@ -107,9 +107,9 @@ def test_training_images_from_this_datasets_report_only(tmp_path):
     report = tmp_path / "results/data/ffcv/train.json"
     report.parent.mkdir(parents=True)
     report.write_text(json.dumps({"source": {"kind": "cifar10", "root": cfg["dataset"]["root"]}, "num_samples": 123}))
-    assert train_images(cfg)[0] == 123
+    assert train_images(typed_config(cfg))[0] == 123
     report.write_text(json.dumps({"source": {"kind": "cifar10", "root": "/elsewhere"}, "num_samples": 123}))
-    count, why = train_images(cfg)
+    count, why = train_images(typed_config(cfg))
     assert count == 50_000 and "another dataset" in why
 
 

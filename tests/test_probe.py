@@ -16,6 +16,7 @@ from pipeline.features import extract
 from pipeline.knn import knn_accuracy
 from pipeline.models import build_backbone
 from pipeline.probe import assert_unchanged, run, snapshot
+from pipeline.sections import Convert
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
 
@@ -85,7 +86,7 @@ def stored_256x341(tmp_path, copies: int = 1) -> tuple[np.ndarray, object]:
     for i in range(copies):
         Image.fromarray(image).save(tmp_path / "src" / "a" / f"{i}.png")
     beton = tmp_path / "train.beton"
-    convert(tmp_path / "src", beton, {"max_resolution": None, "write_mode": "raw", "workers": 1}, progress=False)
+    convert(tmp_path / "src", beton, Convert(max_resolution=None, write_mode="raw", workers=1), progress=False)
     return image, beton
 
 
@@ -118,7 +119,9 @@ def test_unlabelled_images_do_not_stretch_the_augmented_probe(tmp_path, random_c
     make_stl10(tmp_path / "stl", n=12)
     data = tmp_path / "data"
     for split, name in (("train+unlabeled", "train"), ("test", "val")):
-        convert(tmp_path / "stl", data / f"{name}.beton", {"workers": 1}, source="stl10", split=split, progress=False)
+        convert(
+            tmp_path / "stl", data / f"{name}.beton", Convert(workers=1), source="stl10", split=split, progress=False
+        )
     steps, ratios = [], []
     train_batch, extract_features = probe.LinearProbe.train_batch, probe.extract
 

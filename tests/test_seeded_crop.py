@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.data import two_view_loader
+from pipeline.data import Reading, Views, two_view_loader
 from pipeline.seeded_crop import crop_and_flip, splitmix64
 
 
 def epochs_of_views(beton, seed: int, workers: int, epochs=(0, 1), skip: int = 0):
-    loader = two_view_loader(beton, batch_size=16, crop_size=24, scale_min=0.2, workers=workers, seed=seed)
+    loader = two_view_loader(
+        beton, Views(crop_size=24, scale_min=0.2, seed=seed), Reading(batch_size=16, workers=workers)
+    )
     out = {}
     for epoch in epochs:
         loader.set_epoch(epoch)

@@ -2,11 +2,13 @@
 
 import hashlib
 import json
+from dataclasses import replace
 
+from pipeline.sections import Synthetic
 from pipeline.synthetic import CLASSES
 from pipeline.synthetic import run as generate
 
-SMALL = {"train_per_class": 2, "val_per_class": 1, "det_train_images": 3, "det_val_images": 2, "det_image_size": 48}
+SMALL = Synthetic(train_per_class=2, val_per_class=1, det_train_images=3, det_val_images=2, det_image_size=48)
 
 
 def digest(root):
@@ -26,7 +28,7 @@ def test_same_seed_same_bytes(tmp_path):
 
 def test_other_seed_other_images(tmp_path):
     generate(tmp_path / "a", SMALL, progress=False)
-    generate(tmp_path / "b", {**SMALL, "seed": 1}, progress=False)
+    generate(tmp_path / "b", replace(SMALL, seed=1), progress=False)
     a, b = digest(tmp_path / "a"), digest(tmp_path / "b")
     assert a["cls/train/disk/00000.png"] != b["cls/train/disk/00000.png"]
 

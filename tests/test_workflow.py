@@ -524,42 +524,35 @@ def test_supervised_baseline_trains_with_its_own_recipe():
     """The paper presets' supervised cell: torchvision's recipe (grid.supervised), under the
     id method=supervised; lr 0.1 until epoch 30, 0.01 until 60, then 0.001. The demo's keeps
     the base cell's recipe (MoCo's views)."""
-    from pipeline.config import DEFAULT_CONFIG, load_yaml, section
+    from pipeline.config import DEFAULT_CONFIG, load_yaml, typed_config
     from pipeline.grid import cell_params, cell_resources, grid_cells
     from pipeline.optim import lr_at
 
-    cfg = preset_config("imagenet-mocov2")
+    cfg = typed_config(preset_config("imagenet-mocov2"))
     cell = grid_cells(cfg)["method=supervised"]
     assert cell == cell_params(cfg, "method=supervised")
-    assert (cell["epochs"], cell["lr"], cell["aug"], cell["crop_scale_min"], cell["weight_decay"]) == (
-        90,
-        0.1,
-        "none",
-        0.08,
-        0.0001,
-    )
-    p = section("pretrain", cell)
+    p = cell.pretrain
+    assert (p.epochs, p.lr, p.aug, p.crop_scale_min, p.weight_decay) == (90, 0.1, "none", 0.08, 0.0001)
     assert [lr_at(p, e / 90, 90) for e in (0, 29.9, 30, 59.9, 60, 89.9)] == pytest.approx(
         [0.1, 0.1, 0.01, 0.01, 0.001, 0.001]
     )
-    assert cell_resources(cell, cfg["grid"]["resources"])["runtime"] == 30 + 4 * 90 * 2.5
+    assert cell_resources(p, cfg.grid.resources)["runtime"] == 30 + 4 * 90 * 2.5
     demo = load_yaml(DEFAULT_CONFIG)
     demo["grid"]["only"] = None  # the demo's whole grid (make demo itself runs base and random init)
-    assert grid_cells(demo)["method=supervised"] == {**demo["pretrain"], "method": "supervised"}
+    supervised = grid_cells(typed_config(demo))["method=supervised"]
+    assert supervised.stated(demo["pretrain"]) == {**demo["pretrain"], "method": "supervised"}
 
 
 def test_mocov1_momentum_ablation_sits_at_K_4096():
     """The paper's Table 1 (He et al. 2020): m in {0, 0.9, 0.99, 0.999, 0.9999} at K = 4,096;
     no momentum cell at the base K = 65,536, and the momentum table is built around K=4096."""
+    from pipeline.config import typed_config
     from pipeline.grid import grid_cells, group_id, momentum_reference
 
-    cells = grid_cells(preset_config("imagenet-mocov1"))
-    at_4096 = {
-        p["m"]
-        for p in cells.values()
-        if p["K"] == 4096 and p["method"] == "moco" and p.get("mechanism", "moco") == "moco"
-    }
+    cells = {cid: c.pretrain for cid, c in grid_cells(typed_config(preset_config("imagenet-mocov1"))).items()}
+    at_4096 = {p.m for p in cells.values() if p.K == 4096 and p.method == "moco" and p.mechanism == "moco"}
     assert at_4096 == {0, 0.9, 0.99, 0.999, 0.9999}
-    assert not [cid for cid, p in cells.items() if p["K"] == 65536 and p["m"] != 0.999]
+    assert not [cid for cid, p in cells.items() if p.K == 65536 and p.m != 0.999]
     assert momentum_reference([group_id(c) for c in cells]) == "K=4096"
-    assert momentum_reference([group_id(c) for c in grid_cells(preset_config("imagenet-mocov2"))]) == "base"
+    v2 = grid_cells(typed_config(preset_config("imagenet-mocov2")))
+    assert momentum_reference([group_id(c) for c in v2]) == "base"

@@ -28,12 +28,12 @@ from pipeline.bench.timing import cpu, write
 def worker(configfiles: list[str], data: Path, threads: int, epochs: int) -> dict:
     from pipeline import distributed
     from pipeline.bench.epoch import base_cell_config
-    from pipeline.pretrain import Trainer
+    from pipeline.pretrain import Job, Trainer
 
     cfg = base_cell_config(configfiles)
     cfg["pretrain"]["threads"] = threads  # the Trainer splits it (pipeline.cpus)
     with tempfile.TemporaryDirectory() as state:
-        trainer = Trainer(cfg, data, Path(state), distributed.init(), progress=False)
+        trainer = Trainer(Job.of(cfg), data, Path(state), distributed.init(), progress=False)
         trainer.run_epoch(0)  # warm-up: compilation, allocator
         t0 = time.perf_counter()
         for _ in range(epochs):

@@ -12,6 +12,7 @@ shared machine. numba's compilation (first epoch) is reported apart.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -71,11 +72,11 @@ def main(argv=None) -> dict:
     images = make_images(cache, args.images, args.size, 90, args.workers)
     beton = cache / "raw.beton"
     make_beton(images, beton, "raw", args.size, args.workers)
-    common = two_view_args(args)
+    views, reading = two_view_args(args)
     builders = {
         "ffcv_unseeded": lambda: unseeded_ffcv_loader(beton, args.batch, args.crop, args.scale_min, args.workers, 0),
-        "ffcv_seeded": lambda: two_view_loader(beton, crop="loader", **common),
-        "device_crop": lambda: two_view_loader(beton, crop="device", **common),
+        "ffcv_seeded": lambda: two_view_loader(beton, dataclasses.replace(views, crop="loader"), reading),
+        "device_crop": lambda: two_view_loader(beton, dataclasses.replace(views, crop="device"), reading),
     }
     loaders, warmup = {}, {}
     for name, build in builders.items():

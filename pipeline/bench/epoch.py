@@ -52,14 +52,14 @@ def main(argv=None) -> dict:
         raise SystemExit(
             f"[bench] {data / 'train.beton'} not found: convert the dataset first (snakemake {data / 'train.beton'})"
         )
-    from pipeline.pretrain import Trainer  # after the argument check: imports torch models, FFCV
+    from pipeline.pretrain import Job, Trainer  # after the argument check: imports torch models, FFCV
 
     cfg = base_cell_config(args.configfile)
     if args.threads:
         cfg["pretrain"]["threads"] = args.threads  # the Trainer applies it (pipeline.cpus)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as state:
-        trainer = Trainer(cfg, data, Path(state), distributed.init(), progress=False)
+        trainer = Trainer(Job.of(cfg), data, Path(state), distributed.init(), progress=False)
         loaded = [tuple(t.clone() for t in batch) for batch in trainer.loader.batches(0)]
         augmented = [(*trainer.augment(v1, v2), labels, index) for v1, v2, labels, index in loaded]
 

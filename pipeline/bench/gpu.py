@@ -18,10 +18,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.bench.timing import sync, write
+from pipeline.config import section
 from pipeline.fast_path import FastPath
 from pipeline.methods import build_model
 from pipeline.moco.split_bn import max_splits
 from pipeline.optim import build_optimizer
+from pipeline.sections import Pretrain
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
 
@@ -35,10 +37,10 @@ def peak_tflops() -> float | None:
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
-def measure(p: dict, batch: int, size: int, steps: int, device, fast_path: str = "auto") -> dict:
+def measure(p: Pretrain, batch: int, size: int, steps: int, device, fast_path: str = "auto") -> dict:
     torch.manual_seed(0)
     model = build_model(p, size, num_classes=1000, num_samples=100 * batch).to(device).train()
-    fast = FastPath(fast_path, device, p["backbone"], max_splits(model))  # the Trainer's (auto: on for CUDA)
+    fast = FastPath(fast_path, device, p.backbone, max_splits(model))  # the Trainer's (auto: on for CUDA)
     fast.model(model)
     opt = build_optimizer(p, model.parameters())
     x1, x2 = (torch.randn(batch, 3, size, size, device=device) for _ in range(2))
@@ -121,7 +123,9 @@ def main(argv=None) -> dict:
             "lr": 1.5e-4,
         },
     }
-    results = {name: measure(p, batch, size, steps, device, args.fast_path) for name, p in cases.items()}
+    results = {
+        name: measure(section("pretrain", p), batch, size, steps, device, args.fast_path) for name, p in cases.items()
+    }
     for name, r in results.items():
         print(
             f"{name:<18} {r['img_per_s']:>9.1f} img/s  {r['s_per_step'] * 1e3:8.1f} ms/step  "

@@ -17,6 +17,7 @@ than decoding and cropping.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -27,6 +28,8 @@ from pathlib import Path
 import torch
 
 from pipeline.bench.timing import write
+from pipeline.data import Reading, Views
+from pipeline.sections import Convert
 
 CLASSES = 10
 
@@ -62,19 +65,14 @@ def make_beton(images: Path, out: Path, mode: str, size: int, workers: int) -> d
     report = out.with_suffix(".json")
     if out.is_file() and report.is_file():
         return json.loads(report.read_text())
-    return convert(images, out, {"write_mode": mode, "max_resolution": size, "workers": workers}, progress=False)
+    opts = Convert(write_mode=mode, max_resolution=size, workers=workers)
+    return convert(images, out, opts, progress=False)
 
 
-def two_view_args(args) -> dict:
-    """two_view_loader's arguments from a benchmark's --batch, --crop, --scale-min and --workers."""
-    return dict(
-        batch_size=args.batch,
-        crop_size=args.crop,
-        scale_min=args.scale_min,
-        workers=args.workers,
-        seed=0,
-        threads=args.workers,
-    )
+def two_view_args(args) -> tuple[Views, Reading]:
+    """two_view_loader's views and reading from a benchmark's --batch, --crop, --scale-min and --workers."""
+    views = Views(crop_size=args.crop, scale_min=args.scale_min, seed=0)
+    return views, Reading(batch_size=args.batch, workers=args.workers, threads=args.workers)
 
 
 def run_epoch(loader) -> tuple[int, float]:
@@ -167,15 +165,15 @@ def main(argv=None) -> dict:
         betons[f"ffcv_{mode}"] = (cache / f"{mode}.beton", report)
         setup[f"convert_{mode}_s"] = round(time.perf_counter() - t0, 1)
 
-    common = two_view_args(args)
+    views, reading = two_view_args(args)
     loaders, warmup = {}, {}
     for name, (beton, _) in betons.items():
         t0 = time.perf_counter()
-        loaders[name] = two_view_loader(beton, loader="ffcv", **common)
+        loaders[name] = two_view_loader(beton, views, dataclasses.replace(reading, loader="ffcv"))
         warmup[name] = {"init_s": round(time.perf_counter() - t0, 3), **first_epoch(loaders[name])}
     first_beton = next(iter(betons.values()))[0]
     t0 = time.perf_counter()
-    loaders["torchvision"] = two_view_loader(first_beton, loader="torchvision", **common)
+    loaders["torchvision"] = two_view_loader(first_beton, views, dataclasses.replace(reading, loader="torchvision"))
     warmup["torchvision"] = {"init_s": round(time.perf_counter() - t0, 3), **first_epoch(loaders["torchvision"])}
 
     rates = measure(loaders, args.rounds, args.seconds)

@@ -28,9 +28,11 @@ from torch import nn
 
 from pipeline.bench.step import optimizer_step, step_fn
 from pipeline.bench.timing import cpu, interleaved, write
+from pipeline.config import section
 from pipeline.methods import arch_of, build_model
 from pipeline.models import build_backbone, feature_dim
 from pipeline.optim import build_optimizer
+from pipeline.sections import Pretrain
 
 
 def load_official(path: str):
@@ -48,7 +50,7 @@ def init_single_process_group() -> None:
         torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
 
 
-def official_step(builder, p: dict, size: int, x1, x2):
+def official_step(builder, p: Pretrain, size: int, x1, x2):
     def base_encoder(num_classes):
         backbone = build_backbone(arch_of(p, size))
         encoder = nn.Sequential()
@@ -56,7 +58,7 @@ def official_step(builder, p: dict, size: int, x1, x2):
         encoder.add_module("fc", nn.Linear(feature_dim(backbone), num_classes))
         return encoder
 
-    model = builder.MoCo(base_encoder, dim=p["dim"], K=p["K"], m=p["m"], T=p["T"], mlp=True).train()
+    model = builder.MoCo(base_encoder, dim=p.dim, K=p.K, m=p.m, T=p.T, mlp=True).train()
     criterion = nn.CrossEntropyLoss()
     return optimizer_step(lambda: criterion(*model(im_q=x1, im_k=x2)), build_optimizer(p, model.parameters()))
 
@@ -80,7 +82,7 @@ def main(argv=None) -> dict:
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
     init_single_process_group()
     torch.manual_seed(0)
-    p = {
+    p: dict[str, Any] = {
         "method": "moco",
         "variant": "v2",
         "backbone": "resnet18",
@@ -104,10 +106,10 @@ def main(argv=None) -> dict:
         "ours_unguarded": {"shuffle_bn": False, "bn_splits": 1},
     }
     for name, overrides in variants.items():
-        cell = {**p, **overrides}
+        cell = section("pretrain", {**p, **overrides})
         model = build_model(cell, args.size, num_classes=10, num_samples=20 * args.K).train()
         steps[name] = step_fn(model, build_optimizer(cell, model.parameters()), x1, x2, labels, index)
-    steps["official"] = official_step(load_official(args.builder), p, args.size, x1, x2)
+    steps["official"] = official_step(load_official(args.builder), section("pretrain", p), args.size, x1, x2)
     res = interleaved(steps, rounds=args.rounds)
     per_round = {
         name: [a / b for a, b in zip(res[name]["times_s"], res["official"]["times_s"])]

@@ -32,8 +32,9 @@ from pathlib import Path
 
 from pipeline.bench.epoch import base_cell_config
 from pipeline.bench.timing import cpu
-from pipeline.config import merge
+from pipeline.config import build, merge
 from pipeline.io import atomic_write_text
+from pipeline.sections import Synthetic
 
 # The slow CPU of this machine kind (AMD EPYC, AVX2, no AVX-512) ran the old base cell's 400
 # steps of 64 images (ResNet-18 width 16, 32 px, one thread beside another job, as the demo runs
@@ -117,7 +118,7 @@ def prepare_data(root: Path, synthetic: dict) -> Path:
     folder = root / "data" / tag
     beton = folder / "ffcv" / "train.beton"
     if not beton.is_file():
-        generator.run(folder / "synthetic", synthetic, progress=False)
+        generator.run(folder / "synthetic", build(Synthetic, synthetic), progress=False)
         convert.run(folder / "synthetic" / "cls" / "train", beton, source="imagefolder", split="train", progress=False)
     return beton.parent
 

@@ -24,11 +24,13 @@ import torch
 from torch import nn
 
 from pipeline.bench.timing import OUT_DIR, interleaved, write
+from pipeline.config import section
 from pipeline.fast_path import FastPath
 from pipeline.methods import build_model
 from pipeline.moco import MoCo
 from pipeline.moco.split_bn import max_splits
 from pipeline.optim import build_optimizer
+from pipeline.sections import Pretrain
 
 FLOORS = {"moco_v2": 4 / 3, "moco_v3": 8 / 3}
 
@@ -56,7 +58,7 @@ def step_fn(model: nn.Module, opt, x1, x2, labels, index, context=contextlib.nul
     return optimizer_step(loss, opt)
 
 
-def fast_step(path: FastPath, model: nn.Module, p: dict, images, labels, index):
+def fast_step(path: FastPath, model: nn.Module, p: Pretrain, images, labels, index):
     """A step of ``model`` on the fast path ``path`` (its memory format and autocast)."""
     x1, x2 = (path.images(x) for x in images)
     return step_fn(path.model(model), build_optimizer(p, model.parameters()), x1, x2, labels, index, path.autocast)
@@ -137,16 +139,16 @@ def main(argv=None) -> dict:
     variants["moco_v2_unguarded"] = {"method": "moco", "variant": "v2", "shuffle_bn": False, "bn_splits": 1}
     steps = {}
     for name, overrides in variants.items():
-        p = {**base, **overrides}
-        model = build_model(p, args.size, num_classes=10, num_samples=20 * p["K"]).train()
-        fp = FastPath(args.fast_path, torch.device("cpu"), p["backbone"], max_splits(model))
+        p = section("pretrain", {**base, **overrides})
+        model = build_model(p, args.size, num_classes=10, num_samples=20 * p.K).train()
+        fp = FastPath(args.fast_path, torch.device("cpu"), p.backbone, max_splits(model))
         steps[name] = fast_step(fp, model, p, images, labels, index)
         if name == "moco_v2":
             assert isinstance(model, MoCo)
             steps["key_forward"] = key_forward_fn(fp.model(model), fp.images(images[1]), fp.autocast)
             if fast.on:  # what the fast path leaves out: the split-BN model in channels_last
-                forced = FastPath(args.fast_path, torch.device("cpu"), p["backbone"])
-                model = build_model(p, args.size, num_classes=10, num_samples=20 * p["K"]).train()
+                forced = FastPath(args.fast_path, torch.device("cpu"), p.backbone)
+                model = build_model(p, args.size, num_classes=10, num_samples=20 * p.K).train()
                 steps["moco_v2_channels_last"] = fast_step(forced, model, p, images, labels, index)
     res = interleaved(steps, rounds=args.rounds)
     sup = res["supervised"]["median_s"]

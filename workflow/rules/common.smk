@@ -1,4 +1,5 @@
 # Shared helpers of the rules: paths, the interpreter, per-stage config payloads.
+import dataclasses
 import json
 import os
 import shlex
@@ -6,7 +7,7 @@ import sys
 
 # only pipeline.layout, pipeline.grid and pipeline.config: building the DAG imports no torch
 from pipeline.config import load_schema, result_config, result_part
-from pipeline.grid import cell_params, cell_resources as grid_cell_resources, group_id
+from pipeline.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, group_id
 from pipeline.sections import JOBS, RUNTIME
 from pipeline.layout import (
     CLAIMS_TABLES,
@@ -21,14 +22,15 @@ from pipeline.layout import (
     table_files,
 )
 
-R = config["results"]
+R = CFG.results
 CELL_ID = load_schema()["$defs"]["cell_id"]["pattern"].strip("^$")  # one pattern: the schema's
 PY = shlex.quote(sys.executable)  # the interpreter running snakemake (.venv), also on SLURM nodes
 CONDA_ENV = "../envs/moco.yaml"
 
 
 def job_config(sections_of, drop=(RUNTIME,)):
-    """A rule's config params, from ``sections_of(wildcards)`` (section name -> dict): ``key``,
+    """A rule's config params, from ``sections_of(wildcards)`` (section name -> the dict the
+    config states, from ``config``: the job's JSON holds the keys given, no more): ``key``,
     the sections' result keys (pipeline.config.result_config), which Snakemake compares to
     decide a rerun; ``cfg``, the whole sections, which the job reads. ``cfg`` is a function of
     ``threads`` because Snakemake does not compare such params (they are "derived"): a change
@@ -40,28 +42,31 @@ def job_config(sections_of, drop=(RUNTIME,)):
 
 
 def params_of(cell):
-    return CELLS[cell] if cell in CELLS else cell_params(config, cell)
+    """The cell (pipeline.grid.Cell): its typed pretrain section and its override."""
+    return CELLS[cell] if cell in CELLS else cell_params(CFG, cell)
+
+
+def cell_pretrain(cell):
+    """The cell's pretrain section as the config states it: what its jobs' JSON holds."""
+    return params_of(cell).stated(config["pretrain"])
 
 
 def detects(cell):
     """Detection transfer for this cell? ResNet backbones only, and only the chosen cells
     (with every seed of them: a cell's replicates are chosen with it)."""
-    det = config["detect"]
-    chosen = det.get("cells", ["all"])
+    chosen = CFG.detect.cells
     return (
-        det["enabled"]
-        and is_resnet(params_of(cell)["backbone"])
+        CFG.detect.enabled
+        and is_resnet(params_of(cell).pretrain.backbone)
         and ("all" in chosen or cell in chosen or group_id(cell) in chosen)
     )
 
 
-LAUNCH = config.get("launch") or {"launcher": "direct"}  # how the pretrain rule starts its ranks
-
-
 def cell_launch(cell):
     """How a cell's ranks start: the config's launcher; the random-init baseline, which trains
-    nothing, always as one direct process (never srun over GPU nodes or a submitit job)."""
-    return {"launcher": "direct"} if params_of(cell)["method"] == "random" else LAUNCH
+    nothing (its method's registry entry), always as one direct process (never srun over GPU nodes or a submitit job)."""
+    trains = params_of(cell).pretrain.trains
+    return CFG.launch if trains else dataclasses.replace(CFG.launch, launcher="direct")
 
 
 def cell_outputs(cell):
@@ -71,7 +76,7 @@ def cell_outputs(cell):
     return outs
 
 
-LOADER = config["data"]["loader"]
+LOADER = CFG.data.loader
 CONVERTED = f"{R}/data/ffcv"  # the .beton files and their JSON reports
 
 
@@ -86,7 +91,7 @@ def converted(split):
 def split_root(wildcards):
     """What pipeline.convert --root reads for a split: the split's folder for the file layouts
     (synthetic, imagefolder, unlabeled), torchvision's root for cifar10/cifar100/stl10."""
-    source, root = config["dataset"]["source"], config["dataset"].get("root")
+    source, root = CFG.dataset.source, CFG.dataset.root
     if source == "synthetic":
         return f"{R}/data/synthetic/cls/{wildcards.split}"
     if source in ("imagefolder", "unlabeled"):
@@ -96,13 +101,13 @@ def split_root(wildcards):
 
 def detection_root():
     """COCO-format folder of the detection transfer: the user's, or the embedded scenes."""
-    return config["detect"]["root"] or f"{R}/data/synthetic/det"
+    return CFG.detect.root or f"{R}/data/synthetic/det"
 
 
 def cell_resources(cell):
     """Job size of one cell's pretraining, scaled with its epochs, backbone and batch
     (grid.resources; pipeline.grid.cell_resources): {"runtime": minutes, "nodes": n}."""
-    return grid_cell_resources(params_of(cell), config["grid"].get("resources"))
+    return grid_cell_resources(params_of(cell).pretrain, CFG.grid.resources)
 
 
 def cell_runtime(wildcards):

@@ -1,5 +1,5 @@
 # Stage 1: the dataset and its FFCV conversion (once per dataset, shared by every cell).
-DS = config["dataset"]
+DS = CFG.dataset
 
 
 rule synthetic:
@@ -21,7 +21,7 @@ rule synthetic:
 rule convert:
     """One split -> .beton + JSON report (source, counts, skipped files, resolutions, bytes)."""
     input:
-        lambda w: [f"{R}/data/synthetic"] if config["dataset"]["source"] == "synthetic" else [],
+        lambda w: [f"{R}/data/synthetic"] if DS.source == "synthetic" else [],
     output:
         # data.loader: torchvision writes only the report (--report-only): no FFCV needed
         **({"beton": f"{CONVERTED}/{{split}}.beton"} if LOADER == "ffcv" else {}),
@@ -32,23 +32,21 @@ rule convert:
         f"{R}/benchmarks/convert/{{split}}.tsv"
     conda:
         CONDA_ENV
-    threads: config["convert"].get("workers", 1)
+    threads: CFG.convert.workers
     params:
         py=PY,
         # the embedded dataset is an ImageFolder tree
-        source=lambda w: {"synthetic": "imagefolder"}.get(DS["source"], DS["source"]),
+        source=lambda w: "imagefolder" if DS.source == "synthetic" else DS.source,
         root=split_root,
         # STL-10's train split may include its 100k unlabeled images (label -1)
         split=lambda w: (
-            "train+unlabeled"
-            if DS["source"] == "stl10" and w.split == "train" and DS.get("stl10_unlabeled")
-            else w.split
+            "train+unlabeled" if DS.source == "stl10" and w.split == "train" and DS.stl10_unlabeled else w.split
         ),
         # Snakemake compares `key` and `source_state` (the dataset folder's content may change
         # under the same path: the conversion then reruns); the job reads `cfg`, the whole
         # section (a function of threads: not compared, see job_config)
         key=lambda w: json.dumps(result_part("convert", config["convert"]), sort_keys=True),
-        source_state=lambda w: None if DS["source"] == "synthetic" else folder_state(split_root(w)),
+        source_state=lambda w: None if DS.source == "synthetic" else folder_state(split_root(w)),
         cfg=lambda w, threads: json.dumps(config["convert"], sort_keys=True),
         beton=lambda w, output: os.path.splitext(output.report)[0] + ".beton",
         report_only="" if LOADER == "ffcv" else " --report-only",

@@ -14,7 +14,7 @@ rule probe:
         f"{R}/benchmarks/probe/{{cell}}.tsv"
     conda:
         CONDA_ENV
-    threads: config["probe"].get("threads", 2)
+    threads: CFG.probe.threads
     params:
         **job_config(lambda w: {"data": config["data"], "probe": config["probe"]}),
         py=PY,
@@ -28,7 +28,7 @@ rule detect:
     """One fine-tuning trial (seed = detect.seed + trial)."""
     input:
         checkpoint=cell_file(R, "{cell}", "checkpoint"),
-        data=[] if config["detect"]["root"] else f"{R}/data/synthetic",
+        data=[] if CFG.detect.root else f"{R}/data/synthetic",
     output:
         cell_file(R, "{cell}", "detect_trial"),
     log:
@@ -37,17 +37,17 @@ rule detect:
         f"{R}/benchmarks/detect/{{cell}}/trial{{trial}}.tsv"
     conda:
         CONDA_ENV
-    threads: config["detect"].get("threads", 2)
+    threads: CFG.detect.threads
     params:
         **job_config(lambda w: {"detect": result_part("detect", config["detect"], drop=(JOBS,))}),
         py=PY,
         # how many trials and which cells do not change a trial: raising trials adds jobs only
         root=detection_root(),
-        seed=lambda w: config["detect"]["seed"] + int(w.trial),
+        seed=lambda w: CFG.detect.seed + int(w.trial),
         # several ranks: torchrun starts one process per GPU of the job (DDP, SyncBN with norm bn)
         launch=lambda w: (
-            "-m torch.distributed.run --standalone --nproc-per-node {} -m".format(config["detect"]["ranks"])
-            if config["detect"].get("ranks", 1) > 1
+            "-m torch.distributed.run --standalone --nproc-per-node {} -m".format(CFG.detect.ranks)
+            if CFG.detect.ranks > 1
             else "-m"
         ),
     shell:
@@ -62,9 +62,7 @@ localrules:
 rule detect_trials:
     """A cell's detection metrics: the mean and std of its trials (each trial listed too)."""
     input:
-        lambda w: [
-            cell_file(R, w.cell, "detect_trial").format(trial=t) for t in range(config["detect"].get("trials", 1))
-        ],
+        lambda w: [cell_file(R, w.cell, "detect_trial").format(trial=t) for t in range(CFG.detect.trials)],
     output:
         cell_file(R, "{cell}", "detect"),
     log:
@@ -80,4 +78,4 @@ rule detect_trials:
 rule cell:
     """Only the jobs of one cell: snakemake cell --config cell=K=1024,m=0.9"""
     input:
-        lambda w: cell_outputs(config.get("cell") or "base"),
+        lambda w: cell_outputs(CFG.cell or BASE_ID),

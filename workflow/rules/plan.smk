@@ -8,6 +8,9 @@
 # A local rule with no output: it runs wherever Snakemake runs, every time it is asked for.
 
 
+from pipeline.plan import DEFAULT_PROFILE  # (no torch: the DAG is built without it)
+
+
 localrules:
     plan,
 
@@ -20,6 +23,7 @@ rule plan:
     params:
         py=PY,
         cfg=lambda w: json.dumps(config),
-        profile=os.environ.get("PLAN_PROFILE", "profiles/slurm"),
+        # an environment variable, not a config key; its default is pipeline.plan's
+        profile=os.environ.get("PLAN_PROFILE", DEFAULT_PROFILE),
     shell:
         "{params.py} -m pipeline.plan --config-json {params.cfg:q} --profile {params.profile:q} | tee {log:q}"

@@ -12,7 +12,7 @@
 
 from pipeline import launch as pretrain_launch
 
-if LAUNCH["launcher"] == "submitit":
+if CFG.launch.launcher == "submitit":
 
     localrules:
         pretrain,
@@ -36,17 +36,17 @@ rule pretrain:
     priority: lambda w: 1 if detects(w.cell) else 0
     conda:
         CONDA_ENV
-    threads: lambda w: params_of(w.cell).get("threads", 1)
+    threads: lambda w: params_of(w.cell).pretrain.threads
     resources:
         # minutes, scaled with the cell (config grid.resources) and with each retry (a job
         # killed at its time limit resumes with more time)
         runtime=lambda w, attempt: cell_runtime(w) * attempt,
         nodes=cell_nodes,
     params:
-        **job_config(lambda w: {"data": config["data"], "pretrain": params_of(w.cell)}),
+        **job_config(lambda w: {"data": config["data"], "pretrain": cell_pretrain(w.cell)}),
         py=PY,
         # functions of `resources`: how a cell is launched is not a params change (no rerun)
-        srun=lambda w, resources: pretrain_launch.srun_prefix(resources, cell_launch(w.cell)["launcher"]),
+        srun=lambda w, resources: pretrain_launch.srun_prefix(resources, cell_launch(w.cell).launcher),
         module=lambda w, resources: pretrain_launch.module_args(
             cell_launch(w.cell), f"{R}/logs/pretrain/submitit/{w.cell}"
         ),
