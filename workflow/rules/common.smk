@@ -64,7 +64,7 @@ def detects(cell):
 
 def cell_launch(cell):
     """How a cell's ranks start: the config's launcher; the random-init baseline, which trains
-    nothing (its method's registry entry), always as one direct process (never srun over GPU nodes or a submitit job)."""
+    nothing (its registry entry), always as one direct process (never srun over GPU nodes or a submitit job)."""
     trains = params_of(cell).pretrain.trains
     return CFG.launch if trains else dataclasses.replace(CFG.launch, launcher="direct")
 
