@@ -52,7 +52,7 @@ from pipeline.studies import (
     value,
     with_environment,
 )
-from pipeline.tables import load_configs, markdown, results_folder, results_parser, write_table
+from pipeline.writers import load_configs, markdown, results_folder, results_parser, write_table
 
 NOT_RUN = "not run"
 METRIC = "top1"  # what "helps" and "loses" are measured in: the linear probe's top-1

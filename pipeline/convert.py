@@ -23,7 +23,6 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -35,6 +34,7 @@ import numpy as np
 from pipeline.io import atomic_path, atomic_write_json
 from pipeline.sections import Convert
 from pipeline.sources import KINDS, UNLABELED, Source, SourceError, open_source
+from pipeline.stage_log import stage_log
 
 # write_mode auto: raw pixels (no decoding cost when loading) while the whole split stays
 # below RAW_BUDGET bytes, i.e. comfortably in the page cache; above it FFCV's ImageNet recipe
@@ -48,8 +48,7 @@ class ConversionError(RuntimeError):
     pass
 
 
-def log(msg: str) -> None:
-    print(f"[convert] {msg}", file=sys.stderr, flush=True)
+log = stage_log("convert", stderr=True)
 
 
 # --- pass 1: decode every image once ------------------------------------------------------
@@ -182,6 +181,9 @@ class _Guarded:
             return np.zeros((1, 1, 3), np.uint8), 0, int(i)
 
 
+KILL_GRACE_S = 5.0  # how long a terminated writer may take to exit before it is killed
+
+
 class _Watchdog:
     """A writer process that dies without an exception (OOM kill, signal) also leaves FFCV's
     writer waiting for ever (it polls a shared counter). While installed, the watchdog records
@@ -252,10 +254,16 @@ class _Watchdog:
         return describe_error(self.crashes.get())
 
     def kill_workers(self) -> None:
+        """SIGTERM, then SIGKILL for any writer still alive after KILL_GRACE_S: a SIGTERM that
+        lands between a fork and the child's reset of its inherited handlers (preempt) is lost."""
         for p in self.started:
             if p.is_alive():
                 p.terminate()
-            p.join(5)
+        for p in self.started:
+            p.join(KILL_GRACE_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
 
 
 def page_size_for(max_sample_bytes: int, total_bytes: int) -> int:

@@ -59,7 +59,9 @@ from pipeline.config import ConfigError, load_stage_config, section, to_dict
 from pipeline.detection_data import DetectionDataError, DetectionSplit, load_splits
 from pipeline.io import atomic_write_json
 from pipeline.models import build_backbone, group_norm
+from pipeline.optim import decayed
 from pipeline.sections import Detect
+from pipeline.stage_log import stage_log
 from pipeline.stopwatch import Stopwatch
 
 SECTIONS = ["detect"]
@@ -74,9 +76,7 @@ def is_main() -> bool:
     return os.environ.get("RANK", "0") == "0"  # with several ranks only rank 0 logs and writes
 
 
-def log(msg: str) -> None:
-    if is_main():
-        tqdm.write(f"[detect] {msg}", file=sys.stdout)  # clears and redraws a progress bar on stderr
+log = stage_log("detect", when=is_main)
 
 
 class CocoBoxes(torch.utils.data.Dataset):
@@ -258,8 +258,8 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str = "cosine", lr_s
     if step < warmup:
         return (step + 1) / warmup
     if schedule == "step":
-        return 0.1 ** sum(step >= s for s in lr_steps)
-    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+        return decayed("step", step, drops=lr_steps)
+    return decayed("cosine", step - warmup, max(1, total - warmup))
 
 
 def iterations(dc: Detect, steps_per_epoch: int) -> int:

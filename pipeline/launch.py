@@ -32,13 +32,13 @@ import time
 from pathlib import Path
 
 from pipeline.sections import Launch
+from pipeline.stage_log import stage_log
 
 FINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
 RANK_WAIT_S = 120  # a rank other than 0 that stopped for a requeue waits this long to be killed
 
 
-def log(msg: str) -> None:
-    print(f"[launch] {msg}", flush=True)
+log = stage_log("launch")
 
 
 # --- helpers of workflow/rules/pretrain.smk ---------------------------------------------------

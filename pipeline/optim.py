@@ -4,6 +4,7 @@ linear warmup then cosine (or x0.1 at 60% and 80%)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -67,8 +68,19 @@ def lr_at(p: Pretrain, progress: float, epochs: float) -> float:
     if progress < warm:
         return p.lr * progress / warm
     if p.schedule == "cosine":
-        rest = (progress - warm) / max(1.0 - warm, 1e-9)
-        return p.lr * 0.5 * (1.0 + math.cos(math.pi * rest))
-    # x0.1 at each of lr_step_epochs (torchvision's 30/60 of 90), else at 60% and 80% (MoCo's 120/160 of 200)
-    drops = [e / max(epochs, 1e-9) for e in p.lr_step_epochs] if p.lr_step_epochs else (0.6, 0.8)
-    return p.lr * (0.1 ** sum(progress >= f for f in drops))
+        return p.lr * decayed("cosine", (progress - warm) / max(1.0 - warm, 1e-9))
+    # x0.1 at each of lr_step_epochs (torchvision's 30/60 of 90), else at STEP_DROPS
+    drops = [e / max(epochs, 1e-9) for e in p.lr_step_epochs] if p.lr_step_epochs else STEP_DROPS
+    return p.lr * decayed("step", progress, drops=drops)
+
+
+STEP_DROPS = (0.6, 0.8)  # fractions of training where the step schedule drops x0.1 (MoCo's 120/160 of 200)
+
+
+def decayed(schedule: str, done: float, total: float = 1.0, drops: Sequence[float] = STEP_DROPS) -> float:
+    """The factor on the base learning rate after warmup, for every stage's schedule: ``cosine``
+    from 1 at ``done`` 0 to 0 at ``done == total``, or ``step``: x0.1 at each of ``drops`` passed
+    (in done's unit: a fraction of training, or a detector's iterations)."""
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * done / total))
+    return 0.1 ** sum(done >= d for d in drops)

@@ -48,6 +48,7 @@ from pipeline.moco.split_bn import max_splits
 from pipeline.models import build_backbone
 from pipeline.optim import build_optimizer, lr_at
 from pipeline.sections import Data, Pretrain
+from pipeline.stage_log import stage_log
 from pipeline.stopwatch import Stopwatch
 
 SECTIONS = ["data", "pretrain"]
@@ -73,8 +74,7 @@ LOG_COLUMNS = [
 CHANCE_LOSS_FRACTION = 0.99
 
 
-def log(msg: str) -> None:
-    print(f"[pretrain] {msg}", flush=True)
+log = stage_log("pretrain")
 
 
 def seed_everything(seed: int) -> None:

@@ -39,7 +39,9 @@ from pipeline.io import atomic_write_json
 from pipeline.knn import knn_accuracy
 from pipeline.layout import is_resnet
 from pipeline.models import build_backbone
+from pipeline.optim import decayed
 from pipeline.sections import Data, Probe
+from pipeline.stage_log import stage_log
 from pipeline.stopwatch import Stopwatch
 
 SECTIONS = ["data", "probe"]
@@ -50,8 +52,7 @@ PROTOCOLS = {
 MOCOV3_VIT_LR = 3.0  # the v3 reference probes its ViTs at lr 3 x bs/256 (its ResNets at 0.1)
 
 
-def log(msg: str) -> None:
-    print(f"[probe] {msg}", flush=True)
+log = stage_log("probe")
 
 
 def load_frozen_backbone(path: Path) -> tuple[nn.Module, dict]:
@@ -96,12 +97,6 @@ def settings(pc: Probe, arch: dict) -> dict:
     return s
 
 
-def lr_factor(schedule: str, progress: float) -> float:
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    return 0.1 ** sum(progress >= f for f in (0.6, 0.8))
-
-
 def make_classifier(dim: int, num_classes: int, standardize: bool) -> nn.Module:
     """Linear layer, optionally behind a parameter-free BN (feature standardisation, as MAE's
     probe): still a linear classifier at test time, and far less sensitive to the lr."""
@@ -132,7 +127,7 @@ class LinearProbe:
 
     def train_batch(self, feats: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         for group in self.opt.param_groups:
-            group["lr"] = self.s["lr"] * lr_factor(self.s["schedule"], self.step / self.steps)
+            group["lr"] = self.s["lr"] * decayed(self.s["schedule"], self.step / self.steps)
         self.classifier.train()
         loss = nn.functional.cross_entropy(self.classifier(feats), labels)
         self.opt.zero_grad()

@@ -549,17 +549,42 @@ def test_describe_error_of_a_non_os_error_is_its_text():
     assert describe_error("RuntimeError: boom") == "RuntimeError: boom"  # as a writer reports it
 
 
-def test_kill_workers_terminates_a_live_writer():
+def _paused_writer(ready, ignore_sigterm: bool) -> None:
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.set()
+    signal.pause()  # blocks until a signal
+
+
+def _live_writer(ignore_sigterm: bool = False):
     import multiprocessing as mp
 
     from pipeline.convert import _Watchdog
 
-    watchdog = _Watchdog(expected=1)
-    writer = mp.get_context("fork").Process(target=signal.pause)  # blocks until a signal
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    writer = ctx.Process(target=_paused_writer, args=(ready, ignore_sigterm))
     writer.start()
+    assert ready.wait(60), "the writer process never started"
+    watchdog = _Watchdog(expected=1)
     watchdog.started.append(writer)
+    return watchdog, writer
+
+
+def test_kill_workers_terminates_a_live_writer():
+    watchdog, writer = _live_writer()
     watchdog.kill_workers()
     assert writer.exitcode == -signal.SIGTERM
+
+
+def test_kill_workers_kills_a_writer_that_outlives_sigterm(monkeypatch):
+    """A writer whose SIGTERM was lost (ignored here) is killed once the grace time is over."""
+    from pipeline import convert
+
+    monkeypatch.setattr(convert, "KILL_GRACE_S", 0.2)
+    watchdog, writer = _live_writer(ignore_sigterm=True)
+    watchdog.kill_workers()
+    assert writer.exitcode == -signal.SIGKILL
 
 
 def test_released_shared_memory_may_already_be_gone():

@@ -9,7 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from pipeline import method_registry, pretrain, probe, tables
-from pipeline.config import ConfigError, load_schema, pretrain_cell, section
+from pipeline.config import ConfigError, load_schema, pretrain_cell, section, typed_config
 from pipeline.grid import grid_cells
 from pipeline.layout import cell_file
 from pipeline.method_registry import MethodSpec, register
@@ -108,7 +108,7 @@ def test_a_toy_method_runs_through_grid_pretraining_tables_and_figures(toy, ffcv
         "detect": {"enabled": False},
         "grid": {"one_at_a_time": {"method": ["toy"]}, "baselines": ["random"]},
     }
-    cells = grid_cells(cfg)
+    cells = {cid: cell.stated(BASE) for cid, cell in grid_cells(typed_config(cfg)).items()}
     assert list(cells) == ["base", "method=toy", "method=random"]
     assert cells["method=toy"] == {**BASE, "method": "toy"}
     results = tmp_path / "results"

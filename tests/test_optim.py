@@ -5,10 +5,11 @@ neither; then momentum SGD (buf = momentum * buf + update; w -= lr * buf)."""
 
 import dataclasses
 
+import pytest
 import torch
 from torch import nn
 
-from pipeline.optim import LARS, build_optimizer
+from pipeline.optim import LARS, build_optimizer, decayed
 from pipeline.sections import Pretrain
 
 
@@ -92,3 +93,14 @@ def test_lars_matches_timm_without_weight_decay():
             opt.step()
     for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_one_decay_schedule_by_hand():
+    """Every stage's decay after warmup (pretraining, the probe, detection): cosine is
+    ½(1 + cos πt): 1 at the start, ½ half way, 0 at the end; step drops ×0.1 at each drop passed."""
+    assert decayed("cosine", 0) == 1.0
+    assert decayed("cosine", 500, 1000) == pytest.approx(0.5, abs=1e-15)
+    assert decayed("cosine", 0.25) == pytest.approx((1 + 2**-0.5) / 2)
+    assert decayed("cosine", 1000, 1000) == pytest.approx(0.0, abs=1e-15)
+    assert [decayed("step", t) for t in (0.0, 0.59, 0.6, 0.79, 0.8, 1.0)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
+    assert [decayed("step", it, drops=(18000, 22000)) for it in (17999, 18000, 22000)] == pytest.approx([1, 0.1, 0.01])

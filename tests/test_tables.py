@@ -18,8 +18,8 @@ from pipeline.detect import summarize_trials
 from pipeline.grid import parse_cell_id
 from pipeline.layout import STUDY_NAMES
 from pipeline.pretrain import LOG_COLUMNS, rows_to_csv
-from pipeline.tables import latex
 from pipeline.tables import run as write_tables
+from pipeline.writers import latex
 
 BASE = {
     "method": "moco",

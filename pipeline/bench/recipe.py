@@ -35,6 +35,7 @@ from pipeline.bench.timing import cpu
 from pipeline.config import build, merge
 from pipeline.io import atomic_write_text
 from pipeline.sections import Synthetic
+from pipeline.stage_log import stage_log
 
 # The slow CPU of this machine kind (AMD EPYC, AVX2, no AVX-512) ran the old base cell's 400
 # steps of 64 images (ResNet-18 width 16, 32 px, one thread beside another job, as the demo runs
@@ -89,8 +90,7 @@ COLUMNS = [
 ]
 
 
-def log(msg: str) -> None:
-    print(f"[recipe] {msg}", flush=True)
+log = stage_log("recipe")
 
 
 def candidate_config(name: str, seed: int, threads: int) -> tuple[dict, dict]:
