@@ -8,8 +8,8 @@
 #   snakemake claims                            # the seeds' claims as experiments (tables/claims.*)
 #   snakemake plan                              # the grid's GPU-hours and wall time before submitting
 #   snakemake --profile slurm                   # on a SLURM cluster
-from pipeline.config import ConfigError, read_command_line_values, typed_config, validate
-from pipeline.grid import claims_cells, grid_cells  # (not `expand`: that is Snakemake's)
+from pipeline.spec.config import ConfigError, read_command_line_values, typed_config, validate
+from pipeline.spec.grid import claims_cells, grid_cells  # (not `expand`: that is Snakemake's)
 
 
 configfile: "workflow/config/config.yaml"
@@ -17,7 +17,7 @@ configfile: "workflow/config/config.yaml"
 
 read_command_line_values(config)  # --config pretrain='{epochs: 50}': 50, not '50'
 # schema + cross-field rules, with the key and the allowed range on error; then typed once:
-# the rules read CFG (every default is pipeline.sections'), and `config`, the dicts as given,
+# the rules read CFG (every default is pipeline.spec.sections'), and `config`, the dicts as given,
 # only where they write a job's JSON (its keys as the config states them)
 CFG = typed_config(validate(config))
 CELLS = grid_cells(CFG)

@@ -11,7 +11,7 @@ Writes ``<results>/tables/claims.{md,csv,tex}`` (the claims) and, as the studies
 ``claims_queue`` (FIFO vs random replacement per K: key ages, negatives' drift, probe).
 
 Each accuracy claim is a paired difference by seed (cell seed s − its comparison's seed s) with
-its 95 % CI (pipeline.stats): ``holds`` when the CI excludes 0 on the claimed side (and reaches
+its 95 % CI (pipeline.report.stats): ``holds`` when the CI excludes 0 on the claimed side (and reaches
 a claimed size), ``contradicted`` when it excludes 0 on the other side (or the claimed size),
 ``inconclusive`` otherwise (one seed included), ``not decidable here (...)`` when the experiment
 cannot decide it: too few steps for the EMA, a queue too large for the data, or runs that never
@@ -27,14 +27,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline import stats
-from pipeline.claims_plan import Budget, needs
-from pipeline.config import DEFAULT_CONFIG, ConfigError, to_dict, typed_config
-from pipeline.grid import cell_id, claims_cells, claims_overrides, format_value, group_id, training_set_size
-from pipeline.layout import QUEUE_POLICIES
-from pipeline.sections import Claims, Config
-from pipeline.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
-from pipeline.studies import (
+from pipeline.report import stats
+from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
+from pipeline.report.studies import (
     QUEUE_METRICS,
     Group,
     Row,
@@ -52,7 +47,12 @@ from pipeline.studies import (
     value,
     with_environment,
 )
-from pipeline.writers import load_configs, markdown, results_folder, results_parser, write_table
+from pipeline.report.writers import load_configs, markdown, results_folder, results_parser, write_table
+from pipeline.spec.claims_plan import Budget, needs
+from pipeline.spec.config import DEFAULT_CONFIG, ConfigError, to_dict, typed_config
+from pipeline.spec.grid import cell_id, claims_cells, claims_overrides, format_value, group_id, training_set_size
+from pipeline.spec.layout import QUEUE_POLICIES
+from pipeline.spec.sections import Claims, Config
 
 NOT_RUN = "not run"
 METRIC = "top1"  # what "helps" and "loses" are measured in: the linear probe's top-1
@@ -70,7 +70,7 @@ class Claim:
 
 
 class Cells:
-    """The claims' cells by role (pipeline.grid.claims_overrides), as groups of seeds, and the
+    """The claims' cells by role (pipeline.spec.grid.claims_overrides), as groups of seeds, and the
     size of the experiment (steps, training images, classes)."""
 
     def __init__(self, df: pd.DataFrame, cfg: Config, claims: Claims, results: Path):
@@ -185,7 +185,7 @@ def accuracy_claim(text, source, needs, comparisons: list[Comparison], cells) ->
 
 def gate(c: Cells, key: str, plateau: bool = True) -> str | None:
     """The verdict claim ``key`` gets before its numbers: not decidable a priori
-    (pipeline.claims_plan), not run, or its reference still on the plateau; None when the
+    (pipeline.spec.claims_plan), not run, or its reference still on the plateau; None when the
     numbers decide it."""
     need = c.needs[key]
     if need.why_not:

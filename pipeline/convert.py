@@ -31,10 +31,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from pipeline.io import atomic_path, atomic_write_json
-from pipeline.sections import Convert
-from pipeline.sources import KINDS, UNLABELED, Source, SourceError, open_source
-from pipeline.stage_log import stage_log
+from pipeline.data.sources import KINDS, UNLABELED, Source, SourceError, open_source
+from pipeline.runtime.io import atomic_path, atomic_write_json
+from pipeline.runtime.stage_log import stage_log
+from pipeline.spec.sections import Convert
 
 # write_mode auto: raw pixels (no decoding cost when loading) while the whole split stays
 # below RAW_BUDGET bytes, i.e. comfortably in the page cache; above it FFCV's ImageNet recipe
@@ -279,7 +279,7 @@ def write_beton(
 ) -> None:
     """Write ``dataset`` (items: one value per field) to ``out`` atomically: on any failure
     the temporary file is removed and ``out`` is left as it was."""
-    from pipeline import ffcv_runtime
+    from pipeline.data import ffcv_runtime
 
     ffcv_runtime.load()
     from ffcv.writer import DatasetWriter
@@ -370,7 +370,7 @@ def _release_shared_memory(writer) -> None:
 
 
 def image_fields(opts: Convert) -> dict:
-    from pipeline import ffcv_runtime
+    from pipeline.data import ffcv_runtime
 
     ffcv_runtime.load()
     from ffcv.fields import IntField, RGBImageField
@@ -527,7 +527,7 @@ def run(
 
 def validate_options(opts: dict) -> Convert:
     """The convert section checked against the schema (key and allowed values on error), typed."""
-    from pipeline.config import ConfigError, load_schema, section, validate_schema
+    from pipeline.spec.config import ConfigError, load_schema, section, validate_schema
 
     try:
         validate_schema(opts, load_schema()["properties"]["convert"], prefix="convert")
@@ -538,7 +538,7 @@ def validate_options(opts: dict) -> Convert:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--source", default="imagefolder", choices=KINDS, help="dataset layout (pipeline.sources)")
+    ap.add_argument("--source", default="imagefolder", choices=KINDS, help="dataset layout (pipeline.data.sources)")
     ap.add_argument(
         "--root",
         required=True,

@@ -14,7 +14,7 @@ included (verified before fine-tuning). Normalisation (``norm``):
   (``pretrain.norm: gn``), fine-tuned as is: independent of the (small) detection batch.
 
 All convolutions are fine-tuned. The val split is scored with pycocotools (COCO bbox AP, in
-percent). Datasets: pipeline.detection_data (the embedded scenes, COCO, Pascal VOC07+12).
+percent). Datasets: pipeline.data.detection (the embedded scenes, COCO, Pascal VOC07+12).
 One run is one trial (``--seed``); the workflow runs ``detect.trials`` of them and reports
 their mean and std. ``torchrun --nproc-per-node N -m pipeline.detect ...`` splits the batch
 over N ranks; rank 0 scores the val split and writes the metrics.
@@ -53,16 +53,17 @@ from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 from torchvision.transforms.functional import pil_to_tensor
 from tqdm import tqdm
 
-from pipeline import checkpoint, cpus, distributed, voc_eval
-from pipeline.augment import MEAN, STD
-from pipeline.config import ConfigError, load_stage_config, section, to_dict
-from pipeline.detection_data import DetectionDataError, DetectionSplit, load_splits
-from pipeline.io import atomic_write_json
-from pipeline.models import build_backbone, group_norm
-from pipeline.optim import decayed
-from pipeline.sections import Detect
-from pipeline.stage_log import stage_log
-from pipeline.stopwatch import Stopwatch
+from pipeline.data.augment import MEAN, STD
+from pipeline.data.detection import DetectionDataError, DetectionSplit, load_splits
+from pipeline.eval import voc_eval
+from pipeline.nets.models import build_backbone, group_norm
+from pipeline.nets.optim import decayed
+from pipeline.runtime import checkpoint, cpus, distributed
+from pipeline.runtime.io import atomic_write_json
+from pipeline.runtime.stage_log import stage_log
+from pipeline.runtime.stopwatch import Stopwatch
+from pipeline.spec.config import ConfigError, load_stage_config, section, to_dict
+from pipeline.spec.sections import Detect
 
 SECTIONS = ["detect"]
 AP_KEYS = ["AP", "AP50", "AP75", "APs", "APm", "APl"]  # the order of COCOeval.stats

@@ -19,7 +19,9 @@ import re
 import sys
 from pathlib import Path
 
-LOCK = Path(__file__).resolve().parent.parent / "requirements.lock"
+from pipeline import REPO
+
+LOCK = REPO / "requirements.lock"
 # a pinned entry starts a line: name==version, then its `--hash=sha256:...` continuation lines
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from pipeline import checkpoint
-from pipeline.io import atomic_path, atomic_write_json
-from pipeline.layout import VITS, is_resnet, is_vit
+from pipeline.runtime import checkpoint
+from pipeline.runtime.io import atomic_path, atomic_write_json
+from pipeline.spec.layout import VITS, is_resnet, is_vit
 
 TIMM_NAMES = {name: f"{name}_patch16_224" for name in VITS}  # e.g. vit_small_patch16_224
 
@@ -36,11 +36,11 @@ def torchvision_loading(arch: dict) -> str:
     if width != 64:
         return (
             f"# width {width} is not a torchvision ResNet: build it with "
-            f"pipeline.models.build_backbone({arch!r}) and load_state_dict(state, strict=True)"
+            f"pipeline.nets.models.build_backbone({arch!r}) and load_state_dict(state, strict=True)"
         )
     lines = [f"model = torchvision.models.{name}()"]
     if arch.get("norm") == "gn":
-        lines = [  # the GroupNorm of pipeline.models.group_norm; math: the snippet imports what it adds
+        lines = [  # the GroupNorm of pipeline.nets.models.group_norm; math: the snippet imports what it adds
             "import math",
             f"model = torchvision.models.{name}(norm_layer=lambda c: torch.nn.GroupNorm(math.gcd(32, c), c))",
         ]

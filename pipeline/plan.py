@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.config import (
+from pipeline.spec.config import (
     DEFAULT_CONFIG,
     ConfigError,
     check_detector,
@@ -37,9 +37,9 @@ from pipeline.config import (
     typed_config,
     validate_schema,
 )
-from pipeline.grid import Cell, cell_resources, grid_cells, group_id, training_set_size
-from pipeline.layout import is_resnet
-from pipeline.sections import Config, Dataset, Pretrain
+from pipeline.spec.grid import Cell, cell_resources, grid_cells, group_id, training_set_size
+from pipeline.spec.layout import is_resnet
+from pipeline.spec.sections import Config, Dataset, Pretrain
 
 DEFAULT_PROFILE = "profiles/slurm"
 

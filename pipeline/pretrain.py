@@ -2,7 +2,7 @@
 baseline, on an FFCV dataset.
 
 Runs as one process, under torchrun, or as one srun task per GPU (rank and world size come
-from the environment; see pipeline.distributed). Resumes exactly from ``--state`` (a folder
+from the environment; see pipeline.runtime.distributed). Resumes exactly from ``--state`` (a folder
 outside the rule's outputs) after a kill, a requeue or a time limit: the resume state is
 written at every epoch end and every ``checkpoint_every`` steps. It resumes only its own run
 (the state's fingerprint, run_fingerprint, must match) and, once its outputs are written,
@@ -33,23 +33,23 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from pipeline import checkpoint, cpus, distributed, preempt, provenance
-from pipeline.augment import view_recipes
-from pipeline.board import Board, board_dir
-from pipeline.config import ConfigError, load_stage_config, pretrain_warnings, result_config, section
-from pipeline.data import Reading, Views, eval_loader, is_converted, two_view_loader
-from pipeline.fast_path import FastPath
-from pipeline.features import features_of
-from pipeline.io import atomic_write_json, atomic_write_text
-from pipeline.knn import knn_accuracy
-from pipeline.methods import arch_of, bn_guard_text, build_model
+from pipeline.data.augment import view_recipes
+from pipeline.data.loaders import Reading, Views, eval_loader, is_converted, two_view_loader
+from pipeline.eval.features import features_of
+from pipeline.eval.knn import knn_accuracy
 from pipeline.moco.ema_check import EmaRecord
 from pipeline.moco.split_bn import max_splits
-from pipeline.models import build_backbone
-from pipeline.optim import build_optimizer, lr_at
-from pipeline.sections import Data, Pretrain
-from pipeline.stage_log import stage_log
-from pipeline.stopwatch import Stopwatch
+from pipeline.nets.fast_path import FastPath
+from pipeline.nets.methods import arch_of, bn_guard_text, build_model
+from pipeline.nets.models import build_backbone
+from pipeline.nets.optim import build_optimizer, lr_at
+from pipeline.runtime import checkpoint, cpus, distributed, preempt, provenance
+from pipeline.runtime.board import Board, board_dir
+from pipeline.runtime.io import atomic_write_json, atomic_write_text
+from pipeline.runtime.stage_log import stage_log
+from pipeline.runtime.stopwatch import Stopwatch
+from pipeline.spec.config import ConfigError, load_stage_config, pretrain_warnings, result_config, section
+from pipeline.spec.sections import Data, Pretrain
 
 SECTIONS = ["data", "pretrain"]
 PREEMPT_SYNC_STEPS = 10
@@ -85,7 +85,7 @@ def seed_everything(seed: int) -> None:
 
 def run_fingerprint(cfg: dict, data_dir: Path) -> dict:
     """Everything that determines a run, and nothing that differs between a job and its requeue
-    (no time, host or absolute path): its sections' result keys (pipeline.config.result_config;
+    (no time, host or absolute path): its sections' result keys (pipeline.spec.config.result_config;
     the seed among them) and its training data, the .beton's size and its report's hash."""
     beton, report = data_dir / "train.beton", data_dir / "train.json"
     data = {
@@ -186,7 +186,7 @@ class Trainer:
         self.ema_record = EmaRecord(self.model) if self.model.has_momentum_encoder else None
         self.eval_loaders: dict = {}
 
-    # --- resume state (pipeline.checkpoint) ---------------------------------------------
+    # --- resume state (pipeline.runtime.checkpoint) ---------------------------------------------
     def save_state(self) -> None:
         with self.watch.phase("checkpoints"):
             checkpoint.save_resume_state(

@@ -28,21 +28,21 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from pipeline import checkpoint, cpus, provenance
-from pipeline.augment import normalize
-from pipeline.board import Board, board_dir
-from pipeline.config import ConfigError, load_stage_config, section
-from pipeline.data import crop_loader
-from pipeline.distributed import rank_device
-from pipeline.features import extract
-from pipeline.io import atomic_write_json
-from pipeline.knn import knn_accuracy
-from pipeline.layout import is_resnet
-from pipeline.models import build_backbone
-from pipeline.optim import decayed
-from pipeline.sections import Data, Probe
-from pipeline.stage_log import stage_log
-from pipeline.stopwatch import Stopwatch
+from pipeline.data.augment import normalize
+from pipeline.data.loaders import crop_loader
+from pipeline.eval.features import extract
+from pipeline.eval.knn import knn_accuracy
+from pipeline.nets.models import build_backbone
+from pipeline.nets.optim import decayed
+from pipeline.runtime import checkpoint, cpus, provenance
+from pipeline.runtime.board import Board, board_dir
+from pipeline.runtime.distributed import rank_device
+from pipeline.runtime.io import atomic_write_json
+from pipeline.runtime.stage_log import stage_log
+from pipeline.runtime.stopwatch import Stopwatch
+from pipeline.spec.config import ConfigError, load_stage_config, section
+from pipeline.spec.layout import is_resnet
+from pipeline.spec.sections import Data, Probe
 
 SECTIONS = ["data", "probe"]
 PROTOCOLS = {

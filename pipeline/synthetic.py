@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from pipeline.config import ConfigError, build, to_dict
-from pipeline.io import atomic_save_png, atomic_write_json
-from pipeline.sections import Synthetic
+from pipeline.runtime.io import atomic_save_png, atomic_write_json
+from pipeline.spec.config import ConfigError, build, to_dict
+from pipeline.spec.sections import Synthetic
 
 CLASSES = ["disk", "square", "triangle", "diamond", "ring", "frame", "plus", "cross", "bars", "checker"]
 SPLIT_IDS = {"train": 0, "val": 1}

@@ -9,8 +9,8 @@ by seed), so it works without Snakemake and after a partial run:
         --config workflow/config/presets/tiny.yaml      # also list the cells the grid expects
 
 Writes ``<results>/tables/{main.md,all.md,cells.csv}``, ``<study>.{md,csv,tex}`` for each study
-(pipeline.studies, written by pipeline.writers) and ``<results>/figures/*.{png,pdf}`` (pipeline.figures);
-prints the main table.
+(pipeline.report.studies, written by pipeline.report.writers) and ``<results>/figures/*.{png,pdf}``
+(pipeline.report.figures); prints the main table.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipeline.config import ConfigError, typed_config
-from pipeline.grid import grid_cells
-from pipeline.io import atomic_write_text
-from pipeline.studies import collect, studies
-from pipeline.writers import load_configs, markdown, results_folder, results_parser, write_table
+from pipeline.report.studies import collect, studies
+from pipeline.report.writers import load_configs, markdown, results_folder, results_parser, write_table
+from pipeline.runtime.io import atomic_write_text
+from pipeline.spec.config import ConfigError, typed_config
+from pipeline.spec.grid import grid_cells
 
 
 def expected_cells(cfg: dict) -> dict[str, dict]:
@@ -50,7 +50,7 @@ def run(results: Path, cfg: dict | None = None, figures: bool = True) -> str:
     atomic_write_text(main, out / "main.md")
     atomic_write_text("\n".join(markdown(t) for t in tables), out / "all.md")
     if figures:
-        from pipeline.figures import write_figures
+        from pipeline.report.figures import write_figures
 
         write_figures(df, results)
     return main

@@ -19,8 +19,8 @@ from test_convert import RAW, make_imagefolder, no_temporaries, rand_images, rea
 from pipeline import convert as conv
 from pipeline.convert import ConversionError
 from pipeline.convert import run as convert
-from pipeline.data import Reading, Views, two_view_loader
-from pipeline.sources import SourceError, decode_file, open_source
+from pipeline.data.loaders import Reading, Views, two_view_loader
+from pipeline.data.sources import SourceError, decode_file, open_source
 
 OPTS = dataclasses.replace(RAW, max_resolution=64)
 

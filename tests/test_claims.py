@@ -13,9 +13,9 @@ from test_tables import BASE, fake_cell
 
 from pipeline.claims import NOT_RUN
 from pipeline.claims import run as write_claims
-from pipeline.config import ConfigError, load_yaml, merge, typed_config, validate
-from pipeline.grid import cell_id, claims_cells, grid_cells, group_id
-from pipeline.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
+from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
+from pipeline.spec.config import ConfigError, load_yaml, merge, typed_config, validate
+from pipeline.spec.grid import cell_id, claims_cells, grid_cells, group_id
 
 # 10 classes x 5,000 images = 50,000 training images; batch 256: 195 steps per epoch, 2,925 in 15
 CLAIMS = {"epochs": 15, "long_epochs": 30, "seeds": 3, "m": [0.0, 0.5, 0.9, 0.99, 0.999, 0.9999], "K": [4096, 16384]}

@@ -20,8 +20,8 @@ from PIL import Image
 
 from pipeline.convert import ConversionError, SplitDataset, image_fields, main, write_beton
 from pipeline.convert import run as convert
-from pipeline.sections import Convert
-from pipeline.sources import decode_file, open_source
+from pipeline.data.sources import decode_file, open_source
+from pipeline.spec.sections import Convert
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RAW = Convert(write_mode="raw", workers=1)
@@ -240,7 +240,7 @@ def write_failing(tmp_path, hard):
 HELD_CONVERT = """
 import signal, sys
 from pipeline import convert as c
-from pipeline.sections import Convert
+from pipeline.spec.sections import Convert
 get = c.SplitDataset.__getitem__
 def held(self, i):  # the writer stops halfway (sample 100 of 200) and says so
     if i == 100:
@@ -426,7 +426,7 @@ def test_convert_rule_runs_on_stl10(tmp_path):
 def test_unreadable_cifar_copy_names_the_folder_and_the_error(tmp_path):
     """A copy that fails the checksums is read unverified; if even that fails, the error
     names the folder and what went wrong (not a torchvision traceback)."""
-    from pipeline.sources import SourceError
+    from pipeline.data.sources import SourceError
 
     make_cifar(tmp_path)
     (tmp_path / "cifar-10-batches-py" / "data_batch_1").write_bytes(b"not a pickle")
@@ -436,7 +436,7 @@ def test_unreadable_cifar_copy_names_the_folder_and_the_error(tmp_path):
 
 def test_other_torchvision_errors_are_not_taken_for_checksums(tmp_path):
     """Only torchvision's "corrupted" error means "read unverified"; any other propagates."""
-    from pipeline.sources import _torchvision_copy
+    from pipeline.data.sources import _torchvision_copy
 
     class Broken:
         base_folder = "broken"
@@ -460,7 +460,7 @@ def test_other_torchvision_errors_are_not_taken_for_checksums(tmp_path):
     ],
 )
 def test_unknown_split_or_kind_is_named(tmp_path, kind, split, message):
-    from pipeline.sources import SourceError
+    from pipeline.data.sources import SourceError
 
     with pytest.raises(SourceError, match=message):
         open_source(kind, tmp_path, split)
@@ -479,7 +479,7 @@ def test_large_jpeg_is_decoded_at_a_reduced_scale(tmp_path):
 
 def test_wider_than_16_bit_greyscale_is_stretched_to_8_bits():
     """Values beyond 16 bits: (v - min) * 255 // (max - min), by hand for 0, 50000, 100000, 200000."""
-    from pipeline.sources import to_rgb
+    from pipeline.data.sources import to_rgb
 
     image = Image.fromarray(np.array([[0, 100000], [50000, 200000]], dtype=np.int32), mode="I")
     assert to_rgb(image)[..., 0].tolist() == [[0, 127], [63, 255]]
@@ -496,7 +496,7 @@ def test_split_with_no_readable_image_names_the_split(tmp_path):
 
 def test_auto_write_mode_beyond_the_raw_budget_is_proportion():
     from pipeline.convert import RAW_BUDGET, resolve_write_mode
-    from pipeline.sections import Convert
+    from pipeline.spec.sections import Convert
 
     assert resolve_write_mode(Convert(), 1 << 20) == ("raw", "auto: raw pixels take 1 MiB <= 4096 MiB")
     assert resolve_write_mode(Convert(), RAW_BUDGET + 1) == (

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import seeded_crop
-from pipeline.data import Reading, Views, two_view_loader
+from pipeline.data import seeded_crop
+from pipeline.data.loaders import Reading, Views, two_view_loader
 
 JITTED = ("splitmix64", "uniform", "batch_key", "crop_and_flip", "flip_columns")
 
@@ -37,7 +37,7 @@ def views_of_epoch(beton, epoch=1):
 def jpg_beton(synthetic_small, tmp_path_factory):
     """A split stored as JPEG: the decoder's decoding branch."""
     from pipeline.convert import run as convert
-    from pipeline.sections import Convert
+    from pipeline.spec.sections import Convert
 
     out = tmp_path_factory.mktemp("jpg") / "train.beton"
     convert(synthetic_small / "cls" / "train", out, Convert(max_resolution=32, write_mode="jpg", workers=1))
@@ -98,7 +98,7 @@ def test_crop_generator_hook_is_the_seeded_crop():
 
 # --- loaders: bad choices name the value ------------------------------------------------------
 def test_bad_order_and_crop_are_named(ffcv_small):
-    from pipeline.data import eval_loader
+    from pipeline.data.loaders import eval_loader
 
     beton = ffcv_small / "val.beton"
     with pytest.raises(ValueError, match="order must be 'sequential' or 'random', not 'shuffled'"):
@@ -108,7 +108,8 @@ def test_bad_order_and_crop_are_named(ffcv_small):
 
 
 def test_missing_ffcv_says_how_to_do_without(ffcv_small, monkeypatch):
-    from pipeline import data, ffcv_runtime
+    from pipeline.data import ffcv_runtime
+    from pipeline.data import loaders as data
 
     def no_ffcv():
         raise ImportError("No module named 'ffcv'")
@@ -123,7 +124,7 @@ def test_missing_ffcv_says_how_to_do_without(ffcv_small, monkeypatch):
 # --- the platform corners of the small helpers ------------------------------------------------
 def test_cpus_without_affinity_counts_the_machine(monkeypatch):
     """Off Linux (no sched_getaffinity): os.cpu_count(), or 1 where even that is unknown."""
-    from pipeline import cpus
+    from pipeline.runtime import cpus
 
     monkeypatch.delattr(cpus.os, "sched_getaffinity")
     monkeypatch.setattr(cpus.os, "cpu_count", lambda: 3)
@@ -133,7 +134,7 @@ def test_cpus_without_affinity_counts_the_machine(monkeypatch):
 
 
 def test_process_age_is_zero_without_a_boot_clock(monkeypatch):
-    from pipeline import stopwatch
+    from pipeline.runtime import stopwatch
 
     assert stopwatch.process_age() > 0  # Linux: this process started before this line
     monkeypatch.delattr(stopwatch.time, "CLOCK_BOOTTIME")  # as on macOS
@@ -145,7 +146,7 @@ def test_stopwatch_report_by_hand(monkeypatch):
     two spells of steps, a kNN pass, a second mark, then 1 s that no phase claimed."""
     from types import SimpleNamespace
 
-    from pipeline import stopwatch
+    from pipeline.runtime import stopwatch
 
     now = [100.0]
     monkeypatch.setattr(stopwatch, "time", SimpleNamespace(perf_counter=lambda: now[0]))
@@ -170,7 +171,7 @@ def test_install_outside_the_main_thread_is_a_no_op():
     import signal
     import threading
 
-    from pipeline import preempt
+    from pipeline.runtime import preempt
 
     before = {sig: signal.getsignal(sig) for sig in preempt.SIGNALS}
     thread = threading.Thread(target=preempt.install)
@@ -182,7 +183,7 @@ def test_install_outside_the_main_thread_is_a_no_op():
 def test_versions_of_a_missing_library_is_none(monkeypatch):
     from importlib import metadata
 
-    from pipeline import provenance
+    from pipeline.runtime import provenance
 
     monkeypatch.setattr(provenance, "LIBRARIES", ("numpy", "no-such-distribution-here"))
     assert provenance.versions() == {"numpy": metadata.version("numpy"), "no-such-distribution-here": None}

@@ -14,11 +14,11 @@ from test_convert import make_stl10
 from torch import nn
 
 from pipeline import detect, probe
-from pipeline.config import ConfigError, section
 from pipeline.convert import run as convert
-from pipeline.detection_data import DetectionDataError, DetectionSplit, coco_split, load_splits, voc_split, write_voc
-from pipeline.models import build_backbone
-from pipeline.sections import Convert
+from pipeline.data.detection import DetectionDataError, DetectionSplit, coco_split, load_splits, voc_split, write_voc
+from pipeline.nets.models import build_backbone
+from pipeline.spec.config import ConfigError, section
+from pipeline.spec.sections import Convert
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
 CUDA1 = torch.device("cuda", 1)  # a device object only: nothing runs on it
@@ -144,7 +144,7 @@ def test_more_classes_than_voc_has_are_refused(tmp_path):
 
 def test_to_voc_cli_exits_with_the_missing_file(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.detection_data", "--coco", str(tmp_path / "no"), "--out", str(tmp_path / "v")],
+        [sys.executable, "-m", "pipeline.data.detection", "--coco", str(tmp_path / "no"), "--out", str(tmp_path / "v")],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -7,10 +7,12 @@ import pandas as pd
 import pytest
 from test_claims import CLAIMS, CONFIG, ROLES, full_results, rows_by_claim, seed_cell, verdicts
 
-from pipeline import claims, environment, figures, plan, studies, tables
+from pipeline import claims, environment, plan, tables
 from pipeline.claims import NOT_RUN, data_size
 from pipeline.claims import run as write_claims
-from pipeline.config import (
+from pipeline.report import figures, studies
+from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, Estimate
+from pipeline.spec.config import (
     ConfigError,
     check_detector,
     check_pretrain,
@@ -22,8 +24,7 @@ from pipeline.config import (
     validate,
     validate_sections,
 )
-from pipeline.grid import Cell, claims_cells, parse_cell_id
-from pipeline.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, Estimate
+from pipeline.spec.grid import Cell, claims_cells, parse_cell_id
 from tests.test_environment import TINY_LOCK, TINY_LOCK_SHA256
 
 

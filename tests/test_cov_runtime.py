@@ -14,8 +14,9 @@ import torch.multiprocessing as mp
 from test_distributed import P, _init, free_port
 from test_fast_path import BASE
 
-from pipeline import checkpoint, launch, preempt
-from pipeline.config import section
+from pipeline import launch
+from pipeline.runtime import checkpoint, preempt
+from pipeline.spec.config import section
 
 CPU = torch.device("cpu")
 
@@ -193,7 +194,7 @@ def test_launcher_cancels_its_job_on_sigterm(monkeypatch, tmp_path, capsys):
     assert "interrupted (SIGTERM): cancelling job 123" in capsys.readouterr().out
 
 
-# --- pipeline.checkpoint ------------------------------------------------------------------------
+# --- pipeline.runtime.checkpoint ------------------------------------------------------------------------
 def test_load_names_a_file_that_is_no_checkpoint(tmp_path):
     garbage, foreign = tmp_path / "garbage.pt", tmp_path / "foreign.pt"
     garbage.write_bytes(b"not a pickle")
@@ -227,9 +228,9 @@ def test_cuda_rng_streams_resume_on_the_devices_this_process_sees(monkeypatch, c
     assert len(restored) == 1 and restored[0][0] is stream and restored[0][1] == 0
 
 
-# --- pipeline.distributed.init: the GPU branches, with CUDA's answers monkeypatched ----------------
+# --- pipeline.runtime.distributed.init: the GPU branches, with CUDA's answers monkeypatched ----------------
 def fake_gpus(monkeypatch, count: int, local_rank: int):
-    from pipeline import distributed
+    from pipeline.runtime import distributed
 
     for name in ("RANK", "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
@@ -267,9 +268,9 @@ def test_export_names_a_missing_checkpoint(tmp_path):
         export.main(["--checkpoint", str(missing), "--out", str(tmp_path / "export.json")])
 
 
-# --- pipeline.optim -------------------------------------------------------------------------------
+# --- pipeline.nets.optim -------------------------------------------------------------------------------
 def test_lars_leaves_a_parameter_without_gradient_untouched():
-    from pipeline.optim import LARS
+    from pipeline.nets.optim import LARS
 
     used, unused = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(3))
     opt = LARS([used, unused], lr=0.1)
@@ -280,7 +281,7 @@ def test_lars_leaves_a_parameter_without_gradient_untouched():
 
 
 def test_unknown_optimizer_is_named():
-    from pipeline.optim import build_optimizer
+    from pipeline.nets.optim import build_optimizer
 
     with pytest.raises(ValueError, match=r"unknown optimizer 'rmsprop' \(sgd, lars, adamw\)"):
         build_optimizer(section("pretrain", {"optimizer": "rmsprop"}), [torch.nn.Parameter(torch.ones(1))])
@@ -297,14 +298,14 @@ def test_unknown_optimizer_is_named():
     ],
 )
 def test_learning_rate_warmup_and_steps(schedule, progress, expected):
-    from pipeline.optim import lr_at
+    from pipeline.nets.optim import lr_at
 
     assert lr_at(section("pretrain", {"lr": 1.0, **schedule}), progress, 100) == pytest.approx(expected)
 
 
-# --- pipeline.models -----------------------------------------------------------------------------
+# --- pipeline.nets.models -----------------------------------------------------------------------------
 def test_unknown_backbone_and_odd_embedding_are_refused():
-    from pipeline.models import ResNetBackbone, sincos_2d
+    from pipeline.nets.models import ResNetBackbone, sincos_2d
 
     with pytest.raises(ValueError, match=r"unknown backbone 'resnet7' \(known: resnet18, .*vit_"):
         ResNetBackbone("resnet7")
@@ -314,7 +315,7 @@ def test_unknown_backbone_and_odd_embedding_are_refused():
 
 # --- the MoCo methods ----------------------------------------------------------------------------
 def tiny_model(**changes):
-    from pipeline.methods import build_model
+    from pipeline.nets.methods import build_model
 
     torch.manual_seed(0)
     return build_model(section("pretrain", {**P, **changes}), 16, 10, 64)  # test_distributed's MoCo v2, 16 px images
@@ -333,8 +334,8 @@ def test_keys_without_sample_index_enter_the_queue_as_unknown():
 
 
 def test_memory_bank_needs_enough_samples_and_each_index():
-    from pipeline.methods import bn_guard_text
     from pipeline.moco.mechanisms import MemoryBank
+    from pipeline.nets.methods import bn_guard_text
 
     model = tiny_model(mechanism="memory_bank")
     assert bn_guard_text(model, 1) == "not applicable (no key batch normalised apart from its queries)"
@@ -449,8 +450,8 @@ def pretrain_cfg(**changes) -> dict:
 
 
 def trainer(ffcv_small, tmp_path, **changes):
-    from pipeline import distributed
     from pipeline.pretrain import Job, Trainer
+    from pipeline.runtime import distributed
 
     return Trainer(Job.of(pretrain_cfg(**changes)), ffcv_small, tmp_path / "state", distributed.init(), progress=False)
 
@@ -463,7 +464,7 @@ def test_pretrain_compile_wraps_the_network(ffcv_small, tmp_path):
 
 
 def test_a_batch_larger_than_the_training_set_is_refused(ffcv_small, tmp_path):
-    from pipeline.config import ConfigError
+    from pipeline.spec.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"pretrain.batch_size=128 exceeds the training set \(80 images\)"):
         trainer(ffcv_small, tmp_path, batch_size=128)  # ffcv_small: 10 classes x 8 training images

@@ -1,8 +1,8 @@
-"""pipeline.cpus: one place decides how a job's CPUs are split between torch and the loader."""
+"""pipeline.runtime.cpus: one place decides how a job's CPUs are split between torch and the loader."""
 
 import pytest
 
-from pipeline import cpus
+from pipeline.runtime import cpus
 
 
 @pytest.fixture

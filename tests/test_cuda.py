@@ -8,11 +8,11 @@ import torch
 from conftest import require
 from test_fast_path import FAMILIES, trainer_for
 
-from pipeline import checkpoint
-from pipeline.config import section
-from pipeline.fast_path import FastPath
-from pipeline.methods import build_model
-from pipeline.optim import build_optimizer
+from pipeline.nets.fast_path import FastPath
+from pipeline.nets.methods import build_model
+from pipeline.nets.optim import build_optimizer
+from pipeline.runtime import checkpoint
+from pipeline.spec.config import section
 
 pytestmark = pytest.mark.cuda
 P = {
@@ -77,9 +77,10 @@ def test_detection_fine_tunes_on_the_gpu(tmp_path):
     """The detect stage moves the detector and every batch to the job's GPU (C4 head, BN)."""
     import json
 
-    from pipeline import checkpoint, detect
-    from pipeline.models import build_backbone
-    from pipeline.sections import Synthetic
+    from pipeline import detect
+    from pipeline.nets.models import build_backbone
+    from pipeline.runtime import checkpoint
+    from pipeline.spec.sections import Synthetic
     from pipeline.synthetic import run as generate
 
     generate(

@@ -20,8 +20,8 @@ def test_building_the_dag_imports_no_torch(tmp_path):
         "import sys\nfrom snakemake.cli import main\n"
         f"try:\n    main(['-n', '--quiet', 'rules', '--config', 'results={tmp_path / 'r'}'])\n"
         "except SystemExit as e:\n    assert not e.code, e.code\n"
-        "print('HEAVY', sorted(m for m in ('torch', 'torchvision', 'matplotlib', 'pipeline.studies', "
-        "'pipeline.models') if m in sys.modules))"
+        "print('HEAVY', sorted(m for m in ('torch', 'torchvision', 'matplotlib', 'pipeline.report.studies', "
+        "'pipeline.nets.models') if m in sys.modules))"
     )  # (pandas comes with the SLURM plugin itself)
     out = run([sys.executable, "-c", code], timeout=120).stdout
     assert "HEAVY []" in out, out[-2000:]
@@ -56,7 +56,7 @@ def test_only_the_chosen_cells_run(tmp_path):
 
 
 def test_command_line_values_are_read_against_the_schema():
-    from pipeline.config import read_command_line_values
+    from pipeline.spec.config import read_command_line_values
 
     cfg = {
         "pretrain": {"epochs": "50", "m": "0.9", "backbone": "resnet18", "shuffle_bn": "false"},
@@ -73,8 +73,9 @@ def test_command_line_values_are_read_against_the_schema():
 
 # --- one registry per list ----------------------------------------------------------------------
 def test_backbone_names_have_one_source():
-    from pipeline import grid, layout, models
-    from pipeline.config import load_schema
+    from pipeline.nets import models
+    from pipeline.spec import grid, layout
+    from pipeline.spec.config import load_schema
 
     names = [*layout.RESNETS, *layout.VITS]
     assert list(layout.BACKBONE_LABELS) == names
@@ -126,8 +127,8 @@ def test_a_different_existing_profile_is_left_alone(tmp_path):
 
 # --- `snakemake claims`: its own cells, the default target unchanged ---------------------------
 def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost(tmp_path):
-    from pipeline.config import DEFAULT_CONFIG, load_yaml, typed_config, validate
-    from pipeline.grid import claims_cells, group_id
+    from pipeline.spec.config import DEFAULT_CONFIG, load_yaml, typed_config, validate
+    from pipeline.spec.grid import claims_cells, group_id
 
     default = jobs_planned(dry_run(tmp_path).stdout)
     assert default["probe"] == 6 and "claims" not in default  # the demo's base and random init, 3 seeds each
@@ -160,9 +161,9 @@ def test_a_config_whose_claims_cannot_run_fails_that_target_alone(tmp_path):
 
 
 def test_queue_policies_have_one_source():
-    from pipeline.config import load_schema
-    from pipeline.layout import QUEUE_POLICIES
     from pipeline.moco.queue import POLICIES
+    from pipeline.spec.config import load_schema
+    from pipeline.spec.layout import QUEUE_POLICIES
 
     assert (
         load_schema()["$defs"]["pretrain"]["properties"]["queue_policy"]["enum"]
@@ -172,8 +173,8 @@ def test_queue_policies_have_one_source():
 
 
 def test_grid_axes_and_the_cell_id_pattern_have_one_source():
-    from pipeline.config import load_schema
-    from pipeline.grid import AXES
+    from pipeline.spec.config import load_schema
+    from pipeline.spec.grid import AXES
 
     schema = load_schema()
     assert schema["$defs"]["sweep"]["propertyNames"]["enum"] == AXES  # in the order cell ids list them
@@ -182,13 +183,26 @@ def test_grid_axes_and_the_cell_id_pattern_have_one_source():
 
 
 def test_the_readme_layout_lists_every_module():
+    """Each module under its own folder in the README's tree (bench's by name)."""
     readme = (REPO / "README.md").read_text()
-    layout = readme[readme.index("## Layout") :]
-    modules = [p for p in (REPO / "pipeline").glob("*.py") if p.stem != "__init__"]
-    modules += [p for p in (REPO / "pipeline" / "moco").glob("*.py") if p.stem != "__init__"]
-    missing = [str(p.relative_to(REPO)) for p in modules if f" {p.name} " not in layout]
+    layout = readme[readme.index("## Layout") : readme.index("## Extending")]
+    listed, folder, missing = set(), None, []
+    for line in layout.splitlines():
+        entry = line.split()[0] if line.strip() else ""
+        if line.startswith("  ") and not line.startswith("    "):
+            folder = entry.rstrip("/") if entry.endswith("/") else None
+            listed.add(("", entry))
+        elif line.startswith("    ") and folder:
+            listed.add((folder, entry))
+    for path in (REPO / "pipeline").rglob("*.py"):
+        rel = path.relative_to(REPO / "pipeline")
+        if path.stem == "__init__" or rel.parts[0] == "bench":
+            continue
+        where = "" if len(rel.parts) == 1 else rel.parts[0]
+        if (where, path.name) not in listed:
+            missing.append(str(rel))
     bench = [p.stem for p in (REPO / "pipeline" / "bench").glob("*.py") if not p.stem.startswith("__")]
-    missing += [f"pipeline/bench/{b}.py" for b in bench if b not in layout]
+    missing += [f"bench/{b}.py" for b in bench if b not in layout]
     assert not missing, f"README's layout lacks {missing}"
 
 

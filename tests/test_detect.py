@@ -13,11 +13,12 @@ from conftest import REPO
 from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, TwoMLPHead
 from torchvision.ops import FrozenBatchNorm2d
 
-from pipeline import checkpoint, detect
-from pipeline.config import section
-from pipeline.detection_data import VOC_CLASSES, DetectionSplit, load_splits, write_voc
-from pipeline.models import build_backbone
-from pipeline.sections import Synthetic, Voc
+from pipeline import detect
+from pipeline.data.detection import VOC_CLASSES, DetectionSplit, load_splits, write_voc
+from pipeline.nets.models import build_backbone
+from pipeline.runtime import checkpoint
+from pipeline.spec.config import section
+from pipeline.spec.sections import Synthetic, Voc
 from pipeline.synthetic import run as generate
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
@@ -493,7 +494,7 @@ def test_step_schedule_drops_at_the_reference_iterations():
 
 
 def test_embedded_scenes_as_a_voc_devkit(det_dir, tmp_path):
-    from pipeline.detection_data import main as to_voc_cli
+    from pipeline.data.detection import main as to_voc_cli
 
     to_voc_cli(["--coco", str(det_dir), "--out", str(tmp_path / "VOCdevkit")])
     train, val = load_splits(tmp_path / "VOCdevkit", "voc", Voc(train=("2007/trainval",), val="2007/test"))

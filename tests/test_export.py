@@ -8,8 +8,9 @@ import pickle
 import pytest
 import torch
 
-from pipeline import checkpoint, export
-from pipeline.models import build_backbone
+from pipeline import export
+from pipeline.nets.models import build_backbone
+from pipeline.runtime import checkpoint
 
 
 def make_checkpoint(tmp_path, arch, seed=0):

@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from pipeline import distributed
-from pipeline.fast_path import FastPath
 from pipeline.moco.builder import info_nce
 from pipeline.moco.split_bn import max_splits
 from pipeline.moco.v3 import ctr_loss
+from pipeline.nets.fast_path import FastPath
 from pipeline.pretrain import Job, Trainer, seed_everything
+from pipeline.runtime import distributed
 
 CPU = torch.device("cpu")
 BASE = {

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pipeline.data import LOADERS, Reading, Views, eval_loader, two_view_loader
-from pipeline.sources import decode_file, open_source
+from pipeline.data.loaders import LOADERS, Reading, Views, eval_loader, two_view_loader
+from pipeline.data.sources import decode_file, open_source
 
 
 def test_round_trip_labels_indices_pixels(synthetic_small, ffcv_small):

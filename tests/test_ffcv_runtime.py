@@ -1,4 +1,4 @@
-"""FFCV through pipeline.ffcv_runtime: the same loader output, without the per-process costs
+"""FFCV through pipeline.data.ffcv_runtime: the same loader output, without the per-process costs
 (numba's typed Dict at import; pipeline compilation repeated in every job)."""
 
 import json
@@ -16,7 +16,7 @@ from pipeline import ffcv_runtime
 ffcv_runtime.load()
 from ffcv.fields.rgb_image import IMAGE_MODES
 from ffcv.pipeline.compiler import Compiler
-from pipeline.data import eval_loader
+from pipeline.data.loaders import eval_loader
 
 def pipeline_op(offset):
     def shift(x):

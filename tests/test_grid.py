@@ -2,9 +2,9 @@
 
 import pytest
 
-from pipeline.config import ConfigError, section, typed_config
-from pipeline.grid import cell_id, cell_resources, grid_cells, group_id, parse_cell_id
-from pipeline.sections import Resources
+from pipeline.spec.config import ConfigError, section, typed_config
+from pipeline.spec.grid import cell_id, cell_resources, grid_cells, group_id, parse_cell_id
+from pipeline.spec.sections import Resources
 
 BASE = {
     "method": "moco",

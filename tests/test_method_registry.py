@@ -8,15 +8,16 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from pipeline import method_registry, pretrain, probe, tables
-from pipeline.config import ConfigError, load_schema, pretrain_cell, section, typed_config
-from pipeline.grid import grid_cells
-from pipeline.layout import cell_file
-from pipeline.method_registry import MethodSpec, register
+from pipeline import pretrain, probe, tables
 from pipeline.moco.method import Method
-from pipeline.models import Encoder, feature_dim, projection_head
-from pipeline.optim import optimizer_name
-from pipeline.sections import Pretrain
+from pipeline.nets.models import Encoder, feature_dim, projection_head
+from pipeline.nets.optim import optimizer_name
+from pipeline.spec import method_registry
+from pipeline.spec.config import ConfigError, load_schema, pretrain_cell, section, typed_config
+from pipeline.spec.grid import grid_cells
+from pipeline.spec.layout import cell_file
+from pipeline.spec.method_registry import MethodSpec, register
+from pipeline.spec.sections import Pretrain
 
 
 class Toy(Method):

@@ -8,10 +8,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pipeline.config import section
 from pipeline.moco import KeyQueue, MoCo, momentum_update
 from pipeline.moco.builder import info_nce
-from pipeline.models import Encoder, build_backbone, projection_head
+from pipeline.nets.models import Encoder, build_backbone, projection_head
+from pipeline.spec.config import section
 
 
 def tiny_encoder(dim=16):
@@ -168,7 +168,7 @@ def test_symmetric_loss_adds_the_swapped_direction_against_one_queue():
 
 
 def test_instance_accuracy_counts_ties_as_wrong():
-    from pipeline.checkpoint import strictly_top
+    from pipeline.runtime.checkpoint import strictly_top
 
     logits = torch.tensor([[1.0, 1.0, 1.0], [2.0, 1.0, 0.5], [0.1, 0.3, 0.2]])
     target = torch.zeros(3, dtype=torch.long)
@@ -192,7 +192,7 @@ def trained(model, steps, optimizer, record=None):
 
 def test_key_encoder_check_holds_on_a_run():
     from pipeline.moco.ema_check import EmaRecord
-    from pipeline.optim import build_optimizer
+    from pipeline.nets.optim import build_optimizer
 
     torch.manual_seed(0)
     model = MoCo(tiny_encoder(), dim=16, K=32, m=0.9, T=0.2, shuffle_bn=False)

@@ -1,4 +1,4 @@
-"""LARS (pipeline.optim) against its definition, worked out by hand: MoCo v3's optimizer
+"""LARS (pipeline.nets.optim) against its definition, worked out by hand: MoCo v3's optimizer
 (moco-v3 optimizer.py, You et al. 2017). Weights (ndim > 1) take weight decay and the trust
 ratio trust_coefficient * ||w|| / ||g + wd w||; biases and normalisation parameters take
 neither; then momentum SGD (buf = momentum * buf + update; w -= lr * buf)."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.optim import LARS, build_optimizer, decayed
-from pipeline.sections import Pretrain
+from pipeline.nets.optim import LARS, build_optimizer, decayed
+from pipeline.spec.sections import Pretrain
 
 
 def steps(params_and_grads, n, **hyper):

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from pipeline.config import merge, typed_config
 from pipeline.plan import DetectionSpeed, Throughput, load_config, make_plan, minutes, train_images
+from pipeline.spec.config import merge, typed_config
 from tests.conftest import run, snakemake_bin
 
 # Figures of made-up GPUs with round numbers, so that every expectation below is mental arithmetic.

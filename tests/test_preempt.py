@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from pipeline import preempt
+from pipeline.runtime import preempt
 
 
 @pytest.fixture

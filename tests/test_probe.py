@@ -8,15 +8,16 @@ import torch
 from PIL import Image
 from test_convert import make_stl10
 
-from pipeline import checkpoint, probe
-from pipeline.augment import normalize
+from pipeline import probe
 from pipeline.convert import run as convert
-from pipeline.data import LOADERS, crop_loader
-from pipeline.features import extract
-from pipeline.knn import knn_accuracy
-from pipeline.models import build_backbone
+from pipeline.data.augment import normalize
+from pipeline.data.loaders import LOADERS, crop_loader
+from pipeline.eval.features import extract
+from pipeline.eval.knn import knn_accuracy
+from pipeline.nets.models import build_backbone
 from pipeline.probe import assert_unchanged, run, snapshot
-from pipeline.sections import Convert
+from pipeline.runtime import checkpoint
+from pipeline.spec.sections import Convert
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
 

@@ -114,7 +114,7 @@ def test_cuda_rng_streams_are_saved_and_restored(monkeypatch, capsys):
     its logic on CPU: every device's stream is saved, and each is put back on its device."""
     import io
 
-    from pipeline import checkpoint
+    from pipeline.runtime import checkpoint
 
     streams = [torch.full((16,), 7, dtype=torch.uint8), torch.full((16,), 9, dtype=torch.uint8)]
     restored = {}

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.data import Reading, Views, two_view_loader
-from pipeline.seeded_crop import crop_and_flip, splitmix64
+from pipeline.data.loaders import Reading, Views, two_view_loader
+from pipeline.data.seeded_crop import crop_and_flip, splitmix64
 
 
 def epochs_of_views(beton, seed: int, workers: int, epochs=(0, 1), skip: int = 0):

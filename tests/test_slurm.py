@@ -26,7 +26,7 @@ import slurm_cluster
 import torch
 from conftest import REPO, require, snakemake_bin
 
-from pipeline.config import merge
+from pipeline.spec.config import merge
 
 pytestmark = pytest.mark.slurm
 

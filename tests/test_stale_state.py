@@ -23,9 +23,9 @@ from conftest import REPO, run, snakemake_bin
 from test_rerun import TINY, cell_jobs, planned_jobs, snakemake
 from test_resume import CFG, assert_same_run
 
-from pipeline.config import result_config
-from pipeline.layout import folder_state
 from pipeline.pretrain import run_fingerprint
+from pipeline.spec.config import result_config
+from pipeline.spec.layout import folder_state
 
 NEW_LR = 0.07  # CFG's lr is 0.05
 NEW = copy.deepcopy(CFG)
@@ -82,7 +82,7 @@ def test_fingerprint_holds_the_result_keys_and_the_data_not_threads_paths_or_tim
 def test_random_init_depends_only_on_its_network_and_seed():
     random_init = {**CFG["pretrain"], "method": "random"}
     key = result_config({"data": CFG["data"], "pretrain": random_init})
-    # pipeline.methods.arch_of (backbone, width, cifar_stem; norm, patch_size, depth unset here),
+    # pipeline.nets.methods.arch_of (backbone, width, cifar_stem; norm, patch_size, depth unset here),
     # the seed, the method; the image size (a ViT's)
     assert key == {
         "data": {"crop_size": 32},
@@ -130,7 +130,7 @@ def test_a_run_killed_mid_epoch_then_changed_starts_fresh_and_says_why(ffcv_smal
 
 def test_a_state_without_fingerprint_is_set_aside(ffcv_small, tmp_path):
     """States written before runs were fingerprinted are another run's, whatever their config."""
-    from pipeline import checkpoint
+    from pipeline.runtime import checkpoint
 
     state = tmp_path / "state"
     checkpoint.save(state / "last.pt", epoch=1, step_in_epoch=0)

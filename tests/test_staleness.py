@@ -13,7 +13,7 @@ from pipeline.moco.mechanisms import EndToEnd
 from pipeline.moco.queue import KeyQueue
 from pipeline.moco.staleness import NegativeDrift, ParameterSketch, history_length
 from pipeline.moco.v3 import MoCoV3
-from pipeline.models import Encoder, build_backbone, projection_head
+from pipeline.nets.models import Encoder, build_backbone, projection_head
 from pipeline.pretrain import failure
 
 

@@ -5,8 +5,7 @@ import math
 
 import pytest
 
-from pipeline import provenance
-from pipeline.stats import (
+from pipeline.report.stats import (
     CONTRADICTED,
     HOLDS,
     INCONCLUSIVE,
@@ -17,6 +16,7 @@ from pipeline.stats import (
     paired,
     t_quantile,
 )
+from pipeline.runtime import provenance
 
 # t(0.975, dof) from a printed table of Student's t (two-sided 95 %)
 T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 19: 2.093, 30: 2.042}

@@ -13,13 +13,13 @@ import sys
 import pytest
 from conftest import REPO, require, run
 
-from pipeline.config import merge
 from pipeline.detect import summarize_trials
-from pipeline.grid import parse_cell_id
-from pipeline.layout import STUDY_NAMES
 from pipeline.pretrain import LOG_COLUMNS, rows_to_csv
+from pipeline.report.writers import latex
+from pipeline.spec.config import merge
+from pipeline.spec.grid import parse_cell_id
+from pipeline.spec.layout import STUDY_NAMES
 from pipeline.tables import run as write_tables
-from pipeline.writers import latex
 
 BASE = {
     "method": "moco",
@@ -379,7 +379,7 @@ def test_the_main_table_says_how_the_supervised_baseline_trained(results, tmp_pa
 
 
 def test_detection_records_from_before_the_footnote_still_name_norm_batch_and_protocol():
-    from pipeline.studies import detection_protocol, detection_setup
+    from pipeline.report.studies import detection_protocol, detection_setup
 
     old = {"AP": 40.6, "norm": "frozen_bn", "sync_bn": False, "config": {"detect": {"batch_size": 4}}}
     assert detection_setup(old) == "frozen_bn, batch 4"
@@ -449,7 +449,7 @@ def test_latex_is_booktabs_with_consistent_columns(results):
 
 
 def test_latex_escapes_specials():
-    from pipeline.studies import Row, Table, Value
+    from pipeline.report.studies import Row, Table, Value
 
     t = Table(
         "x_y", "50% & more_", ["a_b"], ["top1"], ["linear top-1"], [Row(["#1 {x}"], [Value(1.0)])], "root ~/data_1"
@@ -517,7 +517,7 @@ def test_empty_results(tmp_path):
 
 
 def test_half_life_of_the_momentum():
-    from pipeline.claims_plan import half_life
+    from pipeline.spec.claims_plan import half_life
 
     assert half_life(0.5) == 1.0 and half_life(0) == 0.0 and half_life(1) == float("inf")
     assert half_life(0.999) == pytest.approx(692.8, abs=0.1) and half_life(0.9) == pytest.approx(6.579, abs=1e-3)

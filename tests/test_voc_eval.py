@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline import voc_eval
+from pipeline.eval import voc_eval
 
 
 def box(x0, y0, x1, y1):

@@ -26,12 +26,12 @@ from pipeline.bench.timing import cpu, write
 
 
 def worker(configfiles: list[str], data: Path, threads: int, epochs: int) -> dict:
-    from pipeline import distributed
     from pipeline.bench.epoch import base_cell_config
     from pipeline.pretrain import Job, Trainer
+    from pipeline.runtime import distributed
 
     cfg = base_cell_config(configfiles)
-    cfg["pretrain"]["threads"] = threads  # the Trainer splits it (pipeline.cpus)
+    cfg["pretrain"]["threads"] = threads  # the Trainer splits it (pipeline.runtime.cpus)
     with tempfile.TemporaryDirectory() as state:
         trainer = Trainer(Job.of(cfg), data, Path(state), distributed.init(), progress=False)
         trainer.run_epoch(0)  # warm-up: compilation, allocator

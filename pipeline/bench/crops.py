@@ -1,5 +1,5 @@
 """The cost of reproducible crops: FFCV's own (unseeded) crop + flip vs the seeded decoder
-(pipeline.seeded_crop, data.crop: loader) vs crops drawn on the device (data.crop: device).
+(pipeline.data.seeded_crop, data.crop: loader) vs crops drawn on the device (data.crop: device).
 
     python -m pipeline.bench crops [--images 2600 --size 32 --crop 32 --batch 64 --workers 2]
 
@@ -24,7 +24,7 @@ from pipeline.bench.timing import cpu, write
 def unseeded_ffcv_loader(beton: Path, batch: int, crop: int, scale_min: float, workers: int, seed: int):
     """FFCV 1.0.2's stock two-view pipeline: its random resized crop decoder + its flip, whose
     draws come from numba's unseeded per-thread RNG (what data.crop: loader was before)."""
-    from pipeline import ffcv_runtime
+    from pipeline.data import ffcv_runtime
 
     ffcv_runtime.load()
     from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder
@@ -32,7 +32,7 @@ def unseeded_ffcv_loader(beton: Path, batch: int, crop: int, scale_min: float, w
     from ffcv.pipeline import PipelineSpec
     from ffcv.transforms import RandomHorizontalFlip, ToTensor, ToTorchImage
 
-    from pipeline.data import RATIO, TwoViewLoader, _int_pipeline
+    from pipeline.data.loaders import RATIO, TwoViewLoader, _int_pipeline
 
     def ops():
         return [RandomHorizontalFlip(), ToTensor(), ToTorchImage()]
@@ -54,7 +54,7 @@ def unseeded_ffcv_loader(beton: Path, batch: int, crop: int, scale_min: float, w
 
 
 def main(argv=None) -> dict:
-    from pipeline.data import two_view_loader
+    from pipeline.data.loaders import two_view_loader
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=2600)

@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pipeline import REPO
 from pipeline.bench.timing import interleaved, write
-from pipeline.config import REPO
 
 # 5 x 4 x 5 = 100 MoCo cells (K stays a multiple of the default batch)
 GRID_100 = {

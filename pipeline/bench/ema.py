@@ -12,7 +12,7 @@ from torch import nn
 
 from pipeline.bench.timing import interleaved, write
 from pipeline.moco.momentum import momentum_update
-from pipeline.models import build_backbone
+from pipeline.nets.models import build_backbone
 
 
 @torch.no_grad()

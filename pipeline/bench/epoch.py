@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from pipeline import distributed
 from pipeline.bench.timing import cpu, interleaved, write
-from pipeline.config import DEFAULT_CONFIG, load_yaml, merge, validate_sections
+from pipeline.runtime import distributed
+from pipeline.spec.config import DEFAULT_CONFIG, load_yaml, merge, validate_sections
 
 TARGET = 1.25  # real epoch / model steps
 
@@ -56,7 +56,7 @@ def main(argv=None) -> dict:
 
     cfg = base_cell_config(args.configfile)
     if args.threads:
-        cfg["pretrain"]["threads"] = args.threads  # the Trainer applies it (pipeline.cpus)
+        cfg["pretrain"]["threads"] = args.threads  # the Trainer applies it (pipeline.runtime.cpus)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as state:
         trainer = Trainer(Job.of(cfg), data, Path(state), distributed.init(), progress=False)

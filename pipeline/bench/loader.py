@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from pipeline.bench.timing import write
-from pipeline.data import Reading, Views
-from pipeline.sections import Convert
+from pipeline.data.loaders import Reading, Views
+from pipeline.spec.sections import Convert
 
 CLASSES = 10
 
@@ -116,7 +116,7 @@ def measure(loaders: dict, rounds: int, seconds: float) -> dict:
 
 def photometric_rate(batch: torch.Tensor, recipe: str, crop: int, threads: int, seconds: float) -> dict:
     """Two-view samples/s of the kornia recipe alone (both views) on uint8 batches."""
-    from pipeline.augment import view_recipes
+    from pipeline.data.augment import view_recipes
 
     torch.set_num_threads(threads)
     aug1, aug2 = view_recipes(recipe, crop)
@@ -130,7 +130,7 @@ def photometric_rate(batch: torch.Tensor, recipe: str, crop: int, threads: int, 
 
 
 def main(argv=None) -> dict:
-    from pipeline.data import two_view_loader
+    from pipeline.data.loaders import two_view_loader
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=3000)

@@ -20,7 +20,7 @@ from pipeline.moco.split_bn import has_batch_norm
 from pipeline.moco.staleness import NegativeDrift, history_length
 
 if TYPE_CHECKING:
-    from pipeline.models import Encoder
+    from pipeline.nets.models import Encoder
 
 
 def similarities(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

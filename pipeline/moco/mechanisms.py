@@ -22,7 +22,7 @@ from pipeline.moco.method import Method
 from pipeline.moco.split_bn import has_batch_norm
 
 if TYPE_CHECKING:
-    from pipeline.models import Encoder
+    from pipeline.nets.models import Encoder
 
 
 class EndToEnd(Method):

@@ -21,7 +21,7 @@ from pipeline.moco.method import Method
 from pipeline.moco.momentum import momentum_diagnostics, momentum_update
 
 if TYPE_CHECKING:
-    from pipeline.models import Encoder
+    from pipeline.nets.models import Encoder
 
 
 def ctr_loss(q: torch.Tensor, k: torch.Tensor, T: float):

@@ -5,11 +5,11 @@ import os
 import shlex
 import sys
 
-# only pipeline.layout, pipeline.grid and pipeline.config: building the DAG imports no torch
-from pipeline.config import load_schema, result_config, result_part
-from pipeline.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, group_id
-from pipeline.sections import JOBS, RUNTIME
-from pipeline.layout import (
+# only pipeline.spec.layout, pipeline.spec.grid and pipeline.spec.config: building the DAG imports no torch
+from pipeline.spec.config import load_schema, result_config, result_part
+from pipeline.spec.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, group_id
+from pipeline.spec.sections import JOBS, RUNTIME
+from pipeline.spec.layout import (
     CLAIMS_TABLES,
     FIGURES,
     STUDY_NAMES,
@@ -31,7 +31,7 @@ CONDA_ENV = "../envs/moco.yaml"
 def job_config(sections_of, drop=(RUNTIME,)):
     """A rule's config params, from ``sections_of(wildcards)`` (section name -> the dict the
     config states, from ``config``: the job's JSON holds the keys given, no more): ``key``,
-    the sections' result keys (pipeline.config.result_config), which Snakemake compares to
+    the sections' result keys (pipeline.spec.config.result_config), which Snakemake compares to
     decide a rerun; ``cfg``, the whole sections, which the job reads. ``cfg`` is a function of
     ``threads`` because Snakemake does not compare such params (they are "derived"): a change
     of threads, workers or monitor frequency reruns nothing."""
@@ -42,7 +42,7 @@ def job_config(sections_of, drop=(RUNTIME,)):
 
 
 def params_of(cell):
-    """The cell (pipeline.grid.Cell): its typed pretrain section and its override."""
+    """The cell (pipeline.spec.grid.Cell): its typed pretrain section and its override."""
     return CELLS[cell] if cell in CELLS else cell_params(CFG, cell)
 
 
@@ -106,7 +106,7 @@ def detection_root():
 
 def cell_resources(cell):
     """Job size of one cell's pretraining, scaled with its epochs, backbone and batch
-    (grid.resources; pipeline.grid.cell_resources): {"runtime": minutes, "nodes": n}."""
+    (grid.resources; pipeline.spec.grid.cell_resources): {"runtime": minutes, "nodes": n}."""
     return grid_cell_resources(params_of(cell).pretrain, CFG.grid.resources)
 
 

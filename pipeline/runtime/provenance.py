@@ -14,7 +14,8 @@ from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from pipeline import REPO
+
 LIBRARIES = ("torch", "torchvision", "numpy", "ffcv")
 # the extensions that change which kernels run (and so the last bits of a result)
 KEY_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")

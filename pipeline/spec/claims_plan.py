@@ -1,8 +1,8 @@
 """What each claim of ``snakemake claims`` needs from its experiment, known before anything runs:
-which cells (by role, pipeline.grid.claims_overrides) and whether the configured budget can
+which cells (by role, pipeline.spec.grid.claims_overrides) and whether the configured budget can
 decide it (enough steps for the EMA, a queue small enough for the data).
 
-Standard library only: pipeline.grid uses it while Snakemake builds the DAG, to run
+Standard library only: pipeline.spec.grid uses it while Snakemake builds the DAG, to run
 ``claims.seeds`` seeds of the cells a decidable claim needs and one seed of the others (their
 rows in claims_momentum / claims_queue still show them). pipeline.claims states the same needs
 in the table, and adds what only the results can tell (runs still on the loss plateau).
@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.layout import QUEUE_POLICIES
-from pipeline.sections import Claims
+from pipeline.spec.layout import QUEUE_POLICIES
+from pipeline.spec.sections import Claims
 
 # "several EMA half-lives": after 5 the key encoder keeps 2^-5 = 3 % of its initial weights
 HALF_LIVES = 5
@@ -95,7 +95,7 @@ def queue_turnover(b: Budget, ks: list[int]) -> tuple[str, str | None]:
 
 @dataclass(frozen=True)
 class Need:
-    roles: tuple[str, ...]  # the cells it compares (pipeline.grid.claims_overrides' roles)
+    roles: tuple[str, ...]  # the cells it compares (pipeline.spec.grid.claims_overrides' roles)
     text: str  # what the experiment must satisfy
     why_not: str | None  # why this budget cannot decide it (None: it can, as far as is known)
 

@@ -24,8 +24,8 @@ from typing import NamedTuple, cast
 import numpy as np
 import torch
 
-from pipeline import distributed
-from pipeline.io import atomic_torch_save
+from pipeline.runtime import distributed
+from pipeline.runtime.io import atomic_torch_save
 
 FORMAT = "moco-pipeline/1"
 

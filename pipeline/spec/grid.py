@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import yaml
 
-from pipeline.claims_plan import Budget, role_seeds
-from pipeline.config import ConfigError, merge, pretrain_cell, to_dict
-from pipeline.layout import QUEUE_POLICIES
-from pipeline.sections import Claims, Config, Grid, Pretrain, Resources
+from pipeline.spec.claims_plan import Budget, role_seeds
+from pipeline.spec.config import ConfigError, merge, pretrain_cell, to_dict
+from pipeline.spec.layout import QUEUE_POLICIES
+from pipeline.spec.sections import Claims, Config, Grid, Pretrain, Resources
 
 AXES = [
     "method",
@@ -157,7 +157,7 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
 
 def claims_cells(cfg: Config) -> dict[str, Cell]:
     """The claims study's cells: id -> the cell (validated); ``claims.seeds`` of each cell a
-    claim this budget can decide needs, one of the others (pipeline.claims_plan)."""
+    claim this budget can decide needs, one of the others (pipeline.spec.claims_plan)."""
     base, claims = cfg.pretrain, cfg.claims
     if claims is None:
         raise ConfigError("the config has no 'claims' section (workflow/config/config.yaml has one)")

@@ -12,7 +12,7 @@ Both visit the same samples in the same order for a given seed and epoch (FFCV's
 SEQUENTIAL orders; DistributedSampler's shards when ``distributed``) and yield uint8 NCHW
 batches: (view1, view2, label, index) for two views, (image, label, index) for evaluation.
 FFCV's batches are views into reused buffers: clone what you keep. Photometric augmentation
-and normalisation happen on the training device (pipeline.augment), never in the loader: on
+and normalisation happen on the training device (pipeline.data.augment), never in the loader: on
 CPU FFCV's normalisation hangs (FFCV issue #396).
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.sections import Data, Pretrain
+from pipeline.spec.sections import Data, Pretrain
 
 LOADERS = ("ffcv", "torchvision")
 RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop (as torchvision's default)
@@ -73,14 +73,14 @@ def two_view_loader(path, views: Views, reading: Reading):
 
     path: the split's ``.beton`` (its report ``.json`` next to it is what the torchvision
     loader reads). views.crop="loader": crops drawn while decoding (fastest); with FFCV they
-    are drawn from (seed, view, batch, sample) (pipeline.seeded_crop), so every run of a
+    are drawn from (seed, view, batch, sample) (pipeline.data.seeded_crop), so every run of a
     config, and every resumed run, sees the same views. crop="device": the loader yields whole
     centre views and the crops are drawn from torch's RNG on the device.
     """
     v, r = views, reading
     _check_choice(r.loader, v.crop)
     if v.crop == "device":
-        from pipeline.augment import DeviceCrop
+        from pipeline.data.augment import DeviceCrop
 
         base = eval_loader(
             path,
@@ -218,7 +218,7 @@ def _beton(path) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"FFCV dataset not found: {path} (run the convert stage first)")
     try:
-        from pipeline import ffcv_runtime
+        from pipeline.data import ffcv_runtime
 
         ffcv_runtime.load()
     except ImportError as err:
@@ -284,7 +284,7 @@ def _ffcv_views(
     from ffcv.pipeline import PipelineSpec
     from ffcv.transforms import ToTensor, ToTorchImage
 
-    from pipeline.seeded_crop import SeededRandomResizedCrop
+    from pipeline.data.seeded_crop import SeededRandomResizedCrop
 
     def view(number):  # crop + flip fused with decoding, drawn from (seed, view, batch, sample)
         return SeededRandomResizedCrop((crop_size, crop_size), scale, ratio, seed=seed, view=number, flip=flip)
@@ -343,7 +343,7 @@ def read_report(path) -> dict:
 def converted_source(path):
     """The source a split was converted from, without the files skipped then: the same
     samples, labels and indices as in the ``.beton``."""
-    from pipeline.sources import open_source
+    from pipeline.data.sources import open_source
 
     report = read_report(path)
     src = open_source(**report["source"])

@@ -3,7 +3,7 @@
 ``collect`` reads whatever exists under ``<results>/cells/*`` (plus the cells the grid expects,
 so that a cell not computed yet still gets its row). Cells that differ only in ``seed`` form
 one *group*, shown as mean ± the half-width of its 95 % confidence interval, with n. Rows compare
-with a reference group (the base, or random init) paired by seed (pipeline.stats). Each study
+with a reference group (the base, or random init) paired by seed (pipeline.report.stats). Each study
 function returns a ``Table`` (rows of key strings and ``Value``s) that pipeline.tables renders as
 Markdown, CSV and LaTeX.
 """
@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline import stats
-from pipeline.claims_plan import half_life
-from pipeline.config import ConfigError, merge, section
-from pipeline.grid import AXES, BASE_ID, format_value, group_id, momentum_reference, parse_cell_id
-from pipeline.layout import BACKBONE_LABELS, cell_file, is_resnet, is_vit
-from pipeline.method_registry import is_moco, method_label, row_order
-from pipeline.provenance import environment_note
-from pipeline.sections import Pretrain
+from pipeline.report import stats
+from pipeline.runtime.provenance import environment_note
+from pipeline.spec.claims_plan import half_life
+from pipeline.spec.config import ConfigError, merge, section
+from pipeline.spec.grid import AXES, BASE_ID, format_value, group_id, momentum_reference, parse_cell_id
+from pipeline.spec.layout import BACKBONE_LABELS, cell_file, is_resnet, is_vit
+from pipeline.spec.method_registry import is_moco, method_label, row_order
+from pipeline.spec.sections import Pretrain
 
 METRICS = {
     "inst_acc": "instance accuracy",
@@ -111,7 +111,7 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
         "probe_mode": probe.get("mode"),
         "failure": summary.get("failure") or ("diverged" if summary.get("diverged") else None),
         "key_encoder": summary.get("key_encoder"),
-        # where its pretraining and its probe ran (pipeline.provenance); None: not recorded
+        # where its pretraining and its probe ran (pipeline.runtime.provenance); None: not recorded
         "provenance": [r.get("provenance") for r in (summary, probe) if r],
         **{k: final.get(k) for k in QUEUE_METRICS},
     }
@@ -270,7 +270,7 @@ class Table:
     groups: list[tuple[str, list[str]]] = field(default_factory=list)  # LaTeX: spanning header, short headers
     notes: list[str] = field(default_factory=list)  # footnotes of this table's own
     compared: tuple[str, str] | None = None  # (metric, reference label): a paired-Δ column
-    environment: str = ""  # where the runs behind it ran (pipeline.provenance)
+    environment: str = ""  # where the runs behind it ran (pipeline.runtime.provenance)
 
     def decimals(self) -> list[int]:
         """Decimals shown for each value column."""

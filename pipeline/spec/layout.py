@@ -2,8 +2,8 @@
 (`snakemake -n`) imports neither torch nor pandas nor matplotlib.
 
 One registry per list (backbones, studies, table formats, figures) and where each output lives
-under the results folder; pipeline.models, pipeline.studies, pipeline.tables and
-pipeline.figures take theirs from here, and a test holds the config schema to them.
+under the results folder; pipeline.nets.models, pipeline.report.studies, pipeline.tables and
+pipeline.report.figures take theirs from here, and a test holds the config schema to them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 
-RESNETS = ("resnet18", "resnet50")  # their blocks and depths: pipeline.models.ARCHS
+RESNETS = ("resnet18", "resnet50")  # their blocks and depths: pipeline.nets.models.ARCHS
 # name: (embed_dim, depth, heads): ViT-Ti as DeiT; ViT-S/B as the MoCo v3 reference (12 heads
 # in ViT-S, where DeiT-S has 6)
 VITS = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 12), "vit_base": (768, 12, 12)}

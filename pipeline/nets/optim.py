@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from pipeline.sections import Pretrain
+from pipeline.spec.sections import Pretrain
 
 
 class LARS(torch.optim.Optimizer):

@@ -13,7 +13,7 @@ are not in the recall's denominator. AP is the area under the precision/recall c
 As Detectron2's VOC evaluator (which produced the paper's numbers), AP50 and AP75 are VOC's
 metric at IoU 0.5 and 0.75, and AP is its mean over IoU 0.50, 0.55, ..., 0.95 (COCO's
 thresholds); classes without a (non-difficult) ground-truth object are left out of the means.
-Boxes are continuous [x0, y0, x1, y1] (pipeline.detection_data turns VOC's 1-based inclusive
+Boxes are continuous [x0, y0, x1, y1] (pipeline.data.detection turns VOC's 1-based inclusive
 pixels into these), so widths need no VOC "+1".
 """
 

@@ -3,11 +3,11 @@ optimiser, the tables and the figures ask of it.
 
 Standard library only: building the DAG reads it (the schema's method enum, which cells have a
 queue) and imports no torch. Each method's model is named by the import path of its builder,
-imported when a model is built (pipeline.methods.build_model).
+imported when a model is built (pipeline.nets.methods.build_model).
 
 Adding a method: its model in a file of its own (a pipeline.moco.method.Method, with a builder
 ``build(p, backbone, num_classes, num_samples, world_size) -> Method``) and one ``register``
-call below (+ a pipeline.sections.Pretrain field for each new key). tests/test_method_registry.py
+call below (+ a pipeline.spec.sections.Pretrain field for each new key). tests/test_method_registry.py
 registers one from the test file and takes it through the grid, a pretraining, the tables and
 the figures.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipeline.sections import Pretrain
+    from pipeline.spec.sections import Pretrain
 
 
 def no_queue(p: Pretrain) -> bool:
@@ -41,7 +41,7 @@ def recipe_optimizer(p: Pretrain) -> str:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    name: str  # pretrain.method's value (the schema's enum: pipeline.config.load_schema)
+    name: str  # pretrain.method's value (the schema's enum: pipeline.spec.config.load_schema)
     label: str  # its rows' label in the method and detection tables
     order: int  # where its rows stand in those tables (lower first; 10 apart, room between)
     # "module:function" building its model from the section and a backbone; "" for a method
@@ -52,7 +52,7 @@ class MethodSpec:
     has_queue: Callable[[Pretrain], bool] = no_queue  # negatives from a queue (K, queue_policy apply)
     optimizer: Callable[[Pretrain], str] = recipe_optimizer  # its optimiser under ``optimizer: auto``
     # "module:function" of its cross-field rules, ``check(p, where, num_samples)`` raising
-    # pipeline.config.ConfigError; "": none beyond every cell's
+    # pipeline.spec.config.ConfigError; "": none beyond every cell's
     check: str = ""
 
     def build_function(self) -> Callable:
@@ -103,11 +103,11 @@ register(
         "moco",
         "MoCo",
         10,
-        "pipeline.methods:build_moco",
+        "pipeline.nets.methods:build_moco",
         moco=True,
         has_queue=moco_queue,
-        check="pipeline.config:check_moco",
+        check="pipeline.spec.config:check_moco",
     )
 )
-register(MethodSpec("supervised", "supervised", 20, "pipeline.methods:build_supervised"))
+register(MethodSpec("supervised", "supervised", 20, "pipeline.nets.methods:build_supervised"))
 register(MethodSpec("random", "random init", 30, "", trains=False))

@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from pipeline import ffcv_runtime
+from pipeline.data import ffcv_runtime
 
-ffcv_runtime.load()  # before any other ffcv import: see pipeline.ffcv_runtime
+ffcv_runtime.load()  # before any other ffcv import: see pipeline.data.ffcv_runtime
 from ffcv.fields.rgb_image import IMAGE_MODES, ResizedCropRGBImageDecoder  # noqa: E402
 from ffcv.libffcv import imdecode, resize_crop  # noqa: E402
 from ffcv.pipeline.compiler import Compiler  # noqa: E402

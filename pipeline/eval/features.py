@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.augment import normalize
-from pipeline.data import eval_loader
+from pipeline.data.augment import normalize
+from pipeline.data.loaders import eval_loader
 
 
 def extract(

@@ -4,7 +4,7 @@
   per mechanism (end-to-end, memory bank, MoCo), log x (the paper's Figure 3)
 - accuracy_vs_m: top-1 over the key-encoder momentum; failed runs marked "fail"
 
-Points are means over seeds, error bars their 95 % confidence intervals (pipeline.stats).
+Points are means over seeds, error bars their 95 % confidence intervals (pipeline.report.stats).
 - staleness: queue age (mean solid, max dashed, in steps) over the epochs, one line per cell
 - bn_leak: instance accuracy and the kNN monitor over the epochs, the BN-leak guard on and off
 - curves/<cell>: pretraining loss, instance accuracy (and the kNN monitor if logged),
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.grid import format_value
-from pipeline.io import atomic_path
-from pipeline.layout import FIGURE_FORMATS, FIGURES, cell_file
-from pipeline.method_registry import is_moco
-from pipeline.studies import MECHANISMS, groups, mechanism_groups, shuffle_bn_groups, value
+from pipeline.report.studies import MECHANISMS, groups, mechanism_groups, shuffle_bn_groups, value
+from pipeline.runtime.io import atomic_path
+from pipeline.spec.grid import format_value
+from pipeline.spec.layout import FIGURE_FORMATS, FIGURES, cell_file
+from pipeline.spec.method_registry import is_moco
 
 
 def pyplot():

@@ -1,0 +1,1 @@
+"""Evaluating a frozen encoder: features, the kNN monitor, VOC-style detection metrics."""
