@@ -52,7 +52,7 @@ from pipeline.spec.claims_plan import Budget, needs
 from pipeline.spec.config import DEFAULT_CONFIG, ConfigError, to_dict, typed_config
 from pipeline.spec.grid import cell_id, claims_cells, claims_overrides, format_value, group_id, training_set_size
 from pipeline.spec.layout import QUEUE_POLICIES
-from pipeline.spec.sections import Claims, Config
+from pipeline.spec.sections import SYNTHETIC_CLASSES, Claims, Config
 
 NOT_RUN = "not run"
 METRIC = "top1"  # what "helps" and "loses" are measured in: the linear probe's top-1
@@ -109,9 +109,7 @@ def data_size(cfg: Config, results: Path) -> tuple[int | None, int | None]:
     """(training images, classes): the embedded data's from the config, else the conversion report."""
     n = training_set_size(cfg)
     if n is not None:
-        from pipeline.synthetic import CLASSES
-
-        return n, len(CLASSES)
+        return n, len(SYNTHETIC_CLASSES)
     try:
         report = json.loads((results / "data" / "ffcv" / "train.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):

@@ -37,8 +37,7 @@ from pipeline.spec.config import (
     typed_config,
     validate_schema,
 )
-from pipeline.spec.grid import Cell, cell_resources, grid_cells, group_id, training_set_size
-from pipeline.spec.layout import is_resnet
+from pipeline.spec.grid import Cell, cell_resources, detects, grid_cells, training_set_size
 from pipeline.spec.sections import Config, Dataset, Pretrain
 
 DEFAULT_PROFILE = "profiles/slurm"
@@ -215,16 +214,8 @@ def _report_is_of(described: dict, ds: Dataset, results: str) -> bool:
 
 
 def detection_cells(cfg: Config, cells: dict[str, Cell]) -> list[str]:
-    """The cells with detection transfer (as the detect rule's `detects`): ResNets, chosen cells."""
-    det = cfg.detect
-    chosen = det.cells
-    return [
-        cid
-        for cid, cell in cells.items()
-        if det.enabled
-        and is_resnet(cell.pretrain.backbone)
-        and ("all" in chosen or cid in chosen or group_id(cid) in chosen)
-    ]
+    """The cells with detection transfer (the rules' choice: pipeline.spec.grid.detects)."""
+    return [cid for cid, cell in cells.items() if detects(cfg.detect, cid, cell.pretrain)]
 
 
 def makespan(hours: list[float], slots: int) -> float:

@@ -23,9 +23,9 @@ from PIL import Image, ImageDraw
 
 from pipeline.runtime.io import atomic_save_png, atomic_write_json
 from pipeline.spec.config import ConfigError, build, to_dict
-from pipeline.spec.sections import Synthetic
+from pipeline.spec.sections import SYNTHETIC_CLASSES, Synthetic
 
-CLASSES = ["disk", "square", "triangle", "diamond", "ring", "frame", "plus", "cross", "bars", "checker"]
+CLASSES = SYNTHETIC_CLASSES  # in label order
 SPLIT_IDS = {"train": 0, "val": 1}
 SUPERSAMPLE = 4  # draw at 4x and downsample: smooth edges, still deterministic
 

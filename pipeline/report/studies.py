@@ -26,7 +26,7 @@ from pipeline.spec.config import ConfigError, merge, section
 from pipeline.spec.grid import AXES, BASE_ID, format_value, group_id, momentum_reference, parse_cell_id
 from pipeline.spec.layout import BACKBONE_LABELS, cell_file, is_resnet, is_vit
 from pipeline.spec.method_registry import is_moco, method_label, row_order
-from pipeline.spec.sections import Pretrain
+from pipeline.spec.sections import SYNTHETIC_CLASSES, Pretrain
 
 METRICS = {
     "inst_acc": "instance accuracy",
@@ -585,11 +585,9 @@ def every_cell(gs, prov) -> Table:
 def dataset_text(cfg: dict, results: Path) -> str:
     ds = cfg.get("dataset")
     if ds and ds.get("source") == "synthetic":
-        from pipeline.synthetic import CLASSES
-
         s = section("dataset", ds).synthetic
         return (
-            f"embedded synthetic shapes ({len(CLASSES)} classes, {s.train_per_class} train / "
+            f"embedded synthetic shapes ({len(SYNTHETIC_CLASSES)} classes, {s.train_per_class} train / "
             f"{s.val_per_class} val images per class, {s.image_size} px)"
         )
     if ds and ds.get("root"):

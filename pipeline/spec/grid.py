@@ -16,8 +16,8 @@ import yaml
 
 from pipeline.spec.claims_plan import Budget, role_seeds
 from pipeline.spec.config import ConfigError, merge, pretrain_cell, to_dict
-from pipeline.spec.layout import QUEUE_POLICIES
-from pipeline.spec.sections import Claims, Config, Grid, Pretrain, Resources
+from pipeline.spec.layout import QUEUE_POLICIES, is_resnet
+from pipeline.spec.sections import SYNTHETIC_CLASSES, Claims, Config, Detect, Grid, Pretrain, Resources
 
 AXES = [
     "method",
@@ -116,9 +116,7 @@ def training_set_size(cfg: Config) -> int | None:
     """Known at DAG build for the embedded dataset; for other sources the stage checks it."""
     if cfg.dataset.source != "synthetic":
         return None
-    from pipeline.synthetic import CLASSES
-
-    return len(CLASSES) * cfg.dataset.synthetic.train_per_class
+    return len(SYNTHETIC_CLASSES) * cfg.dataset.synthetic.train_per_class
 
 
 def check_cell(cid: str, base: Pretrain, override: dict, num_samples: int | None = None) -> Pretrain:
@@ -229,6 +227,13 @@ def group_id(cid: str) -> str:
     """The cell id without its seed: cells that differ only in seed are replicates of one point."""
     parts = [p for p in str(cid).split(",") if p and not p.startswith("seed=") and p != BASE_ID]
     return ",".join(parts) or BASE_ID
+
+
+def detects(detect: Detect, cid: str, p: Pretrain) -> bool:
+    """Detection transfer for this cell? ResNet backbones only, and only the chosen cells
+    (with every seed of them: a cell's replicates are chosen with it)."""
+    chosen = detect.cells
+    return detect.enabled and is_resnet(p.backbone) and ("all" in chosen or cid in chosen or group_id(cid) in chosen)
 
 
 def cell_resources(p: Pretrain, spec: Resources) -> dict:

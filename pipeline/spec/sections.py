@@ -33,6 +33,10 @@ def marked(default, sets: str):
     return field(default=default, metadata={"sets": sets})
 
 
+# the embedded dataset's shape classes, in label order (pipeline.synthetic draws them)
+SYNTHETIC_CLASSES = ("disk", "square", "triangle", "diamond", "ring", "frame", "plus", "cross", "bars", "checker")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Synthetic:
     """dataset.synthetic: the embedded dataset, generated deterministically."""

@@ -7,7 +7,7 @@ import sys
 
 # only pipeline.spec.layout, pipeline.spec.grid and pipeline.spec.config: building the DAG imports no torch
 from pipeline.spec.config import load_schema, result_config, result_part
-from pipeline.spec.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, group_id
+from pipeline.spec.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, detects as cell_detects
 from pipeline.spec.sections import JOBS, RUNTIME
 from pipeline.spec.layout import (
     CLAIMS_TABLES,
@@ -17,7 +17,6 @@ from pipeline.spec.layout import (
     TABLE_FORMATS,
     figure_files,
     folder_state,
-    is_resnet,
     stage_config,
     table_files,
 )
@@ -52,14 +51,8 @@ def cell_pretrain(cell):
 
 
 def detects(cell):
-    """Detection transfer for this cell? ResNet backbones only, and only the chosen cells
-    (with every seed of them: a cell's replicates are chosen with it)."""
-    chosen = CFG.detect.cells
-    return (
-        CFG.detect.enabled
-        and is_resnet(params_of(cell).pretrain.backbone)
-        and ("all" in chosen or cell in chosen or group_id(cell) in chosen)
-    )
+    """Detection transfer for this cell? (pipeline.spec.grid.detects)"""
+    return cell_detects(CFG.detect, cell, params_of(cell).pretrain)
 
 
 def cell_launch(cell):
