@@ -102,7 +102,7 @@ def _bn_worker(rank, world, port, out):
     the key and query encoders saw and returned, and the logits."""
     _init(rank, world, port)
     torch.manual_seed(0)
-    model = build_model({**P, "norm": "bn"}, 16, 10, 1000, world_size=world)
+    model = build_model(section("pretrain", {**P, "norm": "bn"}), 16, 10, 1000, world_size=world)
     seen = {}
     model.encoder_k.register_forward_hook(lambda m, args, out: seen.update(k_in=args[0], k_out=out))
     model.encoder_q.register_forward_hook(lambda m, args, out: seen.update(q_out=out))

@@ -12,7 +12,7 @@ from conftest import run
 JOB = """
 import json, sys
 import numpy as np
-from pipeline import ffcv_runtime
+from pipeline.data import ffcv_runtime
 ffcv_runtime.load()
 from ffcv.fields.rgb_image import IMAGE_MODES
 from ffcv.pipeline.compiler import Compiler
