@@ -9,12 +9,18 @@
 #   snakemake plan                              # the grid's GPU-hours and wall time before submitting
 #   snakemake --profile slurm                   # on a SLURM cluster
 from pipeline.config import ConfigError, read_command_line_values, validate
-from pipeline.grid import claims_cells, grid_cells  # (not `expand`: that is Snakemake's)
+from pipeline.grid import (  # (not `expand`: that is Snakemake's)
+    claims_cells,
+    grid_cells,
+    rejoin_cells_in_cluster_jobs,
+)
 
 
 configfile: "workflow/config/config.yaml"
 
 
+# a cluster job runs the cell it names, "K=128,seed=1" too (Snakemake splits it at the comma)
+rejoin_cells_in_cluster_jobs()
 read_command_line_values(config)  # --config pretrain='{epochs: 50}': 50, not '50'
 validate(config)  # schema + cross-field rules, with the key and the allowed range on error
 CELLS = grid_cells(config)

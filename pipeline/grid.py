@@ -243,3 +243,44 @@ def cell_resources(params: Pretrain | dict, spec: Resources | dict | None = None
         nodes = max(nodes, math.ceil(p.batch_size / spec.batch_per_node))
     minutes = spec.overhead_minutes + spec.minutes_per_epoch * p.epochs * cost / nodes
     return {"runtime": max(1, math.ceil(minutes)), "nodes": nodes}
+
+
+def rejoin_target_wildcards(specs, wildcard_names) -> list:
+    """Target jobs (``--target-jobs``, how a cluster job names the one job it runs) with the cell
+    ids put together again. Snakemake 9.27's parser splits a job's wildcards at every comma,
+    also inside the quotes the executor plugins put around a value that has commas, so a cluster
+    job of cell ``K=128,seed=1`` would run cell ``K=128`` (and its outputs would never appear).
+    A piece whose key is not a wildcard of the rule (``wildcard_names(rule)``) belongs to the
+    value before it. ``specs``: Snakemake's TargetSpec tuples (rulename, wildcards_dict)."""
+    rejoined = []
+    for spec in specs:
+        names, wildcards, last = set(wildcard_names(spec.rulename)), {}, None
+        for key, value in spec.wildcards_dict.items():
+            if key in names or last is None:
+                wildcards[key], last = value, key
+            else:
+                wildcards[last] += f",{key}={value}"
+        rejoined.append(type(spec)(spec.rulename, wildcards))
+    return rejoined
+
+
+def rejoin_cells_in_cluster_jobs() -> None:
+    """Make Snakemake's DAG rejoin the cell ids of its target jobs (rejoin_target_wildcards).
+    Called from the Snakefile: the DAG settings that hold the target jobs are attached to the
+    workflow only after the Snakefile is read, so the repair runs where the DAG is made."""
+    from snakemake import dag  # type: ignore[import-untyped]
+
+    make = dag.DAG.__init__
+    if getattr(make, "rejoins_cells", False):
+        return
+
+    def init(self, workflow, *args, **kwargs):
+        settings = workflow.dag_settings
+        if settings is not None and settings.target_jobs:
+            settings.target_jobs = rejoin_target_wildcards(
+                settings.target_jobs, lambda rule: workflow.get_rule(rule).wildcard_names
+            )
+        make(self, workflow, *args, **kwargs)
+
+    init.rejoins_cells = True  # type: ignore[attr-defined]
+    dag.DAG.__init__ = init
