@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -203,13 +204,13 @@ def run_interrupted(
         *snakemake_cmd(profile, results, target, configfiles=configfiles),
     ]
     with output.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             job = interrupt_when_training(results, proc, output, signal_name)
             proc.wait(timeout=timeout)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            if proc.poll() is None:  # timeout and snakemake under it (killing timeout alone leaves snakemake)
+                os.killpg(proc.pid, signal.SIGKILL)
     text = output.read_text()
     assert proc.returncode == 0, text[-4000:]
     return text, (results / "logs" / "pretrain" / "base.log").read_text(), job
