@@ -270,9 +270,7 @@ def rejoin_cells_in_cluster_jobs() -> None:
     workflow only after the Snakefile is read, so the repair runs where the DAG is made."""
     from snakemake import dag  # type: ignore[import-untyped]
 
-    make = dag.DAG.__init__
-    if getattr(make, "rejoins_cells", False):
-        return
+    make = getattr(dag.DAG.__init__, "wrapped", dag.DAG.__init__)  # Snakemake's own, once
 
     def init(self, workflow, *args, **kwargs):
         settings = workflow.dag_settings
@@ -282,5 +280,5 @@ def rejoin_cells_in_cluster_jobs() -> None:
             )
         make(self, workflow, *args, **kwargs)
 
-    init.rejoins_cells = True  # type: ignore[attr-defined]
+    init.wrapped = make  # type: ignore[attr-defined]
     dag.DAG.__init__ = init

@@ -41,8 +41,14 @@ LOCAL_SETTINGS = {
 }
 
 SBATCH_WRAPPER = """#!/bin/sh
-# logs the call (one JSON object per line: time, argv), then runs the real sbatch
-{python} -c 'import json, sys, time; print(json.dumps({{"t": time.time(), "argv": sys.argv[1:]}}))' "$@" >> {log}
+# logs the call (one JSON object per line: time, argv), then runs the real sbatch. One write(2) on an
+# O_APPEND file per call: calls made at once (Snakemake submits from several threads) do not interleave.
+{python} -c '
+import json, os, sys, time
+line = json.dumps({{"t": time.time(), "argv": sys.argv[2:]}}) + "\\n"
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+os.write(fd, line.encode())
+' {log} "$@"
 exec {sbatch} "$@"
 """
 

@@ -204,3 +204,16 @@ def test_a_cluster_jobs_target_keeps_its_cell_id():
     received = parse_target_jobs_cli_args(encode_target_jobs_cli_args(sent))
     wildcards = {"detect": ["cell", "trial"], "pretrain": ["cell"], "probe": ["cell"], "tables": []}
     assert rejoin_target_wildcards(received, wildcards.__getitem__) == sent
+
+
+def test_the_repair_wraps_snakemakes_dag_once():
+    """The Snakefile installs the repair each time it is read: always around Snakemake's own."""
+    import snakemake.api  # noqa: F401  (snakemake.dag alone is a circular import)
+    from snakemake import dag
+
+    from pipeline.grid import rejoin_cells_in_cluster_jobs
+
+    rejoin_cells_in_cluster_jobs()
+    own = dag.DAG.__init__.wrapped
+    rejoin_cells_in_cluster_jobs()
+    assert dag.DAG.__init__.wrapped is own and own.__module__ == "snakemake.dag"

@@ -124,6 +124,15 @@ def scontrol_node(node: str, *settings: str) -> None:
     subprocess.run(["scontrol", "update", f"nodename={node}", *settings], check=True, timeout=30)
 
 
+def bring_back(node: str) -> None:
+    """state=resume, unless the node is up already: the test cluster's ReturnToService=2 returns a
+    down node to service as soon as its slurmd answers (SLURM then refuses the resume)."""
+    proc = subprocess.run(
+        ["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 0 or "down" not in node_state(node), proc.stderr
+
+
 @pytest.mark.timeout(900)
 def test_grid_of_30_cells_survives_a_cancelled_job_and_a_lost_node(cluster, site_profile_dir, tmp_path):
     bin_dir, calls_log = site_profile.sbatch_wrapper(tmp_path, sys.executable)
@@ -159,13 +168,12 @@ def test_grid_of_30_cells_survives_a_cancelled_job_and_a_lost_node(cluster, site
                 proc,
                 output,
             )
-            scontrol_node("n2", "state=resume")
+            bring_back("n2")
             proc.wait(timeout=780)
         finally:
             if proc.poll() is None:  # timeout and snakemake under it
                 os.killpg(proc.pid, signal.SIGKILL)
-            if "down" in node_state("n2"):
-                scontrol_node("n2", "state=resume")
+            bring_back("n2")
     wall = time.time() - t0
     text = output.read_text()
     assert proc.returncode == 0, text[-5000:] + cluster.logs()
