@@ -124,6 +124,18 @@ def scontrol_node(node: str, *settings: str) -> None:
     subprocess.run(["scontrol", "update", f"nodename={node}", *settings], check=True, timeout=30)
 
 
+def kill_processes_of(folder: Path) -> None:
+    """Processes whose command line names this test's folder: a job step's Snakemake can outlive
+    its job when the node goes down under it (seen here with proctrack/linuxproc)."""
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            mentions = str(folder).encode() in (proc_dir / "cmdline").read_bytes()
+            if mentions and int(proc_dir.name) != os.getpid():
+                os.kill(int(proc_dir.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
 def bring_back(node: str) -> None:
     """state=resume, unless the node is up already: the test cluster's ReturnToService=2 returns a
     down node to service as soon as its slurmd answers (SLURM then refuses the resume)."""
@@ -154,14 +166,14 @@ def test_grid_of_30_cells_survives_a_cancelled_job_and_a_lost_node(cluster, site
         try:
             # fault 1: a pretraining cancelled mid-run
             cancelled = wait_for(training_mid_run(results), "a pretraining mid-run", proc, output)
-            subprocess.run(["scancel", cancelled["job"]], check=True, timeout=30)
             before_cancel = finished_outputs(results)
+            subprocess.run(["scancel", cancelled["job"]], check=True, timeout=30)
             # fault 2: n2 lost while another pretraining runs there; back once its job left it
             lost = wait_for(
                 training_mid_run(results, node="n2", besides=cancelled["cell"]), "a pretraining on n2", proc, output
             )
+            before_down = finished_outputs(results)  # (a job that ran on n2 is requeued: it writes again)
             scontrol_node("n2", "state=down", "reason=test")
-            before_down = finished_outputs(results)
             wait_for(
                 lambda: all(j["job"] != lost["job"] for j in squeue_pretraining() if j["node"] == "n2"),
                 "the lost job off n2",
@@ -174,6 +186,7 @@ def test_grid_of_30_cells_survives_a_cancelled_job_and_a_lost_node(cluster, site
             if proc.poll() is None:  # timeout and snakemake under it
                 os.killpg(proc.pid, signal.SIGKILL)
             bring_back("n2")
+            kill_processes_of(tmp_path)
     wall = time.time() - t0
     text = output.read_text()
     assert proc.returncode == 0, text[-5000:] + cluster.logs()
