@@ -10,11 +10,14 @@
 #   snakemake --profile slurm                   # on a SLURM cluster
 from pipeline.spec.config import ConfigError, read_command_line_values, typed_config, validate
 from pipeline.spec.grid import claims_cells, grid_cells  # (not `expand`: that is Snakemake's)
+from pipeline.spec.target_jobs import rejoin_cells_in_cluster_jobs
 
 
 configfile: "workflow/config/config.yaml"
 
 
+# a cluster job runs the cell it names, "K=128,seed=1" too (Snakemake splits it at the comma)
+rejoin_cells_in_cluster_jobs()
 read_command_line_values(config)  # --config pretrain='{epochs: 50}': 50, not '50'
 # schema + cross-field rules, with the key and the allowed range on error; then typed once:
 # the rules read CFG (every default is pipeline.spec.sections'), and `config`, the dicts as given,

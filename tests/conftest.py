@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import slurm_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -65,3 +66,44 @@ def run(cmd, timeout=600, cwd=REPO, env=None, check=True):
 def snakemake_bin() -> str:
     exe = Path(sys.executable).with_name("snakemake")
     return str(exe) if exe.exists() else shutil.which("snakemake")
+
+
+def hard_run(cmd, timeout: float, env=None) -> subprocess.CompletedProcess:
+    """Run with `timeout -s KILL`: a hang ends as a failure, not as a stuck test run."""
+    return subprocess.run(
+        ["timeout", "-s", "KILL", str(int(timeout)), *map(str, cmd)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+# --- the local SLURM cluster (tests/slurm_cluster.py), for the tests marked slurm -----------------
+@pytest.fixture(scope="session")
+def cluster():
+    missing = slurm_cluster.missing_prerequisites()
+    require(not missing, "the SLURM test cluster needs " + ", ".join(missing))
+    c = slurm_cluster.Cluster()
+    try:
+        c.start()
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+        pytest.fail(f"the SLURM test cluster did not start: {err}")
+    yield c
+    c.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_jobs(request):
+    """A test that failed or timed out leaves no job behind for the next one."""
+    yield
+    if "cluster" in request.fixturenames:
+        slurm_cluster.cancel_all()
+
+
+@pytest.fixture(scope="session")
+def site_profile_dir(tmp_path_factory) -> Path:
+    """profiles/slurm with only what the test cluster cannot match changed (tests/site_profile.py)."""
+    import site_profile
+
+    return site_profile.derive(tmp_path_factory.mktemp("site-profile"))

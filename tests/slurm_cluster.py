@@ -161,11 +161,20 @@ def munge_works() -> bool:
         return False
 
 
-def cancel_all() -> None:
-    """Cancel every job of the test cluster (if it still answers)."""
+def cancel_all(wait: float = 30) -> None:
+    """Cancel every job of the test cluster (if it still answers) and wait up to ``wait`` s until
+    none is left running: daemons stopped under a running job leave its processes behind."""
     try:
         subprocess.run(["scancel", "--full", "--state=RUNNING"], capture_output=True, timeout=20)
         subprocess.run(["scancel", "--state=PENDING"], capture_output=True, timeout=20)
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            left = subprocess.run(
+                ["squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%i"], capture_output=True, text=True, timeout=20
+            )
+            if left.returncode != 0 or not left.stdout.strip():
+                return
+            time.sleep(0.5)
     except (OSError, subprocess.TimeoutExpired):
         pass
 

@@ -188,3 +188,35 @@ def test_dag_of_a_100_cell_product_grid(tmp_path):
     )
     counts = jobs_planned(proc.stdout)
     assert counts["pretrain"] == counts["probe"] == counts["detect"] == 100 and counts["tables"] == 1
+
+
+def test_a_cluster_jobs_target_keeps_its_cell_id():
+    """A cluster job names its one job with --target-jobs; Snakemake's parser splits the cell id
+    at its commas: rejoined, every job is the one the executor encoded."""
+    from snakemake.target_jobs import parse_target_jobs_cli_args
+    from snakemake_interface_executor_plugins.utils import TargetSpec, encode_target_jobs_cli_args
+
+    from pipeline.spec.target_jobs import rejoin_target_wildcards
+
+    sent = [
+        TargetSpec("detect", {"cell": "K=128,m=0.9,seed=1", "trial": "0"}),
+        TargetSpec("pretrain", {"cell": "K=128,seed=2"}),
+        TargetSpec("probe", {"cell": "base"}),
+        TargetSpec("tables", {}),
+    ]
+    received = parse_target_jobs_cli_args(encode_target_jobs_cli_args(sent))
+    wildcards = {"detect": ["cell", "trial"], "pretrain": ["cell"], "probe": ["cell"], "tables": []}
+    assert rejoin_target_wildcards(received, wildcards.__getitem__) == sent
+
+
+def test_the_repair_wraps_snakemakes_dag_once():
+    """The Snakefile installs the repair each time it is read: always around Snakemake's own."""
+    import snakemake.api  # noqa: F401  (snakemake.dag alone is a circular import)
+    from snakemake import dag
+
+    from pipeline.spec.target_jobs import rejoin_cells_in_cluster_jobs
+
+    rejoin_cells_in_cluster_jobs()
+    own = dag.DAG.__init__.wrapped
+    rejoin_cells_in_cluster_jobs()
+    assert dag.DAG.__init__.wrapped is own and own.__module__ == "snakemake.dag"

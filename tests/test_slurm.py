@@ -1,10 +1,13 @@
 """The workflow on a real SLURM cluster: two slurmd "nodes" (n1, n2) on this machine
 (tests/slurm_cluster.py), started once for these tests and stopped afterwards.
 
-- the tiny preset end to end through profiles/slurm-test, pretraining on 2 nodes (2 gloo ranks);
+- the tiny preset end to end through the site profile (profiles/slurm, with only what this
+  cluster cannot match changed: tests/site_profile.py), pretraining on 2 nodes x 2 gloo ranks;
+  every real sbatch line is recorded (a wrapper first on PATH) and checked against what the
+  profile's text promises;
 - the submitit launcher: a 2-node pretraining submitted, interrupted, requeued and finished;
-- Snakemake + srun: a 2-node pretraining interrupted (SIGUSR1), requeued by itself, resumed, and
-  bit-identical to an uninterrupted run;
+- Snakemake + srun (site profile): a 2-rank pretraining interrupted (SIGUSR1), requeued by
+  itself, resumed, and bit-identical to an uninterrupted run on 2 nodes;
 - a failing job fails its Snakemake job, with the error in its log, and nothing hangs.
 
 Every call has a hard timeout: on a cluster the failure mode is a hang. Runs as root only
@@ -14,17 +17,20 @@ Every call has a hard timeout: on a cluster the failure mode is a hang. Runs as 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import slurm_cluster
+import site_profile
 import torch
-from conftest import REPO, require, snakemake_bin
+import yaml
+from conftest import REPO, hard_run, snakemake_bin
 
 from pipeline.spec.config import merge
 
@@ -44,27 +50,6 @@ RANK_END = re.compile(r"\[pretrain\] rank (\d+)/(\d+) on (\S+): queue checksum (
 
 
 # --- fixtures ---------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def cluster():
-    missing = slurm_cluster.missing_prerequisites()
-    require(not missing, "the SLURM test cluster needs " + ", ".join(missing))
-    c = slurm_cluster.Cluster()
-    try:
-        c.start()
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
-        pytest.fail(f"the SLURM test cluster did not start: {err}")
-    yield c
-    c.stop()
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_jobs(request):
-    """A test that failed or timed out leaves no job behind for the next one."""
-    yield
-    if "cluster" in request.fixturenames:
-        slurm_cluster.cancel_all()
-
-
 @pytest.fixture(scope="session")
 def exact_results(synthetic_small, ffcv_small, tmp_path_factory) -> Path:
     """A results folder whose dataset is already there (synthetic + FFCV), so that a target
@@ -114,13 +99,6 @@ def reference(cluster, ffcv_small, tmp_path_factory) -> dict:
 
 
 # --- helpers ----------------------------------------------------------------------------------
-def hard_run(cmd, timeout: float) -> subprocess.CompletedProcess:
-    """Run with `timeout -s KILL`: a hang ends as a failure, not as a stuck test run."""
-    return subprocess.run(
-        ["timeout", "-s", "KILL", str(int(timeout)), *map(str, cmd)], cwd=REPO, capture_output=True, text=True
-    )
-
-
 def yaml_merge_tiny(overlay: dict) -> dict:
     """The data + pretrain sections a stage gets: config.yaml < tiny preset < overlay."""
     import yaml
@@ -142,11 +120,11 @@ def base_cells_only(folder: Path, overlay: dict) -> Path:
     return path
 
 
-def snakemake_cmd(results: Path, *targets, configfiles=()) -> list[str]:
+def snakemake_cmd(profile: Path, results: Path, *targets, configfiles=()) -> list[str]:
     return [
         snakemake_bin(),
         "--profile",
-        "profiles/slurm-test",
+        str(profile),
         "--configfile",
         TINY,
         *map(str, configfiles),
@@ -162,15 +140,16 @@ def ranks(log: str) -> tuple[list, list]:
     return RANK_START.findall(log), RANK_END.findall(log)
 
 
-def assert_two_nodes(log: str) -> None:
-    """World size 2, rank 0 and rank 1 on different nodes, identical queues at the end (a log
-    may hold several starts of a rank: the runs before a requeue)."""
+def assert_ranks(log: str, world: int, nodes: int) -> None:
+    """Ranks 0..world-1 on `nodes` different nodes, identical queues at the end (a log may hold
+    several starts of a rank: the runs before a requeue)."""
     starts, ends = ranks(log)
-    assert starts and {w for _, w, _ in starts} == {"2"}, log[-3000:]
+    assert starts and {w for _, w, _ in starts} == {str(world)}, log[-3000:]
     hosts = {r: h for r, _, h in starts}
-    assert sorted(hosts) == ["0", "1"] and set(hosts.values()) == {"n1", "n2"}, starts
-    assert sorted((r, w) for r, w, _, _ in ends) == [("0", "2"), ("1", "2")], log[-3000:]
-    assert {host for _, _, host, _ in ends} == {"n1", "n2"}
+    assert sorted(hosts, key=int) == [str(r) for r in range(world)], starts
+    assert len(set(hosts.values())) == nodes and set(hosts.values()) <= {"n1", "n2"}, starts
+    assert sorted((int(r), w) for r, w, _, _ in ends) == [(r, str(world)) for r in range(world)], log[-3000:]
+    assert {host for _, _, host, _ in ends} == set(hosts.values())
     assert len({checksum for *_, checksum in ends}) == 1, f"queues differ between ranks: {ends}"
 
 
@@ -198,12 +177,10 @@ def interrupt_when_training(
 
 
 def running_job() -> str:
-    out = subprocess.run(
-        ["squeue", "-h", "-t", "RUNNING", "-o", "%i %D"], capture_output=True, text=True, timeout=30
-    ).stdout.split("\n")
-    two_node = [line.split()[0] for line in out if line.split()[1:] == ["2"]]
-    assert len(two_node) == 1, f"expected one running 2-node job: {out}"
-    return two_node[0]
+    out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], capture_output=True, text=True, timeout=30)
+    jobs = out.stdout.split()
+    assert len(jobs) == 1, f"expected one running job (the pretraining): {out.stdout}"
+    return jobs[0]
 
 
 def restarts(job: str) -> int:
@@ -212,29 +189,38 @@ def restarts(job: str) -> int:
     return int(found.group(1)) if found else -1
 
 
-def run_interrupted(results: Path, signal_name: str, configfiles, timeout: float) -> tuple[str, str, str]:
-    """Snakemake (slurm-test profile) makes results/cells/base/pretrain; the job is signalled
+def run_interrupted(
+    profile: Path, results: Path, signal_name: str, configfiles, timeout: float
+) -> tuple[str, str, str]:
+    """Snakemake (the site profile) makes results/cells/base/pretrain; the job is signalled
     once it trains. Returns (snakemake output, the rule's log, the SLURM job id)."""
     target = results / "cells" / "base" / "pretrain" / "checkpoint.pt"
     output = results.parent / "snakemake.out"
-    cmd = ["timeout", "-s", "KILL", str(int(timeout)), *snakemake_cmd(results, target, configfiles=configfiles)]
+    cmd = [
+        "timeout",
+        "-s",
+        "KILL",
+        str(int(timeout)),
+        *snakemake_cmd(profile, results, target, configfiles=configfiles),
+    ]
     with output.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             job = interrupt_when_training(results, proc, output, signal_name)
             proc.wait(timeout=timeout)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            if proc.poll() is None:  # timeout and snakemake under it (killing timeout alone leaves snakemake)
+                os.killpg(proc.pid, signal.SIGKILL)
     text = output.read_text()
     assert proc.returncode == 0, text[-4000:]
     return text, (results / "logs" / "pretrain" / "base.log").read_text(), job
 
 
 # --- tests ------------------------------------------------------------------------------------
-def test_profiles_parse():
-    """profiles/slurm (the site template) and profiles/slurm-test build the DAG (no cluster needed)."""
-    for profile in ("profiles/slurm", "profiles/slurm-test"):
+def test_profiles_parse(site_profile_dir):
+    """profiles/slurm (the site template) and the test cluster's version of it build the DAG
+    (no cluster needed)."""
+    for profile in ("profiles/slurm", site_profile_dir):
         proc = hard_run(
             [
                 snakemake_bin(),
@@ -253,19 +239,60 @@ def test_profiles_parse():
         assert "srun --nodes=" in proc.stdout + proc.stderr  # the pretrain jobs' explicit geometry
 
 
-@pytest.mark.timeout(600)
-def test_tiny_workflow_with_two_node_pretraining(cluster, tmp_path):
-    """profiles/slurm-test, tiny preset: every rule a SLURM job; each pretraining one job on
-    n1 and n2 with one gloo rank on each (srun inside the job); identical queues at the end."""
-    results = tmp_path / "results"
-    proc = hard_run(snakemake_cmd(results, configfiles=[base_cells_only(tmp_path, {})]), timeout=560)
+# --- the site profile, submitted for real ----------------------------------------------------------
+SITE_NODES = 2  # grid.resources.nodes of the site run: every pretraining on both nodes
+
+
+def sbatch_options(argv: list[str]) -> dict:
+    """sbatch's argv as {option: value} (True for a flag): "-t 30" and "--nodes=2" alike."""
+    out, i = {}, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--") and "=" in arg:
+            key, _, val = arg.partition("=")
+            out[key] = val
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            out[arg] = argv[i + 1]
+            i += 1
+        else:
+            out[arg] = True
+        i += 1
+    return out
+
+
+def rule_resources(profile: dict, rule: str) -> dict:
+    """A rule's resources as a profile states them: default-resources < set-resources.<rule>."""
+    return {**profile["default-resources"], **profile["set-resources"].get(rule, {})}
+
+
+@pytest.fixture(scope="module")
+def site_run(cluster, site_profile_dir, tmp_path_factory):
+    """The tiny preset (cells base and method=random) through the site profile, every
+    pretraining on 2 nodes; every sbatch call recorded by a wrapper first on PATH."""
+    tmp = tmp_path_factory.mktemp("site-run")
+    bin_dir, calls_log = site_profile.sbatch_wrapper(tmp, sys.executable)
+    nodes = tmp / "nodes.yaml"
+    nodes.write_text(json.dumps({"grid": {"resources": {"nodes": SITE_NODES}}}))
+    results = tmp / "results"
+    cmd = snakemake_cmd(site_profile_dir, results, configfiles=[base_cells_only(tmp, {}), nodes])
+    proc = hard_run(cmd, timeout=560, env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:] + cluster.logs()
-    submitted = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: (\S+)\)", out)
-    rules = sorted({re.search(r"rule_(\w+)", log).group(1) for _, log in submitted})
-    assert {"synthetic", "convert", "pretrain", "pretrain_random_init", "probe", "detect", "tables"} <= set(rules), (
-        rules
-    )
+    calls = [sbatch_options(call["argv"]) for call in site_profile.sbatch_calls(calls_log)]
+    by_rule = {}
+    for call in calls:
+        by_rule.setdefault(re.search(r"--allowed-rules (\w+)", call["--wrap"])[1], []).append(call)
+    return {"results": results, "out": out, "calls": by_rule, "logdir": results.parent / "slurm_logs"}
+
+
+@pytest.mark.timeout(600)
+def test_site_profile_runs_the_tiny_workflow_with_two_node_pretraining(site_run):
+    """Every rule a SLURM job; each pretraining one job on n1 and n2 with 2 gloo ranks on each
+    (srun inside the job); identical queues at the end."""
+    results = site_run["results"]
+    assert {"synthetic", "convert", "pretrain", "pretrain_random_init", "probe", "detect", "tables"} <= set(
+        site_run["calls"]
+    ), sorted(site_run["calls"])
     cells = sorted(p.name for p in (results / "cells").iterdir())
     assert "base" in cells and "method=random" in cells
     for cell in cells:
@@ -276,11 +303,69 @@ def test_tiny_workflow_with_two_node_pretraining(cluster, tmp_path):
         if cell == "method=random":  # no training: one process in a small CPU job of its own
             assert len(ranks(log)[0]) == 1 and "rank 0/1" in log, log[-2000:]
         else:
-            assert_two_nodes(log)
+            assert_ranks(log, world=SITE_NODES * site_profile.SITE_OVERRIDES["gpus_per_node"], nodes=SITE_NODES)
+
+
+@pytest.mark.timeout(600)
+def test_every_sbatch_line_is_what_the_site_profile_states(site_run, site_profile_dir):
+    """Partition, time limit, memory and cores of every real submission are the profile's for its
+    rule (default-resources < set-resources), at the first attempt; every job is requeueable;
+    no account is sent (the test cluster's override), no GPU geometry without gres."""
+    site = site_profile.site()
+    assert site["slurm-requeue"] is True
+    tested = yaml.safe_load((site_profile_dir / "config.yaml").read_text())  # sizes: with the overrides
+    for rule, calls in site_run["calls"].items():
+        wanted, sized = rule_resources(site, rule), rule_resources(tested, rule)
+        for call in calls:
+            assert call["-p"] == wanted["slurm_partition"], (rule, call)
+            assert call["--requeue"] is True and "--no-requeue" not in call, (rule, call)
+            assert call["--mem"] == str(sized["mem_mb"]), (rule, call)
+            assert call["--cpus-per-task"] == str(sized["cpus_per_task"]), (rule, call)
+            assert "-A" not in call and "--account" not in call, (rule, call)
+            assert "--gres" not in call and "--ntasks-per-gpu" not in call, (rule, call)
+            if rule != "pretrain":  # its limit comes from the workflow config (grid.resources)
+                assert call["-t"] == str(eval(str(wanted["runtime"]), {"attempt": 1})), (rule, call)
+    # runtimes the profile states by hand: probe "240 * attempt", detect "480 * attempt", tables 15
+    assert [c["-t"] for c in site_run["calls"]["probe"]] == ["240", "240"]
+    assert {c["-t"] for c in site_run["calls"]["detect"]} == {"480"}
+    assert [c["-t"] for c in site_run["calls"]["tables"]] == ["15"]
+
+
+@pytest.mark.timeout(600)
+def test_pretraining_line_asks_for_nodes_ranks_and_the_warning_signal(site_run):
+    """The site profile's pretraining: srun geometry (nodes from grid.resources, one rank per
+    'GPU' per node), SIGUSR1 3 minutes before the limit, a limit from grid.resources."""
+    pretrain = rule_resources(site_profile.site(), "pretrain")
+    (call,) = site_run["calls"]["pretrain"]
+    assert pretrain["mpi"] == "srun" and pretrain["slurm_extra"] == "--signal=USR1@180"
+    assert call["--signal"] == "USR1@180"
+    assert call["--nodes"] == str(SITE_NODES)
+    assert call["--ntasks-per-node"] == str(site_profile.SITE_OVERRIDES["gpus_per_node"])
+    assert "--ntasks" not in call  # the ranks are srun's, inside the allocation
+    # grid.resources of config.yaml: overhead 10 min + 1 min/epoch x 2 epochs (tiny) x 1 (resnet18) / 2 nodes
+    assert call["-t"] == "11"
+    (baseline,) = site_run["calls"]["pretrain_random_init"]  # trains nothing: the profile's small CPU job
+    assert (baseline["-p"], baseline["--nodes"], baseline["--cpus-per-task"]) == ("cpu", "1", "2")
+    assert (baseline["--mem"], baseline["-t"]) == ("8000", "15")
+
+
+@pytest.mark.timeout(600)
+def test_slurm_logs_of_successful_jobs_are_kept(site_run):
+    """slurm-keep-successful-logs: every submitted job's SLURM log is still there after success,
+    at <slurm-logdir>/rule_<rule>/<wildcards>/<jobid>.log."""
+    assert site_profile.site()["slurm-keep-successful-logs"] is True
+    submitted = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: (\S+)\)", site_run["out"])
+    assert len(submitted) == sum(len(c) for c in site_run["calls"].values())
+    for job, log in submitted:
+        path = Path(log)
+        assert path.name == f"{job}.log" and path.is_file(), (job, log)
+        assert path.is_relative_to(site_run["logdir"]) and path.relative_to(site_run["logdir"]).parts[0].startswith(
+            "rule_"
+        )
 
 
 @pytest.mark.timeout(480)
-def test_submitit_launcher_requeues_and_resumes(cluster, exact_results, reference, tmp_path):
+def test_submitit_launcher_requeues_and_resumes(cluster, site_profile_dir, exact_results, reference, tmp_path):
     """launch.launcher=submitit: the rule (local) submits a 2-node job through submitit; SIGUSR2
     (as before a time limit) -> state saved, checkpoint(), requeue -> resumed, same weights."""
     results = results_with_data(exact_results, tmp_path / "results")
@@ -303,30 +388,35 @@ def test_submitit_launcher_requeues_and_resumes(cluster, exact_results, referenc
             }
         )
     )
-    out, log, job = run_interrupted(results, "USR2", [exact_results / "overlay.yaml", launch], timeout=420)
+    out, log, job = run_interrupted(
+        site_profile_dir, results, "USR2", [exact_results / "overlay.yaml", launch], timeout=420
+    )
     assert "submitted slurm job" in log and "checkpoint: resubmitting" in log, log[-4000:]
     assert "Requeued job" in log, log[-4000:]
     assert "resumed from" in log, log[-4000:]
     assert restarts(job) >= 1
-    assert_two_nodes(log)
+    assert_ranks(log, world=2, nodes=2)  # launch.slurm: 2 nodes x 1 task
     assert_same_weights(torch.load(results / "cells/base/pretrain/checkpoint.pt", weights_only=True), reference)
 
 
 @pytest.mark.timeout(480)
-def test_interrupted_pretraining_requeues_and_resumes_exactly(cluster, exact_results, reference, tmp_path):
+def test_interrupted_pretraining_requeues_and_resumes_exactly(
+    cluster, site_profile_dir, exact_results, reference, tmp_path
+):
     """launcher direct: SIGUSR1 to the job's ranks -> state saved, `scontrol requeue` -> the
     same SLURM job reruns the rule, which resumes; the result equals the uninterrupted run."""
     results = results_with_data(exact_results, tmp_path / "results")
-    out, log, job = run_interrupted(results, "USR1", [exact_results / "overlay.yaml"], timeout=420)
+    out, log, job = run_interrupted(site_profile_dir, results, "USR1", [exact_results / "overlay.yaml"], timeout=420)
     assert re.search(r"resumed from \S+ at epoch \d+, step \d+", log), log[-4000:]
     assert restarts(job) >= 1, "the job was not requeued"
     assert out.count("has been submitted with SLURM jobid") == 1  # one job: requeued, not resubmitted
-    assert_two_nodes(log)
+    # the site profile's geometry: 1 node (grid.resources) x 2 ranks; the reference ran on 2 nodes
+    assert_ranks(log, world=2, nodes=1)
     assert_same_weights(torch.load(results / "cells/base/pretrain/checkpoint.pt", weights_only=True), reference)
 
 
 @pytest.mark.timeout(300)
-def test_failing_job_fails_the_workflow(cluster, exact_results, tmp_path):
+def test_failing_job_fails_the_workflow(cluster, site_profile_dir, exact_results, tmp_path):
     """A config error that only shows with 2 ranks: the job fails, Snakemake reports it with
     the job's log, and returns."""
     results = results_with_data(exact_results, tmp_path / "results")
@@ -335,7 +425,14 @@ def test_failing_job_fails_the_workflow(cluster, exact_results, tmp_path):
     target = results / "cells" / "base" / "pretrain" / "checkpoint.pt"
     only_base = base_cells_only(tmp_path, merge(EXACT, BAD))  # the tiny grid's K=128 needs an even batch
     proc = hard_run(
-        snakemake_cmd(results, target, configfiles=[exact_results / "overlay.yaml", bad, only_base]), timeout=240
+        # no retries: the profile's restart-times would run the failing job 3 times
+        [
+            *snakemake_cmd(
+                site_profile_dir, results, target, configfiles=[exact_results / "overlay.yaml", bad, only_base]
+            ),
+            *("--restart-times", "0"),
+        ],
+        timeout=240,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode not in (0, -9, 137), out[-4000:]  # failed, not killed by the timeout

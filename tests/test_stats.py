@@ -1,9 +1,11 @@
 """The tables' statistics: 95 % CIs (Student t) computed by hand with the t quantiles of a
 printed table, paired differences by seed, one case of each verdict; and the provenance record."""
 
+import hashlib
 import math
 
 import pytest
+from conftest import REPO
 
 from pipeline.report.stats import (
     CONTRADICTED,
@@ -94,7 +96,12 @@ def test_commit_outside_a_checkout_is_none(tmp_path):
 
 def test_record_and_footnote():
     rec = provenance.record()
-    assert set(rec) == {"cpu", "versions", "commit"} and set(rec["versions"]) == set(provenance.LIBRARIES)
+    assert set(rec) == {"cpu", "versions", "commit", "environment"} and set(rec["versions"]) == set(
+        provenance.LIBRARIES
+    )
+    lock_sha256 = hashlib.sha256((REPO / "requirements.lock").read_bytes()).hexdigest()
+    assert rec["environment"] == {"lock_sha256": lock_sha256, "not_as_locked": {}}  # the venv is the lock's
+    assert provenance.locked_environment(REPO / "absent.lock") == {"lock_sha256": None, "not_as_locked": None}
     amd = {
         "cpu": {"model": "AMD EPYC 7B13", "flags": ["avx2"]},
         "versions": {"torch": "2.4.0", "torchvision": "0.19.0", "numpy": "1.26.4", "ffcv": "1.0.2"},

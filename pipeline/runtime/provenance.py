@@ -1,4 +1,6 @@
-"""Where a run ran: CPU model and its vector extensions, library versions, git commit.
+"""Where a run ran: CPU model and its vector extensions, library versions, git commit, and the
+lock its environment was built from (requirements.lock's sha256 and the packages installed at
+another version than the lock's: with none, the sha256 names every installed version).
 
 Recorded in every ``summary.json`` (pretraining) and ``probe.json``; each table's footnote names
 it (``environment_note``), and says so when the runs behind a table disagree. Numbers are
@@ -14,7 +16,7 @@ from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
-from pipeline import REPO
+from pipeline import REPO, environment
 
 LIBRARIES = ("torch", "torchvision", "numpy", "ffcv")
 # the extensions that change which kernels run (and so the last bits of a result)
@@ -62,9 +64,18 @@ def git_commit(repo: Path = REPO) -> str | None:
     return proc.stdout.strip() or None
 
 
+def locked_environment(lock: Path | None = None) -> dict:
+    """{"lock_sha256", "not_as_locked"} of pipeline.environment; None values without the lock."""
+    try:
+        env = environment.environment(lock or environment.LOCK)
+    except (OSError, UnicodeDecodeError):
+        return {"lock_sha256": None, "not_as_locked": None}
+    return {"lock_sha256": env["lock_sha256"], "not_as_locked": env["not_as_locked"]}
+
+
 def record() -> dict:
     """This process's provenance, as stored under "provenance" in summary.json and probe.json."""
-    return {"cpu": cpu(), "versions": versions(), "commit": git_commit()}
+    return {"cpu": cpu(), "versions": versions(), "commit": git_commit(), "environment": locked_environment()}
 
 
 def describe(rec: dict) -> dict[str, str]:
