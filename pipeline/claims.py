@@ -441,8 +441,7 @@ def queue_table(c: Cells, prov) -> Table:
 def claims_tables(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
     """``cfg``: the config as the job's JSON states it (the tables' provenance names its keys)."""
     typed = typed_config(cfg)
-    if typed.claims is None:
-        raise ConfigError("the claims tables need the config's claims section")
+    assert typed.claims is not None  # run() refuses a config without it, with the message
     c = Cells(df, typed, typed.claims, results)
     prov = provenance_factory(df, cfg, results)
     mom = momentum(

@@ -16,7 +16,7 @@ from pipeline.spec import method_registry
 from pipeline.spec.config import ConfigError, load_schema, pretrain_cell, section, typed_config
 from pipeline.spec.grid import grid_cells
 from pipeline.spec.layout import cell_file
-from pipeline.spec.method_registry import MethodSpec, register
+from pipeline.spec.method_registry import MethodSpec, method_spec, register
 from pipeline.spec.sections import Pretrain
 
 
@@ -80,6 +80,15 @@ def test_an_unregistered_method_is_refused():
     known = r"\['moco', 'supervised', 'random'\]"
     with pytest.raises(ConfigError, match=rf"config key 'pretrain.method': 'toy' is not one of {known}"):
         pretrain_cell(Pretrain(), {"method": "toy"})
+
+
+def test_the_registry_refuses_what_it_cannot_hold(toy):
+    with pytest.raises(ValueError, match="method 'toy' is registered already"):
+        register(TOY)
+    with pytest.raises(ValueError, match=r"unknown method 'byol' \(known: moco, supervised, random, toy\)"):
+        method_spec("byol")
+    with pytest.raises(ValueError, match="method 'random' trains nothing: it has no model to build"):
+        method_spec("random").build_function()
 
 
 def test_the_registry_says_which_cells_have_a_queue():
