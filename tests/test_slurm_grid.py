@@ -57,10 +57,11 @@ GRID = {
 RESUMED = re.compile(r"resumed from (\S+) at epoch (\d+), step (\d+)")
 
 
-def running_jobs(states: tuple[str, ...] = ("-t", "RUNNING")) -> list[dict]:
-    """{"job", "rule", "cell", "node"} of every running job (the plugin's comment names rule and cell);
-    ``states=()``: squeue's default view, every job not yet ended (pending, running, completing)."""
-    out = subprocess.run(["squeue", "-h", *states, "-o", "%i|%k|%N"], capture_output=True, text=True, timeout=30).stdout
+def running_jobs() -> list[dict]:
+    """{"job", "rule", "cell", "node"} of every running job (the plugin's comment names rule and cell)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k|%N"], capture_output=True, text=True, timeout=30
+    ).stdout
     jobs = []
     for line in out.splitlines():
         job, comment, node = line.split("|")
@@ -103,11 +104,9 @@ def training_mid_run(results: Path, node: str | None = None, besides: str | None
 
 
 def finished_outputs(results: Path) -> dict[Path, int]:
-    """Every pretraining checkpoint and probe result whose job has ended, with its mtime (ns).
-    A job not ended when its node goes down is requeued and rewrites its outputs: one still
-    running, and one COMPLETING, whose checkpoint is written but whose node still cleans up
-    (seen: rewritten 20 s after the node went down)."""
-    running = {(job["rule"], job["cell"]) for job in running_jobs(states=())}
+    """Every pretraining checkpoint and probe result whose job has ended, with its mtime (ns)
+    (a job still running when its node goes down is requeued and rewrites its outputs)."""
+    running = {(job["rule"], job["cell"]) for job in running_jobs()}
     found = [
         p
         for p in (results / "cells").glob("*/pretrain/checkpoint.pt")
