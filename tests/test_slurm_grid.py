@@ -103,16 +103,34 @@ def training_mid_run(results: Path, node: str | None = None, besides: str | None
     return event
 
 
-def finished_outputs(results: Path) -> dict[Path, int]:
-    """Every pretraining checkpoint and probe result whose job has ended, with its mtime (ns)
-    (a job still running when its node goes down is requeued and rewrites its outputs)."""
-    running = {(job["rule"], job["cell"]) for job in running_jobs()}
+JOB_RULE = re.compile(r"^(?:local)?rule (\w+):$")
+JOB_ID = re.compile(r"^    jobid: (\d+)$")
+JOB_CELL = re.compile(r"^    wildcards: cell=(\S+?)(?:, |$)")
+JOB_FINISHED = re.compile(r"^Finished jobid: (\d+) \(Rule: (\w+)\)")
+
+
+def finished_outputs(results: Path, snakemake_out: Path) -> dict[Path, int]:
+    """Every pretraining checkpoint and probe result whose job Snakemake has logged as finished,
+    with its mtime (ns). Not the jobs SLURM has ended: Snakemake touches a job's outputs when it
+    registers the job's end (seen: a checkpoint's mtime moved 21 s after its job had ended)."""
+    rule = job = None
+    cells: dict[str, tuple[str, str]] = {}
+    finished = set()
+    for line in snakemake_out.read_text().splitlines():
+        if m := JOB_RULE.match(line):
+            rule, job = m[1], None
+        elif m := JOB_ID.match(line):
+            job = m[1]
+        elif (m := JOB_CELL.match(line)) and rule and job:
+            cells[job] = (rule, m[1])
+        elif m := JOB_FINISHED.match(line):
+            finished.add(cells.get(m[1]))
     found = [
-        p
-        for p in (results / "cells").glob("*/pretrain/checkpoint.pt")
-        if ("pretrain", p.parent.parent.name) not in running
+        results / "cells" / cell / "pretrain" / "checkpoint.pt"
+        for rule, cell in filter(None, finished)
+        if rule == "pretrain"
     ]
-    found += [p for p in (results / "cells").glob("*/probe.json") if ("probe", p.parent.name) not in running]
+    found += [results / "cells" / cell / "probe.json" for rule, cell in filter(None, finished) if rule == "probe"]
     return {path: path.stat().st_mtime_ns for path in found}
 
 
@@ -166,13 +184,13 @@ def test_grid_of_30_cells_survives_a_cancelled_job_and_a_lost_node(cluster, site
         try:
             # fault 1: a pretraining cancelled mid-run
             cancelled = wait_for(training_mid_run(results), "a pretraining mid-run", proc, output)
-            before_cancel = finished_outputs(results)
+            before_cancel = finished_outputs(results, output)
             subprocess.run(["scancel", cancelled["job"]], check=True, timeout=30)
             # fault 2: n2 lost while another pretraining runs there; back once its job left it
             lost = wait_for(
                 training_mid_run(results, node="n2", besides=cancelled["cell"]), "a pretraining on n2", proc, output
             )
-            before_down = finished_outputs(results)  # (a job that ran on n2 is requeued: it writes again)
+            before_down = finished_outputs(results, output)
             scontrol_node("n2", "state=down", "reason=test")
             wait_for(
                 lambda: all(j["job"] != lost["job"] for j in squeue_pretraining() if j["node"] == "n2"),
