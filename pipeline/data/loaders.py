@@ -95,24 +95,7 @@ def two_view_loader(path, views: Views, reading: Reading):
             loader=r.loader,
         )
         return TwoViewLoader(base, DeviceCrop(v.crop_size, v.scale_min))
-    scale = (v.scale_min, 1.0)
-    if r.loader == "torchvision":
-        dataset = TwoViewDataset(converted_source(path), v.crop_size, scale, v.ratio, v.flip, v.seed)
-        return TwoViewLoader(TorchLoader(dataset, r.batch_size, r.workers, v.seed, True, r.distributed, r.drop_last))
-    ffcv = _ffcv_views(
-        path,
-        r.batch_size,
-        v.crop_size,
-        scale,
-        v.ratio,
-        v.flip,
-        r.workers,
-        v.seed,
-        r.distributed,
-        r.threads,
-        r.drop_last,
-    )
-    return TwoViewLoader(ffcv)
+    return TwoViewLoader(_random_views(path, views, reading))
 
 
 def crop_loader(
@@ -131,13 +114,22 @@ def crop_loader(
     samples ``indices`` (all if None), each once an epoch (no batch dropped). The augmented
     probe's view: the references' RandomResizedCrop(224) + flip of the full image."""
     _check_choice(loader, "loader")
-    scale = (scale_min, 1.0)
-    if loader == "torchvision":
-        dataset = TwoViewDataset(converted_source(path), crop_size, scale, RATIO, True, seed, views=1, indices=indices)
-        return TorchLoader(dataset, batch_size, workers, seed, True, drop_last=False)
-    return _ffcv_views(
-        path, batch_size, crop_size, scale, RATIO, True, workers, seed, False, threads, False, views=1, indices=indices
-    )
+    views = Views(crop_size=crop_size, scale_min=scale_min, seed=seed)
+    reading = Reading(batch_size=batch_size, loader=loader, workers=workers, threads=threads, drop_last=False)
+    return _random_views(path, views, reading, count=1, indices=indices)
+
+
+def _random_views(path, views: Views, reading: Reading, count: int = 2, indices=None):
+    """``count`` random resized crops + flips of each image, drawn while decoding, by the
+    torchvision loader or by FFCV (two_view_loader's and crop_loader's)."""
+    v, r = views, reading
+    scale = (v.scale_min, 1.0)
+    if r.loader == "torchvision":
+        dataset = TwoViewDataset(
+            converted_source(path), v.crop_size, scale, v.ratio, v.flip, v.seed, views=count, indices=indices
+        )
+        return TorchLoader(dataset, r.batch_size, r.workers, v.seed, True, r.distributed, r.drop_last)
+    return _ffcv_views(path, v, r, scale, count, indices)
 
 
 def eval_loader(
@@ -264,21 +256,7 @@ def _int_pipeline():
     return [IntDecoder(), ToTensor(), Squeeze(1)]
 
 
-def _ffcv_views(
-    path,
-    batch_size,
-    crop_size,
-    scale,
-    ratio,
-    flip,
-    workers,
-    seed,
-    distributed,
-    threads,
-    drop_last,
-    views=2,
-    indices=None,
-):
+def _ffcv_views(path, v: Views, r: Reading, scale: tuple[float, float], count: int, indices):
     path = _beton(path)
     from ffcv.loader import OrderOption
     from ffcv.pipeline import PipelineSpec
@@ -287,21 +265,23 @@ def _ffcv_views(
     from pipeline.data.seeded_crop import SeededRandomResizedCrop
 
     def view(number):  # crop + flip fused with decoding, drawn from (seed, view, batch, sample)
-        return SeededRandomResizedCrop((crop_size, crop_size), scale, ratio, seed=seed, view=number, flip=flip)
+        return SeededRandomResizedCrop(
+            (v.crop_size, v.crop_size), scale, v.ratio, seed=v.seed, view=number, flip=v.flip
+        )
 
     pipelines = {"image": [view(1), ToTensor(), ToTorchImage()], "label": _int_pipeline(), "index": _int_pipeline()}
-    if views == 2:
+    if count == 2:
         pipelines["image2"] = PipelineSpec("image", decoder=view(2), transforms=[ToTensor(), ToTorchImage()])
     # RANDOM, not QUASI_RANDOM: the latter raises NotImplementedError with distributed=True.
     return _ffcv_loader(
         path,
-        threads=threads,
-        batch_size=batch_size,
-        num_workers=workers,
+        threads=r.threads,
+        batch_size=r.batch_size,
+        num_workers=r.workers,
         order=OrderOption.RANDOM,
-        seed=seed,
-        distributed=distributed,
-        drop_last=drop_last,
+        seed=v.seed,
+        distributed=r.distributed,
+        drop_last=r.drop_last,
         pipelines=pipelines,
         indices=None if indices is None else np.asarray(indices, dtype=np.int64),
     )
