@@ -1,10 +1,28 @@
-"""The embedded default dataset: shapes on cluttered backgrounds, generated offline.
+"""The embedded default dataset: shapes on coloured backgrounds, generated offline.
 
 Classification: ``cls/{train,val}/{class}/{i:05d}.png`` (ImageFolder layout), one shape per
-image with random position, scale, rotation, colour and background, so a class is its
-shape and nothing else. Detection: ``det/{train,val}/{i:05d}.png`` with several shapes per
-image and ``det/instances_{split}.json`` in COCO format.
+image. Detection: ``det/{train,val}/{i:05d}.png`` with several shapes per image and
+``det/instances_{split}.json`` in COCO format. Both follow one design, made for contrastive
+learning (issue 34):
 
+- **The class is the shape**, and nothing else: ten shapes, each drawn at a random position,
+  scale, rotation and colour.
+- **Everything else is nuisance**, and no nuisance may identify an image through the two views'
+  augmentations. MoCo learns whatever tells an image apart from the others in the queue while
+  surviving its augmentations: a feature that does so more easily than the shape suppresses it
+  (Chen, Luo & Li, "Intriguing properties of contrastive losses", NeurIPS 2021). The old design
+  gave every image its own background gradient (two random colours, an angle), covering most
+  of its pixels: it survives the crops and the v2 colour jitter (hue ±0.1) and tells 2,600
+  images apart by itself, so the encoder never needed the shape (linear top-1 near random init
+  on some seeds). Now the images draw their gradient from a **shared pool** of
+  ``backgrounds`` gradients (8 by default): it still clutters every image, so that untrained
+  features stay far from the class, but it tells an image apart from at most 1 in 8 others.
+- What varies per image and survives augmentation is the shape's pose and colour: the pose is
+  the shape itself, and the colour is jittered by the v2 augmentation (and dropped by its
+  grayscale).
+- Pixel noise is drawn per image: the crops resample it, so two views do not share it.
+
+``backgrounds: 0`` gives each image its own gradient again (the old design), for comparison.
 Each image has its own RNG seeded by (seed, split, class, index): the same seed gives
 byte-identical files whatever the order or the number of processes that write them.
 
@@ -28,6 +46,8 @@ from pipeline.spec.sections import SYNTHETIC_CLASSES, Synthetic
 CLASSES = SYNTHETIC_CLASSES  # in label order
 SPLIT_IDS = {"train": 0, "val": 1}
 SUPERSAMPLE = 4  # draw at 4x and downsample: smooth edges, still deterministic
+POOL = Synthetic().backgrounds  # the default pool of background gradients
+POOL_STREAM = 99  # RNG stream of the shared background pool, apart from every split's
 
 
 def _rgb(rng) -> tuple[int, int, int]:
@@ -47,10 +67,22 @@ def _contrasting_colour(rng, background) -> tuple[int, int, int]:
     return (255, 255, 255) if _luma(background) < 0.5 else (0, 0, 0)
 
 
-def _background(rng, size: int) -> tuple[np.ndarray, tuple]:
-    """A colour gradient plus pixel noise: a nuisance the encoder must learn to ignore."""
-    c0, c1 = np.array(_rgb(rng), float), np.array(_rgb(rng), float)
-    angle = rng.uniform(0, 2 * math.pi)
+def _gradient(rng) -> tuple[tuple, tuple, float]:
+    """A background gradient's parameters: two colours and an angle."""
+    return _rgb(rng), _rgb(rng), rng.uniform(0, 2 * math.pi)
+
+
+def _background_of(seed: int, pool: int, rng) -> tuple[tuple, tuple, float]:
+    """The image's gradient: one of the dataset's shared pool of ``pool`` (drawn with the image's
+    RNG), or, with ``pool`` 0, its own (the old design: a per-image signature, see the docstring)."""
+    if pool == 0:
+        return _gradient(rng)
+    return _gradient(np.random.default_rng([seed, POOL_STREAM, int(rng.integers(0, pool))]))
+
+
+def _background(gradient, rng, size: int) -> tuple[np.ndarray, tuple]:
+    """The gradient plus pixel noise: a nuisance the encoder must learn to ignore."""
+    c0, c1, angle = np.array(gradient[0], float), np.array(gradient[1], float), gradient[2]
     yy, xx = np.mgrid[0:size, 0:size] / max(size - 1, 1)
     t = np.cos(angle) * xx + np.sin(angle) * yy
     t = (t - t.min()) / max(t.max() - t.min(), 1e-6)
@@ -112,13 +144,13 @@ def _rotate(points, cx, cy, a):
     return [(cx + (x - cx) * c - (y - cy) * s, cy + (x - cx) * s + (y - cy) * c) for x, y in points]
 
 
-def render(shapes: list[tuple[str, float, float, float, float]], size: int, rng):
-    """Render shapes [(name, cx, cy, r, rot)] (output pixels) onto a fresh background.
+def render(shapes: list[tuple[str, float, float, float, float]], size: int, rng, gradient):
+    """Render shapes [(name, cx, cy, r, rot)] (output pixels) onto the background ``gradient``.
 
     Returns the image and each shape's tight box (x0, y0, x1, y1) in output pixels.
     """
     s = SUPERSAMPLE
-    bg, mean = _background(rng, size * s)
+    bg, mean = _background(gradient, rng, size * s)
     img = Image.fromarray(bg)
     draw = ImageDraw.Draw(img)
     boxes = []
@@ -134,14 +166,15 @@ def render(shapes: list[tuple[str, float, float, float, float]], size: int, rng)
     return img.resize((size, size), Image.Resampling.BOX), boxes
 
 
-def classification_image(seed: int, split: str, label: int, index: int, size: int) -> Image.Image:
+def classification_image(seed: int, split: str, label: int, index: int, size: int, pool: int = POOL) -> Image.Image:
     rng = np.random.default_rng([seed, SPLIT_IDS[split], label, index])
     r = rng.uniform(0.22, 0.42) * size
     cx, cy = rng.uniform(r, size - r, size=2)
-    return render([(CLASSES[label], cx, cy, r, rng.uniform(0, 2 * math.pi))], size, rng)[0]
+    shape = (CLASSES[label], cx, cy, r, rng.uniform(0, 2 * math.pi))
+    return render([shape], size, rng, _background_of(seed, pool, rng))[0]
 
 
-def detection_scene(seed: int, split: str, index: int, size: int):
+def detection_scene(seed: int, split: str, index: int, size: int, pool: int = POOL):
     """One scene: 2-4 shapes, little overlap. Returns the image and [(label, x, y, w, h)]."""
     rng = np.random.default_rng([seed, 10 + SPLIT_IDS[split], index])
     placed: list[tuple] = []
@@ -158,7 +191,7 @@ def detection_scene(seed: int, split: str, index: int, size: int):
         placed.append((cx, cy, r))
         boxes.append((label, cx, cy, r, rng.uniform(0, 2 * math.pi)))
     shapes = [(CLASSES[label], cx, cy, r, rot) for label, cx, cy, r, rot in boxes]
-    img, tight = render(shapes, size, rng)
+    img, tight = render(shapes, size, rng, _background_of(seed, pool, rng))
     ann = [
         (label, round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2))
         for (label, *_), (x0, y0, x1, y1) in zip(boxes, tight)
@@ -187,7 +220,7 @@ def run(out: str | Path, cfg: Synthetic | None = None, progress: bool = True) ->
     ]
     for split, label, i in tqdm(jobs, desc="synthetic: classification", disable=not progress, mininterval=2):
         path = out / "cls" / split / CLASSES[label] / f"{i:05d}.png"
-        atomic_save_png(classification_image(seed, split, label, i, size), path)
+        atomic_save_png(classification_image(seed, split, label, i, size, cfg.backgrounds), path)
         counts[f"cls/{split}"] = counts.get(f"cls/{split}", 0) + 1
 
     dsize = cfg.det_image_size
@@ -195,7 +228,7 @@ def run(out: str | Path, cfg: Synthetic | None = None, progress: bool = True) ->
         images: list[dict] = []
         annotations: list[dict] = []
         for i in tqdm(range(n), desc=f"synthetic: detection {split}", disable=not progress, mininterval=2):
-            img, boxes = detection_scene(seed, split, i, dsize)
+            img, boxes = detection_scene(seed, split, i, dsize, cfg.backgrounds)
             name = f"{split}/{i:05d}.png"
             atomic_save_png(img, out / "det" / name)
             images.append({"id": i + 1, "file_name": name, "width": dsize, "height": dsize})

@@ -48,6 +48,7 @@ class Synthetic:
     det_train_images: int = 192  # detection scenes
     det_val_images: int = 48
     det_image_size: int = 96
+    backgrounds: int = 8  # shared pool of background gradients; 0: each image its own (the old design)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +108,7 @@ class Pretrain:
     schedule: str = "cosine"
     lr_step_epochs: tuple[int, ...] | None = None  # step: lr x0.1 at these epochs; None: at 60% and 80%
     aug: str = "v2"
+    jitter_scale: float = 1.0  # the recipe's colour jitter x this (v2 x 2 = SimCLR's strength 1.0)
     crop_scale_min: float = 0.5
     mask_same_source: bool = False
     symmetric: bool = False  # v1/v2: also the loss with the views swapped (the CIFAR demo's option)
