@@ -176,7 +176,7 @@ class Trainer:
             raise ConfigError(
                 f"pretrain.batch_size={p.batch_size} exceeds the training set ({self.num_samples} images)"
             )
-        self.aug1, self.aug2 = (a.to(self.device) for a in view_recipes(p.aug, d.crop_size))
+        self.aug1, self.aug2 = (a.to(self.device) for a in view_recipes(p.aug, d.crop_size, p.jitter_scale))
         self.data_dir = data_dir
         self.epoch, self.step_in_epoch, self.stats = 0, 0, checkpoint.EpochStats(self.device)
         self.log_rows: list[dict] = []

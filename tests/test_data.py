@@ -191,6 +191,15 @@ def test_recipes_follow_the_papers():
         augment.recipe("v4", 32)
 
 
+def test_jitter_scale_reaches_simclr_strength():
+    """v2's jitter (0.4, 0.4, 0.4, 0.1) x 2 is SimCLR's colour distortion at strength 1.0
+    (0.8s, 0.8s, 0.8s, 0.2s); hue stops at 0.5, a full turn of the colour wheel."""
+    assert _spec(augment.recipe("v2", 64, jitter_scale=2.0))[0] == ("ColorJitter", 0.8, (0.8, 0.8, 0.8, 0.2))
+    assert _spec(augment.recipe("v1", 64, jitter_scale=2.0))[1] == ("ColorJitter", 1.0, (0.8, 0.8, 0.8, 0.5))
+    a, _ = augment.view_recipes("v3", 64, jitter_scale=0.5)
+    assert _spec(a)[0] == ("ColorJitter", 0.8, (0.2, 0.2, 0.1, 0.05))
+
+
 @pytest.mark.parametrize("name", ["v1", "v2", "v3"])
 def test_recipes_run_per_sample(name):
     torch.manual_seed(0)

@@ -20,7 +20,13 @@ def _blur_kernel(crop_size: int) -> int:
     return k if k % 2 == 1 else k + 1
 
 
-def recipe(name: str, crop_size: int) -> nn.Module:
+def _jitter(brightness, contrast, saturation, hue, p: float, scale: float) -> K.ColorJitter:
+    """A recipe's colour jitter at ``scale`` times its strengths (hue at most 0.5: a full turn)."""
+    s = scale
+    return K.ColorJitter(brightness * s, contrast * s, saturation * s, min(hue * s, 0.5), p=p)
+
+
+def recipe(name: str, crop_size: int, jitter_scale: float = 1.0) -> nn.Module:
     """The photometric part of each paper's augmentation (the official code's parameters):
 
     ``v1`` (MoCo v1): grayscale p=0.2, then colour jitter 0.4/0.4/0.4/0.4 always.
@@ -29,9 +35,11 @@ def recipe(name: str, crop_size: int) -> nn.Module:
     (BYOL's recipe): jitter (0.4, 0.4, 0.2, 0.1) p=0.8, grayscale p=0.2, then blur p=1.0 (a)
     or blur p=0.1 + solarize (threshold 0.5) p=0.2 (b). ``cifar``: the MoCo CIFAR-10 demo's
     (moco colab-notebook branch): v2 without the blur. ``none``: normalisation only.
-    kornia draws every parameter per sample; the jitter order is drawn once per batch."""
+    kornia draws every parameter per sample; the jitter order is drawn once per batch.
+    ``jitter_scale`` multiplies every jitter strength: 2 turns v2's (0.4, 0.4, 0.4, 0.1) into
+    SimCLR's strength 1.0 (0.8, 0.8, 0.8, 0.2), which keeps colour from identifying an image."""
     k = _blur_kernel(crop_size)
-    jitter = K.ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8)
+    jitter = _jitter(0.4, 0.4, 0.2, 0.1, p=0.8, scale=jitter_scale)
     if name == "v3a":
         ops = [jitter, K.RandomGrayscale(p=0.2), K.RandomGaussianBlur((k, k), sigma=(0.1, 2.0), p=1.0)]
     elif name == "v3b":
@@ -42,15 +50,15 @@ def recipe(name: str, crop_size: int) -> nn.Module:
             K.RandomSolarize(thresholds=0.0, additions=0.0, p=0.2),
         ]
     elif name == "v1":
-        ops = [K.RandomGrayscale(p=0.2), K.ColorJitter(0.4, 0.4, 0.4, 0.4, p=1.0)]
+        ops = [K.RandomGrayscale(p=0.2), _jitter(0.4, 0.4, 0.4, 0.4, p=1.0, scale=jitter_scale)]
     elif name == "v2":
         ops = [
-            K.ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8),
+            _jitter(0.4, 0.4, 0.4, 0.1, p=0.8, scale=jitter_scale),
             K.RandomGrayscale(p=0.2),
             K.RandomGaussianBlur((k, k), sigma=(0.1, 2.0), p=0.5),
         ]
     elif name == "cifar":
-        ops = [K.ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8), K.RandomGrayscale(p=0.2)]
+        ops = [_jitter(0.4, 0.4, 0.4, 0.1, p=0.8, scale=jitter_scale), K.RandomGrayscale(p=0.2)]
     elif name == "none":
         ops = []
     else:
@@ -58,11 +66,11 @@ def recipe(name: str, crop_size: int) -> nn.Module:
     return Photometric(ops)
 
 
-def view_recipes(name: str, crop_size: int) -> tuple[nn.Module, nn.Module]:
+def view_recipes(name: str, crop_size: int, jitter_scale: float = 1.0) -> tuple[nn.Module, nn.Module]:
     """The augmentation of each of the two views (identical recipes except for v3)."""
     if name == "v3":
-        return recipe("v3a", crop_size), recipe("v3b", crop_size)
-    aug = recipe(name, crop_size)
+        return recipe("v3a", crop_size, jitter_scale), recipe("v3b", crop_size, jitter_scale)
+    aug = recipe(name, crop_size, jitter_scale)
     return aug, aug
 
 
