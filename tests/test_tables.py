@@ -256,6 +256,21 @@ def test_paired_delta_against_the_base_by_seed(tmp_path):
     assert "Δ +40.0 ± 27.3 (n=3): MoCo (base cell) is above random init on this data" in main
 
 
+def test_the_main_table_pairs_moco_with_supervised_too(tmp_path):
+    """The ceiling as well as the floor: MoCo − supervised, paired by seed, says its direction."""
+    r = tmp_path / "r"
+    for seed, (base, sup, rand) in enumerate([(60.0, 96.0, 20.0), (65.0, 97.0, 21.0), (70.0, 95.0, 19.0)]):
+        suffix = f",seed={seed}" if seed else ""
+        fake_cell(r, f"seed={seed}" if seed else "base", base)
+        fake_cell(r, f"method=supervised{suffix}", sup)
+        fake_cell(r, f"method=random{suffix}", rand)
+    main = write_tables(r, {}, figures=False)
+    # base − supervised: -36, -32, -25: mean -31, deviations -5, -1, 6: variance 62 / 2 = 31,
+    # std 5.568, half 4.303 * 5.568 / sqrt(3) = 13.8: CI [-44.8, -17.2], below 0
+    assert "MoCo (base cell) − supervised, linear top-1, paired by seed: Δ -31.0 ± 13.8 (n=3)" in main
+    assert "MoCo (base cell) is below supervised on this data" in main
+
+
 def test_a_difference_the_ci_does_not_support_states_no_direction(tmp_path):
     r = tmp_path / "r"
     for seed, (base, rand) in enumerate([(43.3, 18.5), (18.0, 18.4), (22.0, 18.6)]):  # issue 30's seeds

@@ -55,7 +55,7 @@ SAMPLES = "_samples"  # column suffix: a metric's values per trial within the ce
 PAPER_M = [0, 0.5, 0.9, 0.99, 0.999, 0.9999]  # the MoCo paper's momentum rows, and the seeds' m = 0.5
 MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": "MoCo"}
 RANDOM_ID, RANDOM_LABEL = "method=random", method_label("random")  # the main table's reference
-SUPERVISED_ID = "method=supervised"
+SUPERVISED_ID, SUPERVISED_LABEL = "method=supervised", method_label("supervised")
 SEPARATE = {"method", "variant", "backbone", "mechanism", "K", "m", "epochs", "seed", "shuffle_bn"}  # own study or none
 # the BN leak's signature (paper 3.3): without the guard the pretext task gets easier (instance
 # accuracy up) while the representation gets worse (probe accuracy down)
@@ -530,6 +530,10 @@ def methods(gs, prov, supervised_recipe: dict | None = None) -> Table:
     base = next((r for r in table.rows if r.cells and BASE_ID in r.cells), None)
     if base is not None:
         table.notes.append(direction_sentence("MoCo (base cell)", RANDOM_LABEL, base.delta, METRICS["top1"]))
+        if SUPERVISED_ID in gs:  # the ceiling: MoCo's gap to labels, paired by seed as well
+            top1 = base.values[table.metrics.index("top1")]
+            gap = delta(top1, value(gs[SUPERVISED_ID].cells, "top1"))
+            table.notes.append(direction_sentence("MoCo (base cell)", SUPERVISED_LABEL, gap, METRICS["top1"]))
     return table
 
 
