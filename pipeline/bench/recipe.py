@@ -57,8 +57,9 @@ OLD: dict[str, dict] = {  # the demo's base recipe before this study (issue 30: 
         "width": 16,
         "epochs": 10,
     },
-    "synthetic": {"train_per_class": 260, "image_size": 32},
+    "synthetic": {"train_per_class": 260, "image_size": 32, "backgrounds": 0},
 }
+BASE_E13 = {"lr": 0.015, "bn_splits": 2, "epochs": 13}  # the first study's choice (issue 30)
 # name -> values over OLD (pretrain keys; dataset.synthetic keys under "synthetic")
 CANDIDATES: dict[str, dict] = {
     "old": {},
@@ -73,10 +74,24 @@ CANDIDATES: dict[str, dict] = {
     "lr0.015_bn2_e13": {"lr": 0.015, "bn_splits": 2, "epochs": 13},  # the whole 5 minutes
     "lr0.03_bn2_e13": {"lr": 0.03, "bn_splits": 2, "epochs": 13},
     "lr0.015_bn2_e13_T0.5": {"lr": 0.015, "bn_splits": 2, "epochs": 13, "T": 0.5},
+    # issue 34: the data's backgrounds from a shared pool instead of one per image
+    **{
+        f"{prefix}bg{n}": {**values, "synthetic": {"backgrounds": n}}
+        for n in (8, 32)
+        for prefix, values in (("e13_", BASE_E13), ("random_init_", {"method": "random"}))
+    },
+    "supervised_bg8": {**BASE_E13, "method": "supervised", "synthetic": {"backgrounds": 8}},
+    # issue 34: colour jitter at SimCLR's strength 1.0 (v2's x 2)
+    "e13_bg8_jitter2": {**BASE_E13, "jitter_scale": 2.0, "synthetic": {"backgrounds": 8}},
+    "e13_bg0_jitter2": {**BASE_E13, "jitter_scale": 2.0},
 }
+BASELINES = {"random", "supervised"}  # methods a candidate may set: the floor and the ceiling
 # the knobs a candidate may set: none defines an ablation (K, m, the BN-leak guard, aug, ...)
-STUDY_KNOBS = {"lr", "warmup_epochs", "batch_size", "bn_splits", "T", "crop_scale_min", "width", "epochs"}
-SYNTHETIC_KNOBS = {"train_per_class", "image_size"}
+STUDY_KNOBS = {
+    *("lr", "warmup_epochs", "batch_size", "bn_splits", "T"),
+    *("crop_scale_min", "jitter_scale", "width", "epochs"),
+}
+SYNTHETIC_KNOBS = {"train_per_class", "image_size", "backgrounds"}
 COLUMNS = [
     "candidate",
     "seed",
@@ -97,7 +112,7 @@ def candidate_config(name: str, seed: int, threads: int) -> tuple[dict, dict]:
     """(data + pretrain sections of the run, dataset.synthetic of its data)."""
     values = dict(CANDIDATES[name])
     synthetic = {**OLD["synthetic"], **values.pop("synthetic", {})}
-    baseline = values.get("method") == "random"  # the untrained encoder: the floor to beat
+    baseline = values.get("method") in BASELINES
     outside = sorted(set(values) - STUDY_KNOBS - ({"method"} if baseline else set()))
     outside += sorted(set(synthetic) - SYNTHETIC_KNOBS)
     if outside:
@@ -214,7 +229,7 @@ def slow_cpu_seconds(name: str, steps: float) -> float | None:
     p = cfg["pretrain"]
     if p["method"] == "random":
         return 0.0
-    if p["width"] != 16 or synthetic["image_size"] != 32:
+    if p["method"] != "moco" or p["width"] != 16 or synthetic["image_size"] != 32:
         return None
     return steps * p["batch_size"] * SLOW_CPU_S_PER_IMAGE
 
