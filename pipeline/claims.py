@@ -166,7 +166,7 @@ def compare_roles(c: Cells, a: str, b: str, direction: int, magnitude: float | N
     shown = "no pair" if d.estimate is None else d.estimate.text(signed=True)
     if d.failed:
         return Comparison(label, INCONCLUSIVE, f"{label}: Δ {shown}, {d.failed} of {d.pairs} seeds failed")
-    verdict, why = stats.judge(d.estimate, direction, magnitude)
+    verdict, why = stats.judge(d.estimate, direction)
     return Comparison(label, verdict, f"{label}: Δ {shown} ({why})")
 
 
