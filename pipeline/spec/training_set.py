@@ -63,7 +63,10 @@ def _report(path: Path, ds: Dataset) -> TrainingSet | str:
     """The conversion report's count when it is of this dataset, else why it is not used."""
     if not path.is_file():
         return f"no conversion report yet ({path})"
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return f"{path} is unreadable: ignored"
     described = data.get("source") or {}
     if not _report_is_of(described, ds):
         return f"{path} is of another dataset ({described.get('root')}): ignored"
