@@ -11,16 +11,19 @@ Writes ``<results>/tables/claims.{md,csv,tex}`` (the claims) and, as the studies
 ``claims_queue`` (FIFO vs random replacement per K: key ages, negatives' drift, probe).
 
 Each accuracy claim is a paired difference by seed (cell seed s − its comparison's seed s) with
-its 95 % CI (pipeline.report.stats): ``holds`` when the CI excludes 0 on the claimed side (and reaches
-a claimed size), ``contradicted`` when it excludes 0 on the other side (or the claimed size),
-``inconclusive`` otherwise (one seed included), ``not decidable here (...)`` when the experiment
-cannot decide it: too few steps for the EMA, a queue too large for the data, or runs that never
-left the loss plateau (their probe at random init's level); the reason says what would.
+its 95 % CI (pipeline.report.stats): ``holds`` when the CI excludes 0 on the claimed side,
+``contradicted`` when it excludes 0 on the other side, ``inconclusive`` when it includes 0 (one
+seed included); a claimed size is judged beside it (the ``size`` column). ``not decidable here
+(...)`` when the experiment cannot decide it, known before it runs: a priori from the config (too
+few steps for the EMA, a queue too large for the data: those cells are not trained), or from the
+pilot runs (the reference and random init at seeds that are not compared) not having learnt
+anything. Where a claim is about failure or loss, a failed run counts as the evidence it is.
+An inconclusive comparison shows the smallest Δ its seeds can detect and the seeds that would
+decide a Δ of the size observed.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +51,12 @@ from pipeline.report.studies import (
     with_environment,
 )
 from pipeline.report.writers import load_configs, markdown, results_folder, results_parser, write_table
-from pipeline.spec.claims_plan import Budget, needs
+from pipeline.spec.claims_plan import PILOT_ROLES, Budget, needs
 from pipeline.spec.config import DEFAULT_CONFIG, ConfigError, to_dict, typed_config
-from pipeline.spec.grid import cell_id, claims_cells, claims_overrides, format_value, group_id, training_set_size
+from pipeline.spec.grid import cell_id, claims_cells, claims_overrides, format_value, group_id
 from pipeline.spec.layout import QUEUE_POLICIES
-from pipeline.spec.sections import SYNTHETIC_CLASSES, Claims, Config
+from pipeline.spec.sections import Claims, Config
+from pipeline.spec.training_set import training_set
 
 NOT_RUN = "not run"
 METRIC = "top1"  # what "helps" and "loses" are measured in: the linear probe's top-1
@@ -67,24 +71,33 @@ class Claim:
     measured: str
     verdict: str
     cells: list[str]
+    size: str = ""  # a claimed size against the CI (stats.judge_size)
+    detectable: str = ""  # inconclusive: the smallest Δ these seeds can detect
+    seeds: str = ""  # inconclusive: the seeds that would decide a Δ of the observed size
 
 
 class Cells:
     """The claims' cells by role (pipeline.spec.grid.claims_overrides), as groups of seeds, and the
-    size of the experiment (steps, training images, classes)."""
+    size of the experiment (steps, training images, classes). The pilot seeds' cells are kept
+    apart: they decide whether the reference learnt something and are never compared."""
 
     def __init__(self, df: pd.DataFrame, cfg: Config, claims: Claims, results: Path):
-        self.gs = groups(df)
         self.claims, base = claims, to_dict(cfg.pretrain)
+        self.pilot_seeds = range(
+            cfg.pretrain.seed + claims.seeds, cfg.pretrain.seed + claims.seeds + claims.pilot_seeds
+        )
+        pilot = df.apply(seed_of, axis=1).isin(self.pilot_seeds) if not df.empty else pd.Series(dtype=bool)
+        self.gs, self.pilot_gs = groups(df[~pilot]), groups(df[pilot])
         self.ids = {
             role: group_id(cell_id(base, {**base, **o})) for role, o in claims_overrides(claims, cfg.pretrain).items()
         }
         self.batch = cfg.pretrain.batch_size
-        self.budget = Budget(*data_size(cfg, results), self.batch, self.claims.epochs)
+        data = training_set(cfg, results)
+        self.budget = Budget(data.images, data.classes, self.batch, self.claims.epochs)
         self.needs = needs(self.claims, self.budget)  # each claim's cells and a-priori needs
 
     def group(self, role: str) -> Group | None:
-        return self.gs.get(self.ids[role])
+        return (self.pilot_gs if role in PILOT_ROLES else self.gs).get(self.ids[role])
 
     def cells(self, *roles) -> list[str]:
         return [c for r in roles if (g := self.group(r)) is not None for c in g.cells["cell"]]
@@ -96,7 +109,8 @@ class Cells:
     def by_seed(self, role: str, key: str, failed_too: bool = False) -> dict[int, float]:
         """seed -> a cell's value of ``key`` (a metric or a last-epoch log value), the failed
         seeds' too when asked (their probe still ran: m = 0's direct measure)."""
-        g = self.gs[self.ids[role]]  # every caller's gate saw the role run; each cell row has every key
+        g = self.group(role)
+        assert g is not None  # every caller's gate saw the role run; each cell row has every key
         rows = g.cells if failed_too else g.cells[g.cells["status"] != "fail"]
         vals = {seed_of(c): pd.to_numeric(c[key], errors="coerce") for _, c in rows.iterrows()}
         return {s: float(v) for s, v in vals.items() if not pd.isna(v)}
@@ -105,44 +119,35 @@ class Cells:
         return all(self.value(r).status != "missing" for r in roles)
 
 
-def data_size(cfg: Config, results: Path) -> tuple[int | None, int | None]:
-    """(training images, classes): the embedded data's from the config, else the conversion report."""
-    n = training_set_size(cfg)
-    if n is not None:
-        return n, len(SYNTHETIC_CLASSES)
-    try:
-        report = json.loads((results / "data" / "ffcv" / "train.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None, None
-    return report.get("num_samples"), len(report.get("classes", [])) or None
+# --- decided before the data it judges --------------------------------------------------------
+def _seeds(seeds: range) -> str:
+    return f"seed {seeds.start}" if len(seeds) == 1 else f"seeds {seeds.start}–{seeds.stop - 1}"
 
 
-# --- what only the results can tell ----------------------------------------------------------------
-def plateau_needs(c: Cells) -> str:
-    return f"{c.ids['reference']} past the loss plateau (every seed's probe above random init's 95 % CI)"
-
-
-def past_plateau(c: Cells, role: str = "reference") -> str | None:
-    """Why the ``role`` runs (the reference every accuracy claim rests on) cannot decide an
-    accuracy claim, or None: a seed that failed, or whose linear top-1 is within (or below)
-    random init's CI, is still on the plateau where the pretext loss sits near chance and the
-    encoder is no better than a random one."""
-    random = c.value("random")
-    rand = random.estimate
-    if rand is None or rand.half is None:
-        return f"needs ≥ 2 random-init seeds to tell a trained encoder from a random one (has {random.n})"
-    ref = c.value(role)
-    stuck = {s: v for s, v in c.by_seed(role, METRIC).items() if v <= rand.mean + rand.half}
-    stuck_failed = len(ref.failed_seeds)
-    if not stuck and not stuck_failed:
-        return None
-    n = ref.n + ref.failed
-    seeds = ", ".join(f"seed {s}: {v:.1f}" for s, v in sorted(stuck.items()))
-    failed = f"{stuck_failed} failed" if stuck_failed else ""
+def pilot_needs(c: Cells) -> str:
+    if not c.claims.pilot_seeds:
+        return "the reference learnt something: not checked (claims.pilot_seeds = 0)"
     return (
-        f"{len(stuck) + stuck_failed} of {n} seeds of {c.ids[role]} still on the plateau "
-        f"({'; '.join(x for x in (seeds, failed) if x)}; random init {rand.text()}): needs a longer run"
+        f"the reference learnt something: its pilot runs ({_seeds(c.pilot_seeds)}, not compared) above "
+        "random init at the same seeds, paired Δ's 95 % CI above 0"
     )
+
+
+def pilot_gate(c: Cells) -> str | None:
+    """Why the pilot runs say the accuracy claims cannot be decided, or None. They are the
+    reference and random init at seeds no comparison uses, so the gate selects nothing on the
+    data it judges; "learnt something" is their paired Δ vs random init excluding 0."""
+    if not c.claims.pilot_seeds:
+        return None
+    d = delta(c.value("pilot"), c.value("pilot_random"))
+    assert d is not None  # the gate saw both pilot roles run
+    shown = "no pair" if d.estimate is None else d.estimate.text(signed=True)
+    if d.failed:
+        return f"pilot runs: {d.failed} of {d.pairs} failed (Δ vs random init {shown}): needs a longer or stabler run"
+    verdict, why = stats.judge(d.estimate)
+    if verdict == HOLDS:
+        return None
+    return f"pilot runs: the reference is not above random init (Δ {shown}, {why}): needs a longer run"
 
 
 def undecidable(reason: str) -> str:
@@ -155,19 +160,66 @@ class Comparison:
     label: str
     verdict: str
     text: str
+    estimate: stats.Estimate | None = None
+    size: str | None = None  # stats.judge_size against the claimed magnitude
 
 
-def compare_roles(c: Cells, a: str, b: str, direction: int, magnitude: float | None = None) -> Comparison:
+def failed_as_claimed(c: Cells, role: str) -> dict[int, float]:
+    """seed -> the top-1 of each failed run of ``role``, where the claim is that it fails or
+    loses: its probe (it still ran), else chance (a diverged run's encoder predicts nothing)."""
+    probes = c.by_seed(role, METRIC, failed_too=True)
+    chance = 100 / c.budget.classes if c.budget.classes else None
+    found = {s: probes.get(s, chance) for s in c.value(role).failed_seeds}
+    return {s: v for s, v in found.items() if v is not None}
+
+
+def compare_roles(
+    c: Cells, a: str, b: str, direction: int, magnitude: float | None = None, failure_is_loss: bool = False
+) -> Comparison:
     """Δ = a − b in linear top-1, paired by seed; the claim: Δ has the sign of ``direction``
-    (by at least ``magnitude``). A seed that failed on either side makes it inconclusive."""
-    d = delta(c.value(a), c.value(b))
+    (a claimed size ``magnitude`` is judged beside it). A failed run of ``a`` counts at its
+    probe when the claim is that ``a`` loses (``failure_is_loss``); any other failed run makes
+    the comparison inconclusive, counted as k of n failed."""
+    va, vb = c.value(a), c.value(b)
     label = f"{c.ids[a]} − {c.ids[b]}"
-    assert d is not None  # the claim's gate saw both roles run: neither value is missing
-    shown = "no pair" if d.estimate is None else d.estimate.text(signed=True)
-    if d.failed:
-        return Comparison(label, INCONCLUSIVE, f"{label}: Δ {shown}, {d.failed} of {d.pairs} seeds failed")
-    verdict, why = stats.judge(d.estimate, direction, magnitude)
-    return Comparison(label, verdict, f"{label}: Δ {shown} ({why})")
+    counted = failed_as_claimed(c, a) if failure_is_loss and direction < 0 else {}
+    pairs = (va.by_seed.keys() | va.failed_seeds) & (vb.by_seed.keys() | vb.failed_seeds)
+    failed = len(pairs & ((va.failed_seeds - counted.keys()) | vb.failed_seeds))
+    d = stats.paired({**va.by_seed, **counted}, vb.by_seed)
+    shown = "no pair" if d is None else d.text(signed=True)
+    as_claimed = len(pairs & counted.keys())
+    note = f", {as_claimed} of {len(pairs)} failed as claimed (counted at their probe)" if as_claimed else ""
+    if failed:
+        return Comparison(label, INCONCLUSIVE, f"{label}: Δ {shown}, {failed} of {len(pairs)} seeds failed")
+    verdict, why = stats.judge(d, direction)
+    size = None if magnitude is None else stats.judge_size(d, direction, magnitude)
+    return Comparison(label, verdict, f"{label}: Δ {shown}{note} ({why})", d, size)
+
+
+def _per_comparison(comparisons: list[Comparison], text) -> str:
+    """One column's entries, labelled when the claim has several comparisons; '—' when none says."""
+    shown = [(x.label, t) for x in comparisons if (t := text(x))]
+    if not shown:
+        return "—"
+    return shown[0][1] if len(comparisons) == 1 else "; ".join(f"{label}: {t}" for label, t in shown)
+
+
+def detectable(x: Comparison) -> str | None:
+    """An inconclusive comparison's smallest detectable Δ: its CI half-width (t · std / √n)."""
+    e = x.estimate
+    if x.verdict != INCONCLUSIVE or e is None:
+        return None
+    return "n = 1: no spread" if e.half is None else f"±{e.half:.1f} at n = {e.n}"
+
+
+def seeds_needed(x: Comparison) -> str | None:
+    """The seeds that would decide an inconclusive comparison's Δ of the observed size."""
+    if x.verdict != INCONCLUSIVE or x.estimate is None:
+        return None
+    n = stats.seeds_to_decide(x.estimate)
+    if n is None:
+        return "≥ 2 to measure a spread" if x.estimate.half is None else f"> {stats.MAX_SEEDS:,}"
+    return f"{n} for Δ {x.estimate.mean:+.1f}"
 
 
 def accuracy_claim(text, source, needs, comparisons: list[Comparison], cells) -> Claim:
@@ -178,20 +230,23 @@ def accuracy_claim(text, source, needs, comparisons: list[Comparison], cells) ->
         "; ".join(x.text for x in comparisons),
         stats.combine([x.verdict for x in comparisons]),
         cells,
+        _per_comparison(comparisons, lambda x: x.size),
+        _per_comparison(comparisons, detectable),
+        _per_comparison(comparisons, seeds_needed),
     )
 
 
-def gate(c: Cells, key: str, plateau: bool = True) -> str | None:
-    """The verdict claim ``key`` gets before its numbers: not decidable a priori
-    (pipeline.spec.claims_plan), not run, or its reference still on the plateau; None when the
-    numbers decide it."""
+def gate(c: Cells, key: str) -> str | None:
+    """The verdict claim ``key`` gets before its numbers: not decidable a priori (from the config:
+    pipeline.spec.claims_plan; its cells were not trained), not run, or not decidable by the
+    pilot runs (accuracy claims); None when the numbers decide it."""
     need = c.needs[key]
     if need.why_not:
-        return undecidable(need.why_not)
+        return undecidable(f"a priori: {need.why_not}")
     if not c.ran(*need.roles):
         return NOT_RUN
-    if plateau:
-        why = past_plateau(c)
+    if set(PILOT_ROLES) & set(need.roles):
+        why = pilot_gate(c)
         if why:
             return undecidable(why)
     return None
@@ -220,7 +275,7 @@ def fifo_bound(c: Cells) -> Claim:
         f"(run: K = {_ks(ks)}, each FIFO and random, {_epochs(c)})"
     )
     needs = c.needs["fifo"].text
-    verdict = gate(c, "fifo", plateau=False)
+    verdict = gate(c, "fifo")
     if verdict:
         return Claim(text, SEED_NOTES, needs, "", verdict, c.cells(*roles))
     parts, fifo_ages, random_older = [], [], []  # per run: max age - K/B; an older key than K/B kept
@@ -255,14 +310,16 @@ def low_momentum(c: Cells) -> Claim:
         f"m < 0.99 loses accuracy (~{LOW_M_LOSS:g} points) (run: m = {', '.join(map(format_value, low))} "
         f"vs m = 0.99, {_epochs(c)})"
     )
-    needs = f"{c.needs['low_m'].text}; {plateau_needs(c)}"
+    needs = f"{c.needs['low_m'].text}; {pilot_needs(c)}"
     cells = c.cells(*roles, against) if against in c.ids else []
     if not low or against not in c.ids:
         return Claim(text, SEED_NOTES, needs, "claims.m needs 0.99 and a value in (0, 0.99)", NOT_RUN, cells)
     verdict = gate(c, "low_m")
     if verdict:
         return Claim(text, SEED_NOTES, needs, "", verdict, cells)
-    comparisons = [compare_roles(c, r, against, direction=-1, magnitude=LOW_M_LOSS) for r in roles]
+    comparisons = [
+        compare_roles(c, r, against, direction=-1, magnitude=LOW_M_LOSS, failure_is_loss=True) for r in roles
+    ]
     return accuracy_claim(text, SEED_NOTES, needs, comparisons, cells)
 
 
@@ -273,7 +330,7 @@ def zero_momentum(c: Cells) -> Claim:
     role = next((f"m={m}" for m in c.claims.m if m == 0), None)
     if role is None:
         return Claim(text, source, needs, "claims.m has no 0", NOT_RUN, [])
-    verdict = gate(c, "zero_m", plateau=False)
+    verdict = gate(c, "zero_m")
     if verdict:
         return Claim(text, source, needs, "", verdict, c.cells(role, "random"))
     v = c.value(role)
@@ -291,7 +348,17 @@ def zero_momentum(c: Cells) -> Claim:
         verdict = CONTRADICTED if failed == 0 else INCONCLUSIVE
     else:
         verdict = HOLDS if failed == runs else INCONCLUSIVE
-    return Claim(text, source, needs, measured, verdict, c.cells(role, "random"))
+    x = Comparison(f"{c.ids[role]} − {c.ids['random']}", verdict, measured, d)
+    return Claim(
+        text,
+        source,
+        needs,
+        measured,
+        verdict,
+        c.cells(role, "random"),
+        "—",
+        *(_per_comparison([x], f) for f in (detectable, seeds_needed)),
+    )
 
 
 def key_encoder(c: Cells) -> Claim:
@@ -301,7 +368,7 @@ def key_encoder(c: Cells) -> Claim:
     )
     records = [
         (cell, rec)
-        for g in c.gs.values()
+        for g in [*c.gs.values(), *c.pilot_gs.values()]
         if g.id in c.ids.values()
         for cell, rec in zip(g.cells["cell"], g.cells["key_encoder"])
         if isinstance(rec, dict)
@@ -327,7 +394,7 @@ def larger_queue(c: Cells) -> Claim:
     ks = sorted(c.claims.K)
     roles = [f"K={k},fifo" for k in ks]
     text = f"A larger queue helps (the source: K from 1,024 to 65,536) (run: K = {_ks(ks)}, FIFO, {_epochs(c)})"
-    needs = f"{c.needs['larger_K'].text}; {plateau_needs(c)}"
+    needs = f"{c.needs['larger_K'].text}; {pilot_needs(c)}"
     if len(ks) < 2:
         return Claim(text, SEED_BLOG, needs, "claims.K has one value", NOT_RUN, c.cells(*roles))
     verdict = gate(c, "larger_K")
@@ -340,7 +407,7 @@ def larger_queue(c: Cells) -> Claim:
 def slow_momentum(c: Cells) -> Claim:
     text = f"m = 0.9999 is too slow: the key encoder barely moves (run: m = 0.9999 vs 0.999, {_epochs(c)})"
     roles = ["m=0.9999", "m=0.999"]
-    needs = f"{c.needs['slow_m'].text}; {plateau_needs(c)}"
+    needs = f"{c.needs['slow_m'].text}; {pilot_needs(c)}"
     if not {0.999, 0.9999} <= set(c.claims.m):
         return Claim(text, SEED_BLOG, needs, "claims.m lacks 0.999 or 0.9999", NOT_RUN, [])
     verdict = gate(c, "slow_m")
@@ -354,9 +421,9 @@ def longer_schedule(c: Cells) -> Claim:
     text = f"A longer schedule helps (the source: 200 vs 100 epochs) (run: {le} vs {e} epochs, {c.claims.seeds} seeds)"
     verdict = gate(c, "longer")
     if verdict:
-        return Claim(text, SEED_BLOG, plateau_needs(c), "", verdict, c.cells("reference", "long"))
+        return Claim(text, SEED_BLOG, pilot_needs(c), "", verdict, c.cells("reference", "long"))
     comparison = compare_roles(c, "long", "reference", direction=1)
-    return accuracy_claim(text, SEED_BLOG, plateau_needs(c), [comparison], c.cells("reference", "long"))
+    return accuracy_claim(text, SEED_BLOG, pilot_needs(c), [comparison], c.cells("reference", "long"))
 
 
 def memory_bank(c: Cells) -> Claim:
@@ -364,9 +431,9 @@ def memory_bank(c: Cells) -> Claim:
     source = PAPER + ", Figure 3"
     verdict = gate(c, "memory_bank")
     if verdict:
-        return Claim(text, source, plateau_needs(c), "", verdict, c.cells("reference", "memory_bank"))
-    comparison = compare_roles(c, "memory_bank", "reference", direction=-1)
-    return accuracy_claim(text, source, plateau_needs(c), [comparison], c.cells("reference", "memory_bank"))
+        return Claim(text, source, pilot_needs(c), "", verdict, c.cells("reference", "memory_bank"))
+    comparison = compare_roles(c, "memory_bank", "reference", direction=-1, failure_is_loss=True)
+    return accuracy_claim(text, source, pilot_needs(c), [comparison], c.cells("reference", "memory_bank"))
 
 
 CLAIMS = [
@@ -392,23 +459,37 @@ def claims_table(c: Cells, prov) -> Table:
         f"Cells: the base cell trained {e} epochs (the schedule claim: {le}), varied one setting at a time, "
         f"{c.claims.seeds} seeds each (claims.seeds), and random init; accuracy is the linear probe's top-1.",
         "Δ a − b: a's seed s minus b's seed s, mean ± 95 % CI (Student t) over the n seeds both ran. "
-        "holds: the CI excludes 0 on the claimed side (and reaches a claimed size); contradicted: it excludes "
-        "0 on the other side (or lies short of the claimed size); inconclusive: otherwise, or one seed, or a "
-        "seed that failed (for the m = 0 claim a failure is its evidence); the invariants (FIFO bound, key "
-        "encoder) hold when every run satisfies them (≥ 2 runs).",
+        "The direction decides the verdict: holds: the CI excludes 0 on the claimed side; contradicted: it "
+        "excludes 0 on the other side; inconclusive: it includes 0, or one seed. size: a claimed size against "
+        "the CI (consistent with the size: the CI contains it; smaller / larger than claimed: the CI lies "
+        "entirely below / above it). Failures: where the claim is that a setting fails or loses (m = 0, "
+        "m < 0.99, the memory bank), its failed runs are that evidence, counted at their probe (chance "
+        "if none); elsewhere a failed run is counted (k of n seeds failed) and the comparison is "
+        "inconclusive. The invariants (FIFO bound, key encoder) hold when every run satisfies them (≥ 2 runs).",
+        "What would decide an inconclusive comparison: smallest detectable Δ: its CI's half-width, "
+        "t(0.975, n − 1) · sd / √n at these n seeds and their spread; seeds to decide: the smallest n with "
+        "t(0.975, n − 1) · sd / √n < |Δ| at the observed Δ and spread.",
         f"not decidable here: the experiment cannot decide the claim (the needs column; the reason says what "
-        f"would). This budget ({budget}, {c.claims.seeds} seeds) cannot decide: "
-        + ("; ".join(cannot) if cannot else "none of them")
-        + ".",
+        f"would), known before the runs it judges: 'a priori' from the config (those cells are not trained), "
+        f"or from the pilot runs (other seeds than the compared ones). This budget ({budget}, "
+        f"{c.claims.seeds} seeds) cannot decide: " + ("; ".join(cannot) if cannot else "none of them") + ".",
         "not run: a cell the claim needs has no result yet (snakemake claims computes them).",
     ]
     return Table(
         "claims",
         "The seeds' claims, measured",
-        ["claim", "source", "needs", "measured", "verdict"],
+        ["claim", "source", "needs", "measured", "verdict", "size", "smallest detectable Δ", "seeds to decide"],
         [],
         [],
-        [Row([r.text, r.source, r.needs, r.measured or "—", r.verdict], [], r.cells) for r in rows],
+        [
+            Row(
+                [r.text, r.source, r.needs, r.measured or "—", r.verdict, r.size or "—", r.detectable or "—"]
+                + [r.seeds or "—"],
+                [],
+                r.cells,
+            )
+            for r in rows
+        ],
         prov([g for g in (c.group(r) for r in c.ids) if g is not None], vary=set()),
         notes=notes,
     )

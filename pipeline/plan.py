@@ -2,13 +2,14 @@
 
     snakemake plan [--configfile PRESET]                  # PLAN_PROFILE=<dir> picks the profile
     python -m pipeline.plan [--configfile PRESET ...] [--config results=...] [--profile profiles/slurm]
+    python -m pipeline.plan --claims [...]                # the claims study's cells instead of the grid's
 
 Per cell: training images x epochs, GPU-hours from a published throughput figure (table
 THROUGHPUT below, each entry with its source), the job's wall time on the GPUs the profile gives
 it, and whether that exceeds the job's time limit (``runtime``: grid.resources, or the profile's
 set-resources). Then the totals, the wall time at the profile's ``jobs`` limit, and detection
 transfer where a figure exists. The dataset need not be reachable: without its conversion report
-the training set's size is a known count per source (TRAIN_IMAGES).
+the training set's size is the config's (pipeline.spec.training_set).
 
 Standard library, yaml and the config code only: it never imports torch (a test holds it so).
 """
@@ -16,6 +17,7 @@ Standard library, yaml and the config code only: it never imports torch (a test 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import json
 import math
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.spec.claims_plan import not_trained
 from pipeline.spec.config import (
     DEFAULT_CONFIG,
     ConfigError,
@@ -37,21 +40,11 @@ from pipeline.spec.config import (
     typed_config,
     validate_schema,
 )
-from pipeline.spec.grid import Cell, cell_resources, detects, grid_cells, training_set_size
-from pipeline.spec.sections import Config, Dataset, Pretrain
+from pipeline.spec.grid import Cell, cell_resources, claims_budget, claims_cells, detects, grid_cells
+from pipeline.spec.sections import Config, Pretrain
+from pipeline.spec.training_set import IMAGENET_TRAIN, training_set
 
 DEFAULT_PROFILE = "profiles/slurm"
-
-IMAGENET_TRAIN = 1_281_167  # ImageNet-1k (ILSVRC-2012) training images
-# Training images per dataset source when no conversion report says (synthetic: its config).
-TRAIN_IMAGES = {
-    "imagefolder": (IMAGENET_TRAIN, "assumed ImageNet-1k train (a folder dataset of unknown size)"),
-    "unlabeled": (IMAGENET_TRAIN, "assumed ImageNet-1k train (a folder dataset of unknown size)"),
-    "cifar10": (50_000, "CIFAR-10 train"),
-    "cifar100": (50_000, "CIFAR-100 train"),
-    "stl10": (5_000, "STL-10 train (labelled)"),
-    "stl10+unlabeled": (105_000, "STL-10 train + unlabeled"),
-}
 
 
 def per_gpu(images: int, epochs: int, hours: float, gpus: int) -> float:
@@ -185,34 +178,6 @@ def gpus_of(resources: dict) -> int:
     return int(gres[1]) if gres else 1
 
 
-def train_images(cfg: Config) -> tuple[int, str]:
-    """The training split's size: its conversion report when it is this dataset's, else a known count."""
-    ds = cfg.dataset
-    source = ds.source
-    report = Path(cfg.results) / "data/ffcv/train.json"
-    if report.is_file():
-        data = json.loads(report.read_text())
-        if _report_is_of(data.get("source") or {}, ds, cfg.results):
-            return int(data["num_samples"]), f"the conversion report {report}"
-        note = f"; {report} is of another dataset ({data.get('source', {}).get('root')}): ignored"
-    else:
-        note = f"; no conversion report yet ({report})"
-    if source == "synthetic":
-        size = training_set_size(cfg)
-        assert size is not None  # the synthetic dataset's size follows from its config
-        return size, "the synthetic dataset's config" + note
-    key = "stl10+unlabeled" if source == "stl10" and ds.stl10_unlabeled else source
-    count, what = TRAIN_IMAGES[key]
-    return count, what + note
-
-
-def _report_is_of(described: dict, ds: Dataset, results: str) -> bool:
-    kind = "imagefolder" if ds.source == "synthetic" else ds.source
-    root = Path(f"{results}/data/synthetic") if ds.source == "synthetic" else Path(str(ds.root))
-    where = Path(str(described.get("root", ""))).expanduser().resolve()
-    return described.get("kind") == kind and where.is_relative_to(root.expanduser().resolve())
-
-
 def detection_cells(cfg: Config, cells: dict[str, Cell]) -> list[str]:
     """The cells with detection transfer (the rules' choice: pipeline.spec.grid.detects)."""
     return [cid for cid, cell in cells.items() if detects(cfg.detect, cid, cell.pretrain)]
@@ -277,10 +242,19 @@ def by_gpu(parts: list[dict]) -> dict[str, float]:
     return totals
 
 
-def make_plan(cfg: Config, profile: dict, throughput=THROUGHPUT, detection=DETECTION) -> dict:
-    """The plan as numbers (render() prints it)."""
-    cells = grid_cells(cfg)
-    images, images_from = train_images(cfg)
+def make_plan(cfg: Config, profile: dict, throughput=THROUGHPUT, detection=DETECTION, claims: bool = False) -> dict:
+    """The plan as numbers (render() prints it); ``claims``: of the claims study's cells (no
+    detection), with the claims it does not train because this budget cannot decide them."""
+    skipped = {}
+    if claims:
+        cfg = dataclasses.replace(cfg, detect=dataclasses.replace(cfg.detect, enabled=False))
+        cells = claims_cells(cfg)
+        assert cfg.claims is not None  # claims_cells refuses a config without it
+        skipped = not_trained(cfg.claims, claims_budget(cfg))
+    else:
+        cells = grid_cells(cfg)
+    data = training_set(cfg)
+    images, images_from = data.images, data.where
     rows = [pretraining_row(cid, cell.pretrain, cfg, profile, images, throughput) for cid, cell in cells.items()]
     detect = detection_plan(cfg, cells, profile, detection)
     jobs = int(profile.get("jobs", 1))
@@ -289,6 +263,8 @@ def make_plan(cfg: Config, profile: dict, throughput=THROUGHPUT, detection=DETEC
     pretrain_wall = makespan([r["wall_h"] for r in rows if r["wall_h"]], jobs)
     detect_wall = makespan([detect["wall_h"]] * detect["jobs"], jobs) if detect.get("wall_h") else 0.0
     return {
+        "study": "claims" if claims else "grid",
+        "not_trained": skipped,
         "cells": rows,
         "images": images,
         "images_from": images_from,
@@ -341,9 +317,11 @@ def render(plan: dict, profile_path: str) -> str:
     rows, det = plan["cells"], plan["detect"]
     sources = {r["source"] for r in rows if r.get("source")} | ({det["source"]} if det.get("source") else set())
     ref = {s: f"[{i}]" for i, s in enumerate(sorted(sources), 1)}
+    study = " of the claims study" if plan["study"] == "claims" else ""
     lines = [
-        f"Cost plan: {len(rows)} cells, profile {profile_path} (jobs: {plan['jobs']})",
+        f"Cost plan{study}: {len(rows)} cells, profile {profile_path} (jobs: {plan['jobs']})",
         f"Training images: {plan['images']:,} ({plan['images_from']})",
+        *[f"Not trained, this budget cannot decide it: {key} ({why})" for key, why in plan["not_trained"].items()],
         "",
         f"{'cell':<24} {'images x epochs':>20} {'GPUs':>5} {'GPU-hours':>14} {'wall h':>8} {'limit h':>8}  figure",
     ]
@@ -425,9 +403,9 @@ def load_profile(path: str) -> dict:
     return yaml.safe_load(file.read_text()) or {}
 
 
-def run(cfg: dict, profile: str = DEFAULT_PROFILE, as_json: bool = False) -> str:
+def run(cfg: dict, profile: str = DEFAULT_PROFILE, as_json: bool = False, claims: bool = False) -> str:
     """The plan of a whole workflow config under the profile folder ``profile``, as text or JSON."""
-    plan = make_plan(check(cfg), load_profile(profile))
+    plan = make_plan(check(cfg), load_profile(profile), claims=claims)
     return json.dumps(plan, indent=2) if as_json else render(plan, profile)
 
 
@@ -438,10 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config-json", help="the whole config as JSON (what `snakemake plan` passes)")
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help="Snakemake profile folder (default %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    ap.add_argument("--claims", action="store_true", help="plan the claims study's cells (snakemake claims)")
     args = ap.parse_args(argv)
     try:
         cfg = json.loads(args.config_json) if args.config_json else load_config(args.configfile, args.config)
-        print(run(cfg, args.profile, as_json=args.json))
+        print(run(cfg, args.profile, as_json=args.json, claims=args.claims))
     except ConfigError as err:
         print(f"plan: {err}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """The claims table: one row per claim, rendered from whatever cells exist ("not run" for the
 others); each verdict a paired Δ by seed with its 95 % CI, or "not decidable here" with what
-would decide it; never a preset answer. Expected intervals are computed by hand with
-t(0.975, 2) = 4.303 from a printed table."""
+would decide it, known before the runs it judges; never a preset answer. Expected intervals are
+computed by hand with t(0.975, 2) = 4.303 from a printed table."""
 
 import csv
 import json
@@ -90,13 +90,26 @@ def seed_cell(override: dict, seed: int) -> str:
     return cell_id(BASE, merge(BASE, {**override, "seed": seed}))
 
 
-def full_results(root, seeds=(0, 1, 2), **changes):
-    """Every claims cell, seeds 0-2; ``changes``: role -> (top1 per seed, failure, last log row)."""
+# the pilot: the reference and random init at seeds 3 and 4 (after claims.seeds), never compared
+PILOT = {"reference": [58.0, 62.0], "random": [10.0, 10.5]}
+
+
+def pilot_results(root, reference=PILOT["reference"], random=PILOT["random"]):
+    for s, (ref, rand) in enumerate(zip(reference, random), start=3):
+        cell(root, seed_cell({"epochs": 15}, s), ref)
+        cell(root, seed_cell({"method": "random"}, s), rand)
+
+
+def full_results(root, seeds=(0, 1, 2), pilot=True, **changes):
+    """Every claims cell, seeds 0-2, and the pilot's; ``changes``: role -> (top1 per seed,
+    failure, last log row)."""
     for role, (override, top1, failure, final) in ROLES.items():
         top1, failure, final = changes.get(role, (top1, failure, final))
         for s in seeds:
             fail = failure[s] if isinstance(failure, list) else failure
             cell(root, seed_cell(override, s), top1[s], fail, **(final[s] if isinstance(final, list) else final))
+    if pilot:
+        pilot_results(root)
 
 
 def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
@@ -107,22 +120,22 @@ def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
         "m=0.0,epochs=15",
         "m=0.5,epochs=15",
         "m=0.9,epochs=15",
-        "m=0.999,epochs=15",
-        "m=0.9999,epochs=15",
         "epochs=15,queue_policy=random",
         "K=16384,epochs=15",  # K=4096 FIFO: the reference
         "K=16384,epochs=15,queue_policy=random",
         "mechanism=memory_bank,epochs=15",
         "base",  # 30 epochs: the base
-        "method=random",  # random init: the plateau's level and m = 0's direct measure
+        "method=random",  # random init: m = 0's direct measure
     ]
-    # claims.seeds = 3 of each cell a decidable claim needs, paired by seed; one of m = 0.999 and
-    # 0.9999: only "m = 0.9999 is too slow" needs them, and 2,925 steps are not 5 of its half-lives
+    # claims.seeds = 3 of each cell a decidable claim needs, paired by seed; the reference and
+    # random init also at the pilot seeds 3 and 4. No run of m = 0.999 or 0.9999: only "m = 0.9999
+    # is too slow" needs them, and 2,925 steps are not 5 of its half-lives (34,656)
     seeds = {g: sorted(cells[c].seed for c in cells if group_id(c) == g) for g in groups}
-    assert seeds == {g: [0] if g in ("m=0.999,epochs=15", "m=0.9999,epochs=15") else [0, 1, 2] for g in groups}
+    pilot = ("epochs=15", "method=random")
+    assert seeds == {g: [0, 1, 2, 3, 4] if g in pilot else [0, 1, 2] for g in groups}
     # with enough steps (200 epochs: 39,000 >= 34,656) they get 3 as well
     longer = claims_cells(typed_config({**CONFIG, "claims": {**CLAIMS, "epochs": 200, "long_epochs": 400}}))
-    assert len(longer) == 12 * 3
+    assert len(longer) == 12 * 3 + 2 * 2
     assert all(p.epochs == 15 for c, p in cells.items() if group_id(c) not in ("base", "method=random"))
 
 
@@ -146,14 +159,10 @@ def test_claims_render_from_partial_results_with_not_run_rows(tmp_path):
     assert got["key encoder"] == HOLDS and rows_by_claim(tmp_path)["key encoder"]["measured"].startswith("2 of 2")
     # what the budget cannot decide is said before anything runs, with what would decide it
     assert got["m = 0.9999"] == (
-        f"{NOT_DECIDABLE} (needs ≥ 34,656 steps, has 2,925: claims.epochs ≥ 178 at 195 steps/epoch)"
+        f"{NOT_DECIDABLE} (a priori: needs ≥ 34,656 steps, has 2,925: claims.epochs ≥ 178 at 195 steps/epoch)"
     )  # 5 half-lives of 0.9999: 5 ln 0.5 / ln 0.9999 = 34,655.6
-    assert got["larger K"] == f"{NOT_DECIDABLE} (needs K ≤ 5,000; K = 16,384 too large for this data)"
-    # one seed of random init: a run on the plateau cannot be told from one past it
-    assert (
-        got["longer"]
-        == f"{NOT_DECIDABLE} (needs ≥ 2 random-init seeds to tell a trained encoder from a random one (has 1))"
-    )
+    assert got["larger K"] == f"{NOT_DECIDABLE} (a priori: needs K ≤ 5,000; K = 16,384 too large for this data)"
+    assert got["longer"] == NOT_RUN  # its pilot runs have not run
     md = (tmp_path / "tables" / "claims.md").read_text()
     assert "not run: a cell the claim needs has no result yet" in md
     assert "This budget (15 epochs = 2,925 steps of batch 256, 3 seeds) cannot decide: A larger queue helps; " in md
@@ -182,12 +191,19 @@ def test_every_claim_judged_on_what_was_measured(tmp_path):
     # CI [-8.8, -5.9]: below 0 and reaching the claimed ~5 points
     assert "m=0.5,epochs=15 − epochs=15: Δ -7.3 ± 1.4 (n=3)" in rows["low m"]["measured"]
     assert "m=0.9,epochs=15 − epochs=15: Δ -6.0 ± 0.0 (n=3)" in rows["low m"]["measured"]
+    # the size beside the verdict: both losses lie entirely beyond the claimed 5 points
+    assert rows["low m"]["size"] == (
+        "m=0.5,epochs=15 − epochs=15: larger than claimed; m=0.9,epochs=15 − epochs=15: larger than claimed"
+    )
+    assert rows["low m"]["seeds to decide"] == "—"  # decided: nothing more to ask
     # m = 0: every seed collapsed, and its probe is at random init's level: 0.5, 0.2, 0.4 above it,
     # mean 0.367, std 0.153, half 4.303 * 0.153 / sqrt(3) = 0.38: the CI includes 0
     zero = rows["m = 0"]["measured"]
     assert zero.startswith("3 of 3 seeds failed by the loss rule") and "Δ +0.4 ± 0.4 (n=3)" in zero
     # longer: 4, 5, 3: mean 4, std 1, half 4.303 / sqrt(3) = 2.48
     assert "base − epochs=15: Δ +4.0 ± 2.5 (n=3)" in rows["longer"]["measured"]
+    # decided before the runs it judges: the pilot's seeds 3, 4 (58 − 10, 62 − 10.5) learnt something
+    assert "pilot runs (seeds 3–4, not compared)" in rows["longer"]["needs"]
     # 5 half-lives of 0.99: 5 ln 0.5 / ln 0.99 = 5 x 68.97 = 344.8
     assert rows["low m"]["needs"].startswith("≥ 345 steps (5 EMA half-lives of m = 0.99)")
     momentum = (tmp_path / "tables" / "claims_momentum.md").read_text()
@@ -202,6 +218,9 @@ def test_the_queue_claim_on_data_large_enough_to_decide_it(tmp_path):
     # K = 16,384 − 4,096 by seed: 1, 2, 0: mean 1, std 1, half 2.48: CI [-1.5, 3.5] includes 0
     row = rows_by_claim(tmp_path)["larger K"]
     assert row["verdict"] == INCONCLUSIVE and "Δ +1.0 ± 2.5 (n=3) (95 % CI [-1.5, +3.5] includes 0)" in row["measured"]
+    # what would decide it: these 3 seeds detect ±2.5; a Δ of +1.0 at std 1 needs t / sqrt(n) < 1:
+    # n = 6: 2.571 / 2.449 = 1.05; n = 7: 2.447 / 2.646 = 0.925
+    assert (row["smallest detectable Δ"], row["seeds to decide"]) == ("±2.5 at n = 3", "7 for Δ +1.0")
     assert row["needs"].startswith("K ≤ 20,000 (10% of 200,000 training images; a queue then holds ≤ 2,000 of")
 
 
@@ -229,14 +248,38 @@ def test_a_larger_queue_that_does_worse_contradicts_it(tmp_path):
     assert verdicts(tmp_path)["larger K"] == CONTRADICTED
 
 
-def test_a_failed_seed_is_counted_not_dropped(tmp_path):
-    # m = 0.5 diverged on seed 1: not averaged away, and the claim it is not about stays open
-    full_results(tmp_path, **{"m=0.5": ([52.0, 5.0, 63.0], [None, "diverged: loss nan at epoch 2", None], {})})
+def test_a_failed_run_of_a_setting_claimed_to_lose_is_its_evidence(tmp_path):
+    # m = 0.5 diverged on seed 1 (its probe: 43): the claim is that it loses, so the failure counts
+    # at its probe: Δ -8, -7, -7 as if it had not failed: -7.3 ± 1.4, CI [-8.8, -5.9]
+    full_results(tmp_path, **{"m=0.5": ([52.0, 43.0, 63.0], [None, "diverged: loss nan at epoch 2", None], {})})
     write_claims(tmp_path, CONFIG)
     row = rows_by_claim(tmp_path)["low m"]
-    assert row["verdict"] == INCONCLUSIVE and "1 of 3 seeds failed" in row["measured"]
+    assert row["verdict"] == HOLDS
+    assert "m=0.5,epochs=15 − epochs=15: Δ -7.3 ± 1.4 (n=3), 1 of 3 failed as claimed" in row["measured"]
     momentum = (tmp_path / "tables" / "claims_momentum.md").read_text()
     assert "57.5 ± 69.9 (n=2; 1 of 3 failed)" in momentum  # 52, 63: std 7.78, half 12.706 * 7.78 / sqrt 2
+
+
+def test_a_collapsed_memory_bank_without_a_probe_counts_at_chance(tmp_path):
+    # the bank collapsed on seed 0 and its probe never ran: chance, 100 / 10 classes = 10.
+    # Δ vs the reference 10 − 60, 35 − 50, 55 − 70 = -50, -15, -15: mean -26.67, std 20.21,
+    # half 4.303 * 20.21 / sqrt 3 = 50.2: CI [-76.9, +23.5] includes 0 (a collapse is no proof alone)
+    full_results(tmp_path, memory_bank=([None, 35.0, 55.0], [COLLAPSED, None, None], {}))
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["memory bank"]
+    assert row["verdict"] == INCONCLUSIVE and "Δ -26.7 ± 50.2 (n=3), 1 of 3 failed as claimed" in row["measured"]
+    # -15, -15 alone would hold: the failure counts for the claim, not against it
+    full_results(tmp_path, memory_bank=([45.0, 35.0, 55.0], [COLLAPSED, None, None], {}))
+    write_claims(tmp_path, CONFIG)
+    assert verdicts(tmp_path)["memory bank"] == HOLDS
+
+
+def test_a_failed_run_elsewhere_is_counted_not_dropped(tmp_path):
+    # the longer run diverged on seed 1: "longer helps" is not a claim about failure
+    full_results(tmp_path, long=([64.0, 5.0, 73.0], [None, "diverged: loss nan at epoch 9", None], {}))
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["longer"]
+    assert row["verdict"] == INCONCLUSIVE and "1 of 3 seeds failed" in row["measured"]
 
 
 def test_m0_failing_on_some_seeds_only_is_inconclusive(tmp_path):
@@ -256,17 +299,30 @@ def test_one_seed_is_inconclusive(tmp_path):
     assert row["verdict"] == INCONCLUSIVE and "Δ -8.0 (n=1) (n = 1: no interval)" in row["measured"]
 
 
-def test_runs_still_on_the_plateau_decide_nothing(tmp_path):
-    # the reference's seed 1 ends at 12.0, inside random init's 10.0 ± 2.48 (10, 11, 9: std 1)
-    full_results(tmp_path, reference=([60.0, 12.0, 70.0], None, dict(queue_age_max=16)))
+def test_a_pilot_that_learnt_nothing_decides_no_accuracy_claim(tmp_path):
+    # the pilot reference 10.5, 12.0 vs random init 10.0, 10.5 at seeds 3, 4: Δ 0.5, 1.5,
+    # mean 1.0, std 0.707, half 12.706 * 0.707 / sqrt 2 = 6.35: CI [-5.4, +7.4] includes 0
+    full_results(tmp_path, pilot=False)
+    pilot_results(tmp_path, reference=[10.5, 12.0])
     write_claims(tmp_path, CONFIG)
     got = verdicts(tmp_path)
     why = (
-        f"{NOT_DECIDABLE} (1 of 3 seeds of epochs=15 still on the plateau "
-        "(seed 1: 12.0; random init 10.0 ± 2.5 (n=3)): needs a longer run)"
+        f"{NOT_DECIDABLE} (pilot runs: the reference is not above random init (Δ +1.0 ± 6.4 (n=2), "
+        "95 % CI [-5.4, +7.4] includes 0): needs a longer run)"
     )
     assert got["low m"] == got["longer"] == got["memory bank"] == why
     assert got["fifo"] == got["key encoder"] == got["m = 0"] == HOLDS  # not accuracy comparisons
+
+
+def test_the_gate_never_reads_the_runs_it_judges(tmp_path):
+    # the compared reference's seed 1 sits at random init's level: the old gate would have
+    # called the claims undecidable; the pilot learnt, so the comparisons decide them
+    full_results(tmp_path, reference=([60.0, 12.0, 70.0], None, dict(queue_age_max=16)))
+    write_claims(tmp_path, CONFIG)
+    rows = rows_by_claim(tmp_path)
+    # memory bank − reference by seed: -15, +23, -15: mean -2.33, std 21.9, the CI includes 0
+    assert rows["memory bank"]["verdict"] == INCONCLUSIVE
+    assert not any(r["verdict"].startswith(NOT_DECIDABLE + " (pilot") for r in rows.values())
 
 
 def test_claims_cli_and_its_errors(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from test_claims import CLAIMS, CONFIG, ROLES, full_results, rows_by_claim, seed_cell, verdicts
 
 from pipeline import claims, environment, plan, tables
-from pipeline.claims import NOT_RUN, data_size
+from pipeline.claims import NOT_RUN
 from pipeline.claims import run as write_claims
 from pipeline.report import figures, studies
 from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, Estimate
@@ -25,6 +25,7 @@ from pipeline.spec.config import (
     validate_sections,
 )
 from pipeline.spec.grid import Cell, claims_cells, parse_cell_id
+from pipeline.spec.training_set import training_set
 from tests.test_environment import TINY_LOCK, TINY_LOCK_SHA256
 
 
@@ -103,17 +104,23 @@ def test_slow_momentum_decided_on_enough_steps(tmp_path):
     assert row["verdict"] == HOLDS and "Δ -9.0 ± 0.0 (n=3)" in row["measured"]
 
 
-def test_data_size_of_converted_data_from_its_report(tmp_path):
+def test_training_set_of_converted_data_from_its_report(tmp_path):
     cfg = typed_config({"dataset": {"source": "cifar10", "root": str(tmp_path)}})
-    assert data_size(cfg, tmp_path) == (None, None)  # not converted yet
+
+    def size():
+        found = training_set(cfg, tmp_path)
+        return found.images, found.classes
+
+    assert size() == (50_000, 10)  # not converted yet: CIFAR-10's known count
     report = tmp_path / "data" / "ffcv" / "train.json"
     report.parent.mkdir(parents=True)
     report.write_text("{not json")
-    assert data_size(cfg, tmp_path) == (None, None)
-    report.write_text(json.dumps({"num_samples": 50000, "classes": [str(i) for i in range(10)]}))
-    assert data_size(cfg, tmp_path) == (50000, 10)
-    report.write_text(json.dumps({"num_samples": 7}))
-    assert data_size(cfg, tmp_path) == (7, None)  # no classes recorded: unknown, not 0
+    assert size() == (50_000, 10) and "unreadable" in training_set(cfg, tmp_path).where
+    this = {"kind": "cifar10", "root": str(tmp_path)}
+    report.write_text(json.dumps({"source": this, "num_samples": 49_000, "classes": [str(i) for i in range(10)]}))
+    assert size() == (49_000, 10)  # the count the jobs will see
+    report.write_text(json.dumps({"source": this, "num_samples": 7}))
+    assert size() == (7, None)  # no classes recorded: unknown, not 0
 
 
 def test_claims_need_their_sections(tmp_path):

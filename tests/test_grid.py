@@ -2,8 +2,19 @@
 
 import pytest
 
-from pipeline.spec.config import ConfigError, section, typed_config
-from pipeline.spec.grid import cell_id, cell_resources, grid_cells, group_id, parse_cell_id
+from pipeline.plan import load_config
+from pipeline.spec.claims_plan import not_trained as not_trained_claims
+from pipeline.spec.config import ConfigError, section, to_dict, typed_config
+from pipeline.spec.grid import (
+    cell_id,
+    cell_resources,
+    claims_budget,
+    claims_cells,
+    claims_overrides,
+    grid_cells,
+    group_id,
+    parse_cell_id,
+)
 from pipeline.spec.sections import Resources
 
 BASE = {
@@ -220,3 +231,43 @@ def test_the_repair_wraps_snakemakes_dag_once():
     own = dag.DAG.__init__.wrapped
     rejoin_cells_in_cluster_jobs()
     assert dag.DAG.__init__.wrapped is own and own.__module__ == "snakemake.dag"
+
+
+# --- the claims study's plan on real datasets --------------------------------------------------
+@pytest.mark.parametrize(
+    "preset, trained, not_trained",
+    [
+        # ImageNet-1k (dataset.train_images 1,281,167) at batch 256: 5,004 steps/epoch x 100 = 500,400
+        # steps; K <= 128,116 (10 %): every claim is decidable, every cell trained
+        ("imagenet-mocov2.yaml", 11, set()),
+        # CIFAR-10 (known: 50,000) at batch 512: 97 steps/epoch x 100 = 9,700 steps; the preset's
+        # m has no 0.9999 (34,656 steps): "too slow" is not decidable and nothing is trained for it
+        ("cifar10.yaml", 9, {"slow_m"}),
+    ],
+)
+def test_claims_plan_every_cell_at_the_claims_seeds(tmp_path, preset, trained, not_trained):
+    cfg = load_config([f"workflow/config/presets/{preset}"], [f"results={tmp_path}"])  # no conversion report
+    typed = typed_config(cfg)
+    cells = claims_cells(typed)
+    base, claims = to_dict(typed.pretrain), typed.claims
+    seeds = {}
+    for cid in cells:
+        seeds.setdefault(group_id(cid), []).append(cells[cid].pretrain.seed)
+    roles = claims_overrides(claims, typed.pretrain)
+    ids = {role: group_id(cell_id(base, {**base, **o})) for role, o in roles.items()}
+    # every m, K x policy cell, the memory bank and the long run: claims.seeds (3) each, paired
+    compared = [r for r in roles if r.startswith(("m=", "K=")) or r in ("memory_bank", "long", "reference")]
+    assert {ids[r] for r in compared} == {g for g in seeds if g != "method=random"}
+    # the reference's group (the base's m and K, FIFO: the same cell) also at the pilot seeds 3, 4
+    expected = {r: [0, 1, 2, 3, 4] if ids[r] == ids["reference"] else [0, 1, 2] for r in compared}
+    assert {r: sorted(seeds[ids[r]]) for r in compared} == expected
+    assert sorted(seeds["method=random"]) == [0, 1, 2, 3, 4]  # random init, and at the pilot seeds 3, 4
+    assert len(seeds) - 1 == trained  # trained groups (random init trains nothing)
+    assert set(not_trained_claims(claims, claims_budget(typed))) == not_trained
+
+
+def test_a_folder_dataset_without_its_size_fails_the_claims_plan(tmp_path):
+    cfg = load_config(["workflow/config/presets/imagenet-mocov2.yaml"], [f"results={tmp_path}"])
+    cfg["dataset"]["train_images"] = None
+    with pytest.raises(ConfigError, match="dataset.train_images"):
+        claims_cells(typed_config(cfg))

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from pipeline.plan import DetectionSpeed, Throughput, load_config, make_plan, minutes, train_images
-from pipeline.spec.config import merge, typed_config
+from pipeline.plan import DetectionSpeed, Throughput, load_config, make_plan, minutes, render
+from pipeline.spec.config import ConfigError, merge, typed_config
+from pipeline.spec.training_set import training_set
 from tests.conftest import run, snakemake_bin
 
 # Figures of made-up GPUs with round numbers, so that every expectation below is mental arithmetic.
@@ -107,10 +108,19 @@ def test_training_images_from_this_datasets_report_only(tmp_path):
     report = tmp_path / "results/data/ffcv/train.json"
     report.parent.mkdir(parents=True)
     report.write_text(json.dumps({"source": {"kind": "cifar10", "root": cfg["dataset"]["root"]}, "num_samples": 123}))
-    assert train_images(typed_config(cfg))[0] == 123
+    assert training_set(typed_config(cfg)).images == 123
     report.write_text(json.dumps({"source": {"kind": "cifar10", "root": "/elsewhere"}, "num_samples": 123}))
-    count, why = train_images(typed_config(cfg))
-    assert count == 50_000 and "another dataset" in why
+    found = training_set(typed_config(cfg))
+    assert (found.images, found.classes) == (50_000, 10) and "another dataset" in found.where
+
+
+def test_a_folder_dataset_declares_its_size_or_the_plan_asks_for_it(tmp_path):
+    cfg = config(tmp_path)
+    cfg["dataset"] = {"source": "imagefolder", "root": str(tmp_path)}
+    with pytest.raises(ConfigError, match=r"dataset.train_images: .* declare it \(ImageNet-1k: 1281167\)"):
+        training_set(typed_config(cfg))
+    cfg["dataset"]["train_images"] = 1_281_167
+    assert training_set(typed_config(cfg)).images == 1_281_167
 
 
 def test_imagenet_preset_without_torch():
@@ -131,3 +141,16 @@ def test_snakemake_plan_prints_the_plan_and_logs_it(tmp_path):
     proc = run([snakemake_bin(), "plan", "--config", f"results={tmp_path / 'r'}"], timeout=120)
     assert "Cost plan: 6 cells, profile profiles/slurm (jobs: 50)" in proc.stdout  # the demo's grid
     assert (tmp_path / "r/logs/plan.log").read_text().startswith("Cost plan: 6 cells")
+
+
+def test_the_claims_plan_says_what_it_will_not_train(tmp_path):
+    # CIFAR-10 (50,000) at batch 256, claims.epochs 5: 195 x 5 = 975 steps, short of the 34,656
+    # that 5 half-lives of m = 0.9999 need: its claim is not decidable, its cells not planned
+    cfg = merge(config(tmp_path), {"claims": {"epochs": 5, "long_epochs": 13, "m": [0.5, 0.99, 0.999, 0.9999]}})
+    plan = make_plan(typed_config(cfg), PROFILE, THROUGHPUT, DETECTION, claims=True)
+    assert list(plan["not_trained"]) == ["slow_m"] and "has 975" in plan["not_trained"]["slow_m"]
+    assert not [r["cell"] for r in plan["cells"] if "m=0.999" in r["cell"]]  # 0.999 and 0.9999: only it needs them
+    assert plan["detect"]["jobs"] == 0  # the claims rest on the probe
+    text = render(plan, "profiles/slurm")
+    assert text.startswith("Cost plan of the claims study: ")
+    assert "Not trained, this budget cannot decide it: slow_m (needs ≥ 34,656 steps, has 975" in text

@@ -11,11 +11,16 @@ from pipeline.report.stats import (
     CONTRADICTED,
     HOLDS,
     INCONCLUSIVE,
+    SIZE_CONSISTENT,
+    SIZE_LARGER,
+    SIZE_SMALLER,
     Estimate,
     combine,
     estimate,
     judge,
+    judge_size,
     paired,
+    seeds_to_decide,
     t_quantile,
 )
 from pipeline.runtime import provenance
@@ -41,7 +46,7 @@ def test_mean_and_ci_by_hand():
     # 1, 2, 3: mean 2, sample std 1, half-width t(0.975, 2) * 1 / sqrt(3) = 4.303 / 1.732 = 2.484
     e = estimate([1, 2, 3])
     assert (e.mean, e.n) == (2.0, 3) and e.half == pytest.approx(4.303 / math.sqrt(3), rel=1e-3)
-    assert e.text() == "2.0 ± 2.5 (n=3)"
+    assert e.text() == "2.0 ± 2.5 (n=3)" and e.std == 1.0
     one = estimate([7.25])
     assert one == Estimate(7.25, None, 1) and one.text() == "7.2 (n=1)" and one.half is None
     assert estimate([]) is None
@@ -70,12 +75,78 @@ def test_one_case_of_each_verdict():
     assert verdict == INCONCLUSIVE and "includes 0" in why
     assert judge(estimate([5.0]))[0] == INCONCLUSIVE  # n = 1: never a verdict
     assert judge(None)[0] == INCONCLUSIVE
-    # a claimed size: CI [1.76, 4.24] reaches 4 but lies entirely short of 5
-    assert judge(up, magnitude=4)[0] == HOLDS
-    verdict, why = judge(up, magnitude=5)
-    assert verdict == CONTRADICTED and "claimed size" in why
     assert combine([HOLDS, HOLDS]) == HOLDS and combine([HOLDS, INCONCLUSIVE]) == INCONCLUSIVE
     assert combine([HOLDS, CONTRADICTED, INCONCLUSIVE]) == CONTRADICTED and combine([]) == INCONCLUSIVE
+
+
+# "m < 0.99 loses ~5 points": direction -1, size 5. The issue's four intervals, each written as
+# mean ± half: the direction decides the verdict, the size is judged beside it.
+@pytest.mark.parametrize(
+    "mean, half, ci, verdict, size",
+    [
+        (-1.0, 1.5, "[-2.5, +0.5]", INCONCLUSIVE, SIZE_SMALLER),  # straddles 0; at most 2.5 below
+        (-1.0, 0.5, "[-1.5, -0.5]", HOLDS, SIZE_SMALLER),  # a clear loss, smaller than 5
+        (-2.5, 2.4, "[-4.9, -0.1]", HOLDS, SIZE_SMALLER),  # a clear loss, just short of 5
+        (-20.0, 1.0, "[-21.0, -19.0]", HOLDS, SIZE_LARGER),  # a loss far beyond 5
+    ],
+)
+def test_the_issues_four_intervals_for_a_claimed_loss(mean, half, ci, verdict, size):
+    delta = Estimate(mean, half, 3)
+    got, why = judge(delta, direction=-1)
+    assert got == verdict and why.startswith(f"95 % CI {ci}")
+    assert judge_size(delta, direction=-1, magnitude=5) == size
+
+
+def test_verdict_boundaries_by_hand():
+    # 3, 4, 5: mean 4, std 1, half t(0.975, 2) / sqrt 3 = 4.303 / 1.732 = 2.484: CI [1.516, 6.484]
+    up = estimate([3, 4, 5])
+    assert judge(up) == (HOLDS, "95 % CI [+1.5, +6.5] excludes 0 on the claimed side")
+    assert judge(up, direction=-1) == (CONTRADICTED, "95 % CI [+1.5, +6.5] excludes 0 on the other side")
+    # 1, 2, 3: mean 2, std 1, the same half: CI [-0.484, 4.484] includes 0 whichever the claim
+    straddle = estimate([1, 2, 3])
+    assert judge(straddle)[0] == judge(straddle, direction=-1)[0] == INCONCLUSIVE
+    # an end exactly at 0 still includes it; just inside it, the CI excludes 0
+    assert judge(Estimate(2.0, 2.0, 3))[0] == INCONCLUSIVE
+    assert judge(Estimate(2.0, 1.999, 3))[0] == HOLDS
+    assert judge(Estimate(-2.0, 2.0, 3), direction=-1)[0] == INCONCLUSIVE
+    assert judge(Estimate(-2.0, 1.999, 3), direction=-1)[0] == HOLDS
+
+
+def test_size_boundaries_by_hand():
+    up = estimate([3, 4, 5])  # CI [1.516, 6.484] (above)
+    assert judge_size(up, 1, 5) == SIZE_CONSISTENT
+    assert judge_size(up, 1, 1.515) == SIZE_LARGER  # the whole CI above 1.515
+    assert judge_size(up, 1, 1.517) == SIZE_CONSISTENT
+    assert judge_size(up, 1, 6.483) == SIZE_CONSISTENT
+    assert judge_size(up, 1, 6.485) == SIZE_SMALLER  # the whole CI below 6.485
+    # a claimed loss of 5 against a gain: the CI on the claimed side is [-6.484, -1.516]
+    assert judge_size(up, -1, 5) == SIZE_SMALLER
+    assert judge_size(Estimate(4.0, 1.0, 3), 1, 5) == SIZE_CONSISTENT  # CI [3, 5]: its end counts
+    assert judge_size(Estimate(4.0, 1.0, 3), 1, 3) == SIZE_CONSISTENT
+    assert judge_size(estimate([5.0]), 1, 5) is None and judge_size(None, 1, 5) is None
+
+
+@pytest.mark.parametrize("direction", [1, -1])
+def test_a_stronger_result_never_gets_a_worse_verdict(direction):
+    rank = {CONTRADICTED: 0, INCONCLUSIVE: 1, HOLDS: 2}
+    for half in (0.5, 2.0, 7.0):
+        means = [direction * x / 4 for x in range(-60, 61)]  # -15 .. 15 towards the claimed side
+        ranks = [rank[judge(Estimate(m, half, 3), direction)[0]] for m in means]
+        assert ranks == sorted(ranks) and ranks[0] == 0 and ranks[-1] == 2
+
+
+def test_seeds_to_decide_by_hand():
+    # 1, 2, 3: mean 2, std 1; t(0.975, n - 1) / sqrt(n) < 2 first at n = 4:
+    # n = 3: 4.303 / 1.732 = 2.48; n = 4: 3.182 / 2 = 1.59
+    assert seeds_to_decide(estimate([1, 2, 3])) == 4
+    # 1, -1, 3: mean 1, std 2: 2 t / sqrt(n) < 1 first at n = 18:
+    # n = 17: 2 x 2.120 / 4.123 = 1.028; n = 18: 2 x 2.110 / 4.243 = 0.995
+    assert seeds_to_decide(estimate([1, -1, 3])) == 18
+    # 3, 4, 5 already decide it: the n it needs is at most its own
+    assert seeds_to_decide(estimate([3, 4, 5])) == 3
+    assert seeds_to_decide(estimate([2, 2, 2])) == 2  # no spread: any interval excludes 0
+    assert seeds_to_decide(estimate([1, -1])) is None  # no Δ observed: nothing decides it
+    assert seeds_to_decide(estimate([4.0])) is None  # one seed: no spread measured
 
 
 # --- provenance ---------------------------------------------------------------------------------

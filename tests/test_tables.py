@@ -216,7 +216,7 @@ def test_seeds_mean_and_confidence_interval(results):
     assert md_rows(results, "ablation_K")["4096"][:2] == ["61.0 ± 12.7 (n=2)", "51.0 ± 12.7 (n=2)"]
     assert md_rows(results, "ablation_K")["1024"][0] == "55.0 (n=1)"
     text = (results / "tables" / "ablation_K.md").read_text()
-    assert "a ± b (n=k): the mean over k runs" in text and "95 % confidence interval (Student t" in text
+    assert "a ± b (n=k): the mean over k pretraining seeds" in text and "95 % confidence interval (Student t" in text
 
 
 def test_every_table_says_how_many_runs_stand_behind_its_numbers(results):
@@ -359,13 +359,14 @@ def test_method_comparison_and_detection(results):
     assert "these runs show no direction (n = 1: no interval)" in (results / "tables" / "main.md").read_text()
     det = md_rows(results, "detection")
     assert det["MoCo"][2:] == ["—", "—", "—", "—"]  # ViT cell: no detection transfer
-    # AP50, AP, AP75 over 3 trials (std 2, 1, 0.8: half-width 4.303 std / sqrt 3); 2 seeds x 1 trial
-    # (AP50 30, 34: std 2.83, half 12.706 * 2.83 / sqrt 2 = 25.4)
-    assert det["supervised"][2:5] == ["36.0 ± 5.0 (n=3)", "18.0 ± 2.5 (n=3)", "14.4 ± 2.0 (n=3)"]
+    # supervised: one seed, 3 trials (AP 17, 18, 19): their mean, one seed, no interval (the trials
+    # of one pretraining are not independent samples of it); 2 seeds x 1 trial (AP50 30, 34: std
+    # 2.83, half 12.706 * 2.83 / sqrt 2 = 25.4)
+    assert det["supervised"][2:5] == ["36.0 (n=1)", "18.0 (n=1)", "14.4 (n=1)"]
     assert det["MoCo (base cell)"][2:5] == ["32.0 ± 25.4 (n=2)", "16.0 ± 12.7 (n=2)", "12.8 ± 10.2 (n=2)"]
     assert det["random init"][2] == "6.0 (n=1)"
     rows = {r["method"]: r for r in read_csv(results, "detection")}
-    assert rows["supervised"]["AP_n"] == "3" and float(rows["supervised"]["AP_std"]) == pytest.approx(1.0)
+    assert rows["supervised"]["AP_n"] == "1" and rows["supervised"]["AP_std"] == ""
     # which normalisation and batch each number came from, and how it was scored
     text = (results / "tables" / "detection.md").read_text()
     assert (
@@ -536,3 +537,17 @@ def test_half_life_of_the_momentum():
 
     assert half_life(0.5) == 1.0 and half_life(0) == 0.0 and half_life(1) == float("inf")
     assert half_life(0.999) == pytest.approx(692.8, abs=0.1) and half_life(0.9) == pytest.approx(6.579, abs=1e-3)
+
+
+def test_detection_ci_is_over_seeds_and_a_seed_without_output_is_counted(tmp_path):
+    # seed 0: trials 10, 12 -> 11; seed 1: trials 14, 16 -> 15; seed 2: probe only, no detection.
+    # Over seeds: 11, 15: mean 13, std 2.83, half 12.706 * 2.83 / sqrt 2 = 25.4 (pooling the 4
+    # trials as independent would give n=4, 13.0 ± 4.1)
+    for cid, ap in (("base", [10.0, 12.0]), ("seed=1", [14.0, 16.0]), ("seed=2", None)):
+        fake_cell(tmp_path, cid, 60.0, ap=ap)
+    write_tables(tmp_path, CONFIG)
+    det = md_rows(tmp_path, "detection")
+    assert det["MoCo (base cell)"][3] == "13.0 ± 25.4 (n=2; 1 of 3 missing)"
+    assert "k of n missing: k of the n seeds have no output" in (tmp_path / "tables" / "detection.md").read_text()
+    row = next(r for r in read_csv(tmp_path, "detection") if r["method"] == "MoCo (base cell)")
+    assert (row["AP_n"], row["AP_missing"], row["AP_failed"]) == ("2", "1", "0")

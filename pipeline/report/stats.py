@@ -14,6 +14,9 @@ from dataclasses import dataclass
 LEVEL = 0.95  # every interval of the tables
 HOLDS, CONTRADICTED, INCONCLUSIVE = "holds", "contradicted", "inconclusive"
 NOT_DECIDABLE = "not decidable here"
+# a claimed size, judged beside the direction's verdict (never instead of it)
+SIZE_CONSISTENT, SIZE_SMALLER, SIZE_LARGER = "consistent with the size", "smaller than claimed", "larger than claimed"
+MAX_SEEDS = 10_000  # seeds_to_decide looks no further
 
 
 def _t_central(t: float, dof: int) -> float:
@@ -61,6 +64,7 @@ class Estimate:
     mean: float
     half: float | None
     n: int
+    std: float | None = None  # the sample std behind ``half`` (what more seeds would narrow)
 
     def text(self, decimals: int = 1, signed: bool = False, extra: str = "") -> str:
         """'+3.2 ± 1.1 (n=3)'; '3.2 (n=1)' without an interval; ``extra`` goes inside the brackets."""
@@ -74,7 +78,7 @@ def estimate(values) -> Estimate | None:
     if not vals:
         return None
     std = statistics.stdev(vals) if len(vals) > 1 else None
-    return Estimate(statistics.fmean(vals), ci_half_width(std, len(vals)), len(vals))
+    return Estimate(statistics.fmean(vals), ci_half_width(std, len(vals)), len(vals), std)
 
 
 def paired(a: dict, b: dict) -> Estimate | None:
@@ -82,25 +86,62 @@ def paired(a: dict, b: dict) -> Estimate | None:
     return estimate(a[s] - b[s] for s in sorted(a.keys() & b.keys()))
 
 
-def judge(delta: Estimate | None, direction: int = 1, magnitude: float | None = None) -> tuple[str, str]:
-    """(verdict, why) for a claim that ``delta`` is positive (direction 1) or negative (-1), by at
-    least ``magnitude`` if the claim states one: holds when the 95 % CI excludes 0 on the claimed
-    side and reaches the magnitude; contradicted when it excludes 0 on the other side, or lies
-    entirely short of the claimed magnitude; inconclusive otherwise (n < 2 included)."""
+def _interval(delta: Estimate, direction: int) -> tuple[float, float]:
+    """The 95 % CI as (low, high) on the claimed side's scale: positive means "as claimed"."""
+    assert delta.half is not None
+    lo, hi = delta.mean - delta.half, delta.mean + delta.half
+    return (lo, hi) if direction > 0 else (-hi, -lo)
+
+
+def _ci_text(delta: Estimate) -> str:
+    assert delta.half is not None
+    return f"95 % CI [{delta.mean - delta.half:+.1f}, {delta.mean + delta.half:+.1f}]"
+
+
+def judge(delta: Estimate | None, direction: int = 1) -> tuple[str, str]:
+    """(verdict, why) for a claim that ``delta`` is positive (direction 1) or negative (-1); the
+    direction alone decides: holds when the 95 % CI excludes 0 on the claimed side, contradicted
+    when it excludes 0 on the other side, inconclusive when it includes 0 (n < 2 included).
+    Monotone: moving the interval towards the claimed side never gives a worse verdict."""
     if delta is None:
         return INCONCLUSIVE, "no pair of runs to compare"
     if delta.half is None:
         return INCONCLUSIVE, f"n = {delta.n}: no interval"
-    low, high = delta.mean - delta.half, delta.mean + delta.half
-    lo, hi = sorted((direction * low, direction * high))
-    ci = f"95 % CI [{low:+.1f}, {high:+.1f}]"
+    lo, hi = _interval(delta, direction)
+    if lo > 0:
+        return HOLDS, f"{_ci_text(delta)} excludes 0 on the claimed side"
     if hi < 0:
-        return CONTRADICTED, f"{ci} excludes 0 on the other side"
-    if lo <= 0:
-        return INCONCLUSIVE, f"{ci} includes 0"
-    if magnitude is not None and hi < magnitude:
-        return CONTRADICTED, f"{ci} excludes the claimed size ({magnitude:g})"
-    return HOLDS, f"{ci} excludes 0" + ("" if magnitude is None else f" and reaches {magnitude:g}")
+        return CONTRADICTED, f"{_ci_text(delta)} excludes 0 on the other side"
+    return INCONCLUSIVE, f"{_ci_text(delta)} includes 0"
+
+
+def judge_size(delta: Estimate | None, direction: int, magnitude: float) -> str | None:
+    """A claimed size (``magnitude`` > 0 on the claimed side) against the 95 % CI: consistent when
+    the CI contains it, smaller / larger when the CI lies entirely below / above it; None
+    without an interval. Shown beside the verdict: a clear effect smaller than claimed still holds."""
+    if delta is None or delta.half is None:
+        return None
+    lo, hi = _interval(delta, direction)
+    if hi < magnitude:
+        return SIZE_SMALLER
+    return SIZE_LARGER if lo > magnitude else SIZE_CONSISTENT
+
+
+def seeds_to_decide(delta: Estimate | None) -> int | None:
+    """The fewest seeds whose 95 % CI, at the observed spread, would exclude 0 for a Δ of the
+    observed size: the smallest n with t(0.975, n − 1) · std / √n < |mean|. None when it cannot
+    be said (no spread measured, no Δ observed, or more than MAX_SEEDS)."""
+    if delta is None or delta.std is None or delta.mean == 0:
+        return None
+    if delta.std == 0:
+        return 2
+    # t > 1.96 for every dof: no n below (1.96 std / |mean|)^2 can do; start there, walk up
+    n = max(2, int((1.959 * delta.std / abs(delta.mean)) ** 2))
+    while n <= MAX_SEEDS:
+        if t_quantile(0.5 + LEVEL / 2, n - 1) * delta.std / math.sqrt(n) < abs(delta.mean):
+            return n
+        n += 1
+    return None
 
 
 def combine(verdicts: list[str]) -> str:

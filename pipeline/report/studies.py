@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -156,15 +155,17 @@ def collect(results: Path, expected: dict[str, dict] | None = None) -> pd.DataFr
 # --- groups of seeds -------------------------------------------------------------------------
 @dataclass
 class Value:
-    """One table entry: mean and 95 % CI over the group's seeds that have the metric; the seeds
-    that failed are counted, never averaged."""
+    """One table entry: mean and 95 % CI over the group's seeds that have the metric (a seed with
+    several detection trials: their mean, so the CI is over seeds); the seeds that failed, and
+    those without output, are counted, never averaged."""
 
     mean: float | None = None
     std: float | None = None
-    n: int = 0  # values behind the mean: seeds (for detection, seeds x trials)
+    n: int = 0  # seeds behind the mean
     failed: int = 0  # seeds whose pretraining failed (diverged or collapsed)
     by_seed: dict = field(default_factory=dict)  # seed -> its value (its trials' mean): for pairing
     failed_seeds: frozenset = frozenset()
+    missing: int = 0  # seeds that neither failed nor have the metric (not run, or no output)
 
     @property
     def status(self) -> str:
@@ -177,7 +178,7 @@ class Value:
 
     @property
     def estimate(self) -> stats.Estimate | None:
-        return None if self.mean is None else stats.Estimate(self.mean, self.half, self.n)
+        return None if self.mean is None else stats.Estimate(self.mean, self.half, self.n, self.std)
 
 
 def seed_of(cell: pd.Series) -> int:
@@ -186,22 +187,25 @@ def seed_of(cell: pd.Series) -> int:
 
 
 def value(cells: pd.DataFrame | None, metric: str) -> Value:
-    """Mean, sample std and n over the group's seeds that did not fail (for detection, over each
-    seed's trials), each seed's own value, and the seeds that failed."""
+    """Mean, sample std and n over the group's seeds that did not fail (for detection, each
+    seed's mean over its trials: trials of one seed are not independent samples), each seed's
+    own value, the seeds that failed and the seeds without the metric."""
     if cells is None or cells.empty:
         return Value()
     failed = frozenset(seed_of(c) for _, c in cells[cells["status"] == "fail"].iterrows())
-    by_seed, vals = {}, []
+    by_seed, missing = {}, 0
     for _, c in cells[cells["status"] != "fail"].iterrows():
         samples = c.get(metric + SAMPLES) if metric + SAMPLES in cells else [c.get(metric)]
         samples = [float(v) for v in samples if v is not None and not pd.isna(v)]
         if samples:
-            vals += samples
             by_seed[seed_of(c)] = sum(samples) / len(samples)
-    if not vals:
-        return Value(failed=len(failed), failed_seeds=failed)
-    std = statistics.stdev(vals) if len(vals) > 1 else None  # sample std, as detect.summarize_trials
-    return Value(statistics.fmean(vals), std, len(vals), len(failed), by_seed, failed)
+        else:
+            missing += 1
+    if not by_seed:
+        return Value(failed=len(failed), failed_seeds=failed, missing=missing)
+    e = stats.estimate(by_seed.values())
+    assert e is not None  # by_seed is not empty
+    return Value(e.mean, e.std, e.n, len(failed), by_seed, failed, missing)
 
 
 @dataclass

@@ -19,28 +19,32 @@ from pipeline.spec.layout import TABLE_FORMATS
 MISSING = "—"
 FAIL = "fail"
 FAILED = "failed)"  # the mark of a value some of whose seeds failed: "(n=2; 1 of 3 failed)"
+NO_OUTPUT = "missing)"  # the mark of a value some of whose seeds have no output: "(n=2; 1 of 3 missing)"
 REFERENCE = "reference"
 FOOTNOTES = {
     MISSING: f"{MISSING}: not computed (the cell is not in the grid, or its jobs have not run or failed).",
     FAIL: f"{FAIL} (k of k): every seed's pretraining failed: its loss diverged (non-finite) or sat at the "
     "method's chance loss (every logit alike: no positive stands out from its negatives).",
-    "(n=": "a ± b (n=k): the mean over k runs (pretraining seeds; for AP, seeds × detection trials) ± the "
-    "half-width of its 95 % confidence interval (Student t, k − 1 degrees of freedom); n=1: one run, no "
-    "interval (grid.seeds, claims.seeds add replicates).",
+    "(n=": "a ± b (n=k): the mean over k pretraining seeds (for AP, each seed's mean over its detection "
+    "trials) ± the half-width of its 95 % confidence interval (Student t, k − 1 degrees of freedom); n=1: "
+    "one seed, no interval (grid.seeds, claims.seeds add replicates).",
     FAILED: "k of n failed: k of the n seeds failed (diverged or collapsed); they are counted, not averaged.",
+    NO_OUTPUT: "k of n missing: k of the n seeds have no output for this metric yet (not run, or it "
+    "failed); they are counted, not averaged.",
 }
 
 
 # --- formatting ------------------------------------------------------------------------------
 def fmt(v: Value, decimals: int = 1) -> str:
-    """'mean ± CI half-width (n=k)', with 'j of m failed' when seeds failed."""
+    """'mean ± CI half-width (n=k)', with 'j of m failed' / 'j of m missing' when seeds did."""
     if v.status == "missing":
         return MISSING
     if v.status == "fail":
         return f"{FAIL} ({v.failed} of {v.failed})"
-    failed = f"; {v.failed} of {v.n + v.failed} failed" if v.failed else ""
+    seeds = v.n + v.failed + v.missing
+    extra = "".join(f"; {k} of {seeds} {what}" for k, what in ((v.failed, "failed"), (v.missing, "missing")) if k)
     assert v.estimate is not None  # status "ok": n > 0, so there is a mean
-    return v.estimate.text(decimals, extra=failed)
+    return v.estimate.text(decimals, extra=extra)
 
 
 def fmt_delta(row: Row, decimals: int = 1) -> str:
@@ -115,10 +119,10 @@ def _num(x: float | None) -> str | float:
 
 def to_csv(table: Table) -> str:
     """Same rows as the paper layout; per metric its mean, std, 95 % CI half-width, number of
-    values and of failed seeds (empty if none); then the paired Δ, its CI, pairs and failed pairs."""
+    seeds, of failed seeds and of seeds without output; then the paired Δ, its CI, pairs and failed pairs."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    stats_of = ("", "_std", "_ci95", "_n", "_failed")
+    stats_of = ("", "_std", "_ci95", "_n", "_failed", "_missing")
     compared = []
     if table.compared is not None:
         compared = [f"delta_{table.compared[0]}{s}" for s in ("", "_ci95", "_n", "_failed")]
@@ -131,7 +135,7 @@ def to_csv(table: Table) -> str:
     for r in table.rows:
         nums = []
         for v in r.values:
-            nums += [_num(v.mean), _num(v.std), _num(v.half), v.n, v.failed]
+            nums += [_num(v.mean), _num(v.std), _num(v.half), v.n, v.failed, v.missing]
         if compared:
             e = r.delta.estimate if r.delta else None
             nums += [

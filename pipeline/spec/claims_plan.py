@@ -1,11 +1,14 @@
 """What each claim of ``snakemake claims`` needs from its experiment, known before anything runs:
 which cells (by role, pipeline.spec.grid.claims_overrides) and whether the configured budget can
-decide it (enough steps for the EMA, a queue small enough for the data).
+decide it (enough steps for the EMA, a queue small enough for the data), from the training set's
+size (pipeline.spec.training_set) and the config alone.
 
 Standard library only: pipeline.spec.grid uses it while Snakemake builds the DAG, to run
-``claims.seeds`` seeds of the cells a decidable claim needs and one seed of the others (their
-rows in claims_momentum / claims_queue still show them). pipeline.claims states the same needs
-in the table, and adds what only the results can tell (runs still on the loss plateau).
+``claims.seeds`` seeds of the cells a decidable claim needs and none of the cells that only an
+undecidable claim would need. The accuracy claims also rest on pilot runs (the reference and
+random init at ``claims.pilot_seeds`` further seeds, never compared): whether the reference
+learnt something is read from them, not from the runs it judges. pipeline.claims states the
+same needs in the table.
 """
 
 from __future__ import annotations
@@ -31,35 +34,34 @@ def half_life(m: float) -> float:
     return math.inf if m >= 1 else math.log(0.5) / math.log(m)
 
 
+PILOT_ROLES = ("pilot", "pilot_random")  # the reference and random init at the pilot seeds
+ACCURACY_CLAIMS = ("low_m", "larger_K", "slow_m", "longer", "memory_bank")  # resting on the pilot
+
+
 @dataclass(frozen=True)
 class Budget:
-    """The size of the claims' experiment: training images (None: unknown before conversion),
-    classes, global batch and the reference's epochs."""
+    """The size of the claims' experiment: training images, classes (None: not known before
+    conversion), global batch and the reference's epochs."""
 
-    images: int | None
+    images: int
     classes: int | None
     batch: int
     epochs: int
 
     @property
-    def steps_per_epoch(self) -> int | None:
+    def steps_per_epoch(self) -> int:
         """Optimisation steps per epoch (the pretraining loader drops the last partial batch)."""
-        return None if self.images is None else self.images // self.batch
+        return self.images // self.batch
 
     @property
-    def steps(self) -> int | None:
-        return None if self.images is None else self.epochs * (self.images // self.batch)
-
-
-UNKNOWN = "the training set's size is unknown"
+    def steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
 
 
 def ema_steps(b: Budget, m: float) -> tuple[str, str | None]:
     """(needs, why not decidable or None): a run HALF_LIVES EMA half-lives of m long."""
     need = math.ceil(HALF_LIVES * half_life(m))
     text = f"≥ {need:,} steps ({HALF_LIVES} EMA half-lives of m = {m:g})"
-    if b.steps is None or b.steps_per_epoch is None:
-        return text, UNKNOWN
     if b.steps >= need:
         return text, None
     epochs = math.ceil(need / max(b.steps_per_epoch, 1))
@@ -71,8 +73,6 @@ def ema_steps(b: Budget, m: float) -> tuple[str, str | None]:
 
 def small_queue(b: Budget, ks: list[int]) -> tuple[str, str | None]:
     """K well below the training set, so that the queue holds few same-class images."""
-    if b.images is None:
-        return f"K ≤ {QUEUE_SHARE:.0%} of the training set", UNKNOWN
     limit = int(QUEUE_SHARE * b.images)
     per_class = ""
     if b.classes:
@@ -88,34 +88,38 @@ def queue_turnover(b: Budget, ks: list[int]) -> tuple[str, str | None]:
     """The largest queue turned over twice, so that random replacement can keep older keys."""
     need = 2 * max(ks) // b.batch
     text = f"≥ {need:,} steps (the largest queue turned over twice)"
-    if b.steps is None:
-        return text, UNKNOWN
     return text, None if b.steps >= need else f"needs ≥ {need:,} steps, has {b.steps:,}"
 
 
 @dataclass(frozen=True)
 class Need:
-    roles: tuple[str, ...]  # the cells it compares (pipeline.spec.grid.claims_overrides' roles)
+    roles: tuple[str, ...]  # the cells it needs (pipeline.spec.grid.claims_overrides' roles)
     text: str  # what the experiment must satisfy
-    why_not: str | None  # why this budget cannot decide it (None: it can, as far as is known)
+    why_not: str | None  # why this budget cannot decide it (None: it can, as far as the config tells)
 
 
 def needs(claims: Claims, b: Budget) -> dict[str, Need]:
     """Each claim's cells and a-priori needs, by claim key (pipeline.claims.CLAIMS' order)."""
     ks = sorted(claims.K)
     low = [m for m in claims.m if 0 < m < LOW_M_AGAINST]
-    short = ("reference", "random")  # every accuracy claim: the reference past the plateau
+    pilot = PILOT_ROLES if claims.pilot_seeds else ()  # every accuracy claim: the reference learnt
     out = {"fifo": Need(tuple(f"K={k},{p}" for k in ks for p in QUEUE_POLICIES), *queue_turnover(b, ks))}
-    out["low_m"] = Need((*(f"m={m}" for m in low), f"m={LOW_M_AGAINST}", *short), *ema_steps(b, LOW_M_AGAINST))
+    out["low_m"] = Need((*(f"m={m}" for m in low), f"m={LOW_M_AGAINST}", *pilot), *ema_steps(b, LOW_M_AGAINST))
     out["zero_m"] = Need(tuple(f"m={m}" for m in claims.m if m == 0) + ("random",), "≥ 2 seeds of each", None)
-    out["larger_K"] = Need((*(f"K={k},fifo" for k in ks), *short), *small_queue(b, ks))
-    out["slow_m"] = Need(("m=0.999", "m=0.9999", *short), *ema_steps(b, 0.9999))
-    out["longer"] = Need(("long", *short), "", None)
-    out["memory_bank"] = Need(("memory_bank", *short), "", None)
+    out["larger_K"] = Need((*(f"K={k},fifo" for k in ks), *pilot), *small_queue(b, ks))
+    out["slow_m"] = Need(("m=0.999", "m=0.9999", *pilot), *ema_steps(b, 0.9999))
+    out["longer"] = Need(("long", "reference", *pilot), "", None)
+    out["memory_bank"] = Need(("memory_bank", "reference", *pilot), "", None)
     return out
 
 
+def not_trained(claims: Claims, b: Budget) -> dict[str, str]:
+    """claim key -> why this budget cannot decide it: its cells are not trained (no job starts)."""
+    return {key: n.why_not for key, n in needs(claims, b).items() if n.why_not}
+
+
 def role_seeds(claims: Claims, b: Budget, roles) -> dict[str, int]:
-    """Seeds of each role: ``claims.seeds`` where a claim this budget can decide needs it, else 1."""
+    """Seeds of each role: ``claims.seeds`` where a claim this budget can decide needs it (the
+    pilot roles: ``claims.pilot_seeds``), 0 where only undecidable claims would need it."""
     decidable = {r for n in needs(claims, b).values() if n.why_not is None for r in n.roles}
-    return {r: claims.seeds if r in decidable else 1 for r in roles}
+    return {r: 0 if r not in decidable else claims.pilot_seeds if r in PILOT_ROLES else claims.seeds for r in roles}

@@ -18,6 +18,7 @@ from pipeline.spec.claims_plan import Budget, role_seeds
 from pipeline.spec.config import ConfigError, merge, pretrain_cell, to_dict
 from pipeline.spec.layout import QUEUE_POLICIES, is_resnet
 from pipeline.spec.sections import SYNTHETIC_CLASSES, Claims, Config, Detect, Grid, Pretrain, Resources
+from pipeline.spec.training_set import training_set
 
 AXES = [
     "method",
@@ -136,9 +137,11 @@ def grid_cells(cfg: Config) -> dict[str, Cell]:
 def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
     """The cells the claims study needs (``snakemake claims``), as overrides of the base cell,
     by role: a reference cell trained ``claims.epochs``; around it each m, each K under each
-    queue policy and the memory bank; the reference trained ``claims.long_epochs``; and random
-    init (the level a run on the loss plateau sits at, and m = 0's direct measure)."""
+    queue policy and the memory bank; the reference trained ``claims.long_epochs``; random init
+    (m = 0's direct measure); and the pilot: the reference and random init at the seeds after
+    the compared ones (whether the reference learnt something, never compared)."""
     short = {"epochs": claims.epochs}
+    pilot = {"seed": base.seed + claims.seeds}
 
     def policy(name):  # the base's own policy (unset: FIFO) is the same cell as the base's
         return {} if name == base.queue_policy else {"queue_policy": name}
@@ -150,12 +153,23 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
         "memory_bank": {**short, "mechanism": "memory_bank"},
         "long": {"epochs": claims.long_epochs},
         "random": {"method": "random"},  # the grid's baseline cell: no training, any length
+        "pilot": {**short, **pilot},
+        "pilot_random": {"method": "random", **pilot},
     }
+
+
+def claims_budget(cfg: Config) -> Budget:
+    """The claims' experiment size from the config and the training set's size (known before
+    any job; pipeline.spec.training_set raises where it is not)."""
+    assert cfg.claims is not None
+    data = training_set(cfg)
+    return Budget(data.images, data.classes, cfg.pretrain.batch_size, cfg.claims.epochs)
 
 
 def claims_cells(cfg: Config) -> dict[str, Cell]:
     """The claims study's cells: id -> the cell (validated); ``claims.seeds`` of each cell a
-    claim this budget can decide needs, one of the others (pipeline.spec.claims_plan)."""
+    claim this budget can decide needs, none of those only undecidable claims would need
+    (pipeline.spec.claims_plan.not_trained says which and why)."""
     base, claims = cfg.pretrain, cfg.claims
     if claims is None:
         raise ConfigError("the config has no 'claims' section (workflow/config/config.yaml has one)")
@@ -165,8 +179,7 @@ def claims_cells(cfg: Config) -> dict[str, Cell]:
             f"(pretrain) is method={base.method} variant={base.variant} mechanism={base.mechanism}"
         )
     overrides = claims_overrides(claims, base)
-    budget = Budget(training_set_size(cfg), None, base.batch_size, claims.epochs)
-    seeds = role_seeds(claims, budget, overrides)
+    seeds = role_seeds(claims, claims_budget(cfg), overrides)
     return _cells(cfg, [r for role, o in overrides.items() for r in _replicates([o], seeds[role], base)], 1)
 
 

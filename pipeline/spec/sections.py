@@ -56,6 +56,9 @@ class Dataset:
     source: str = "synthetic"  # synthetic | imagefolder | unlabeled | cifar10 | cifar100 | stl10
     root: str | None = None  # required for every source but synthetic
     stl10_unlabeled: bool = False  # stl10: the train split also holds the 100k unlabeled images
+    # imagefolder | unlabeled: the train split's size, for plans made before conversion (the
+    # claims' seeds and gates, the cost plan); the conversion report's count wins once it exists
+    train_images: int | None = None
     synthetic: Synthetic = field(default_factory=Synthetic)
 
 
@@ -290,6 +293,9 @@ class Claims:
     epochs: int = 5
     long_epochs: int = 13
     seeds: int = 3
+    # seeds of the reference and random init beyond the compared ones (pretrain.seed + seeds ..):
+    # whether the reference learnt something is read from them, never from the runs compared
+    pilot_seeds: int = 2
     m: tuple = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999)
     K: tuple = (256, 1024)  # each under FIFO and random replacement
 

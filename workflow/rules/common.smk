@@ -5,9 +5,11 @@ import os
 import shlex
 import sys
 
-# only pipeline.spec.layout, pipeline.spec.grid and pipeline.spec.config: building the DAG imports no torch
+# only pipeline.spec modules: building the DAG imports no torch
+from pipeline.spec.claims_plan import not_trained
 from pipeline.spec.config import load_schema, result_config, result_part
 from pipeline.spec.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, detects as cell_detects
+from pipeline.spec.grid import claims_budget
 from pipeline.spec.sections import JOBS, RUNTIME
 from pipeline.spec.layout import (
     CLAIMS_TABLES,
@@ -129,6 +131,8 @@ def claims_inputs(wildcards):
     """What `snakemake claims` needs: each claims cell's probe (its pretraining with it)."""
     if CLAIMS_ERROR is not None:
         raise CLAIMS_ERROR
+    for key, why in not_trained(CFG.claims, claims_budget(CFG)).items():  # said before any job starts
+        print(f"claims: not trained, this budget cannot decide {key} ({why})", file=sys.stderr)
     return [cell_file(R, cell, "probe") for cell in CLAIMS_CELLS]
 
 
