@@ -77,7 +77,7 @@ CANDIDATES: dict[str, dict] = {
     # issue 34: the data's backgrounds from a shared pool instead of one per image
     **{
         f"{prefix}bg{n}": {**values, "synthetic": {"backgrounds": n}}
-        for n in (8, 32)
+        for n in (1, 2, 4, 8, 32)
         for prefix, values in (("e13_", BASE_E13), ("random_init_", {"method": "random"}))
     },
     "supervised_bg8": {**BASE_E13, "method": "supervised", "synthetic": {"backgrounds": 8}},
