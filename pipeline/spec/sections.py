@@ -166,6 +166,7 @@ class Probe:
     )
     seed: int = 0
     threads: int = runtime(1)
+    checkpoint_every: int = runtime(0)  # resume state every N steps too; 0: at epoch ends only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,6 +218,7 @@ class Detect:
     # drawn in the workers, from per-worker RNGs
     workers: int = 0
     ranks: int = 1  # processes per fine-tuning, one per GPU
+    checkpoint_every: int = runtime(0)  # resume state every N iterations too; 0: at epoch ends only
 
 
 @dataclass(frozen=True, kw_only=True)
