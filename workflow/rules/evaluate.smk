@@ -1,4 +1,9 @@
 # Stages 3 and 4: linear probe (+ kNN) on the frozen encoder, detection transfer.
+from pipeline.spec.job_gpus import check_ranks_fit
+
+# detect.ranks GPUs per detection job, or the DAG build stops here, before any submission
+if CFG.detect.enabled:
+    check_ranks_fit("detect", CFG.detect.ranks, "detect.ranks", profile_resources())
 
 
 rule probe:
