@@ -229,7 +229,8 @@ def fit(probe: LinearProbe, batches, val_x, val_y, state: checkpoint.StageState)
             if stop:
                 preempt.requeue_and_exit(log)
         curve.append(curve_point(probe, epoch, total / max(seen, 1), val_x, val_y))
-        log(f"epoch {epoch + 1}/{probe.s['epochs']} " + " ".join(f"{k}={v}" for k, v in curve[-1].items()))
+        point = " ".join(f"{k}={v}" for k, v in curve[-1].items() if k != "epoch")
+        log(f"epoch {epoch + 1}/{probe.s['epochs']} {point}")
         epoch, step, total, seen = epoch + 1, 0, 0.0, 0
         save()
     return curve
