@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -55,15 +56,16 @@ from tqdm import tqdm
 
 from pipeline.data.augment import MEAN, STD
 from pipeline.data.detection import DetectionDataError, DetectionSplit, load_splits
+from pipeline.data.loaders import sample_seed
 from pipeline.eval import voc_eval
 from pipeline.nets.models import build_backbone, group_norm
 from pipeline.nets.optim import decayed
-from pipeline.runtime import checkpoint, cpus, distributed
+from pipeline.runtime import checkpoint, cpus, distributed, preempt
 from pipeline.runtime.io import atomic_write_json
 from pipeline.runtime.stage_log import stage_log
 from pipeline.runtime.stopwatch import Stopwatch
-from pipeline.spec.config import ConfigError, load_stage_config, section, to_dict
-from pipeline.spec.sections import Detect
+from pipeline.spec.config import ConfigError, load_stage_config, result_part, section, to_dict
+from pipeline.spec.sections import JOBS, RUNTIME, Detect
 
 SECTIONS = ["detect"]
 AP_KEYS = ["AP", "AP50", "AP75", "APs", "APm", "APl"]  # the order of COCOeval.stats
@@ -275,32 +277,103 @@ def to_device(images, targets, device) -> tuple[list, list]:
     )
 
 
-def train(detector: nn.Module, loader, dc: Detect) -> list[float]:
+class EpochSeeded(torch.utils.data.Dataset):
+    """A dataset's items keyed (epoch, index): each one's random draws (the training flip) come
+    from (seed, epoch, index) alone (pipeline.data.loaders.sample_seed), not from a process's or
+    a worker's RNG stream, so that a run resumed mid-epoch draws what the uninterrupted one drew."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset, seed: int):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]  # a map-style dataset
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, i = key
+        with torch.random.fork_rng(devices=[]):  # the process's own stream is left as it was
+            torch.manual_seed(sample_seed(self.seed, epoch, i))
+            return self.dataset[i]
+
+
+class EpochOrder(torch.utils.data.Sampler):
+    """This rank's share of epoch ``epoch``'s order (DistributedSampler's: shuffled from seed +
+    epoch, equal shares), from sample ``start`` on (a resume), keyed for EpochSeeded."""
+
+    def __init__(self, size: int, world_size: int, rank: int, seed: int):
+        self.shard: torch.utils.data.DistributedSampler = torch.utils.data.DistributedSampler(
+            range(size),  # type: ignore[arg-type]  # a sampler only needs len()
+            world_size,
+            rank,
+            shuffle=True,
+            seed=seed,
+            drop_last=True,
+        )
+        self.epoch = self.start = 0
+
+    def __len__(self) -> int:
+        return len(self.shard) - self.start
+
+    def __iter__(self):
+        self.shard.set_epoch(self.epoch)
+        return iter([(self.epoch, i) for i in list(self.shard)[self.start :]])
+
+
+def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState) -> list[float]:
     """Fine-tune everything trainable (a FasterRCNN, or it wrapped in DDP); returns the mean
-    loss of each epoch (this rank's)."""
-    device = next(detector.parameters()).device
-    params = [p for p in detector.parameters() if p.requires_grad]
+    loss of each epoch (this rank's). Resumes from ``state`` and saves it at epoch ends, every
+    detect.checkpoint_every iterations and on a preemption signal (then exits for a requeue)."""
+    detector = getattr(model, "module", model)  # DDP's: the weights saved under their own names
+    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=dc.lr, momentum=0.9, weight_decay=dc.weight_decay)
-    total = iterations(dc, len(loader))
-    epochs = math.ceil(total / len(loader))  # the last one cut short at `total` iterations
+    steps = len(loader)  # of a whole epoch: the sampler starts at 0
+    total = iterations(dc, steps)
+    epochs = math.ceil(total / steps)  # the last one cut short at `total` iterations
     warmup = max(1, min(100, total // 4))  # random heads give huge first gradients (NaN at 2x lr)
     schedule, lr_steps = dc.schedule, dc.lr_steps or ()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, schedule, lr_steps))
-    curve, bar = (
-        [],
-        tqdm(total=total, desc="[detect] train", file=sys.stderr, mininterval=5, leave=False, disable=not is_main()),
+    epoch, step, losses, curve = 0, 0, [], []
+    resumed = state.load()
+    if resumed is not None:
+        detector.load_state_dict(resumed["detector"])
+        opt.load_state_dict(resumed["optimizer"])
+        sched.load_state_dict(resumed["schedule"])
+        epoch, step, mine = resumed["epoch"], resumed["step_in_epoch"], resumed["rank"]
+        losses, curve = list(mine["losses"]), list(mine["curve"])
+        with torch.no_grad():  # this rank's own BN statistics (unsynchronised BN on CPU ranks)
+            for name, buf in distributed.bn_statistics(detector).items():
+                buf.copy_(mine["bn"][name])
+    done = epoch * steps + step
+
+    def save() -> None:
+        bn = {k: v.cpu() for k, v in distributed.bn_statistics(detector).items()}
+        state.save(
+            epoch,
+            step,
+            {"losses": losses, "curve": curve, "bn": bn},
+            detector=detector.state_dict(),
+            optimizer=opt.state_dict(),
+            schedule=sched.state_dict(),
+        )
+
+    bar = tqdm(
+        total=total,
+        initial=done,
+        desc="[detect] train",
+        file=sys.stderr,
+        mininterval=5,
+        leave=False,
+        disable=not is_main(),
     )
-    detector.train()
-    done = 0
-    for epoch in range(epochs):
-        start, losses = time.time(), []
-        if isinstance(loader.sampler, torch.utils.data.DistributedSampler):
-            loader.sampler.set_epoch(epoch)  # a new shard order every epoch
-        for step, (images, targets) in enumerate(loader):
+    model.train()
+    while epoch < epochs:
+        start = time.time()
+        loader.sampler.epoch, loader.sampler.start = epoch, step * loader.batch_size
+        for images, targets in loader:
             if done == total:
                 break
             images, targets = to_device(images, targets, device)
-            loss = sum(detector(images, targets).values())
+            loss = sum(model(images, targets).values())
             if not torch.isfinite(loss):
                 raise FloatingPointError(
                     f"loss is not finite at epoch {epoch + 1} step {step + 1}; lower detect.lr (now {dc.lr})"
@@ -311,14 +384,34 @@ def train(detector: nn.Module, loader, dc: Detect) -> list[float]:
             sched.step()
             losses.append(float(loss.detach()))
             bar.update()
-            done += 1
+            done, step = done + 1, step + 1
+            stop = preempt.stop_agreed(done, state.env.world_size)
+            if stop or state.due(done):
+                save()
+            if stop:
+                preempt.requeue_and_exit(log)
         curve.append(round(sum(losses) / len(losses), 5))
         log(
             f"epoch {epoch + 1}/{epochs} loss {curve[-1]:.4f} lr {opt.param_groups[0]['lr']:.5f} "
             f"({time.time() - start:.1f} s)"
         )
+        epoch, step, losses = epoch + 1, 0, []
+        save()
     bar.close()
     return curve
+
+
+def run_fingerprint(dc: Detect, ckpt_path: Path, seed: int, train_split: DetectionSplit) -> dict:
+    """What determines a trial (its resume state must match): the detect section's result keys,
+    the seed, the checkpoint's content and the training split's images and annotations."""
+    split = {k: train_split.coco.get(k) for k in ("images", "annotations", "categories")}
+    text = json.dumps(split, sort_keys=True, separators=(",", ":"))
+    return {
+        "detect": json.loads(json.dumps(result_part("detect", to_dict(dc), drop=(RUNTIME, JOBS)))),
+        "seed": seed,
+        "checkpoint sha256": checkpoint.file_digest(ckpt_path),
+        "train split sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
+    }
 
 
 @torch.no_grad()
@@ -441,9 +534,11 @@ def normalisation(dc: Detect, synced: bool, world_size: int) -> str:
     return f"BN over {per_rank} images{ranks}, batch {dc.batch_size}"
 
 
-def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None = None) -> dict | None:
+def run(
+    cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None = None, state_dir: Path | None = None
+) -> dict | None:
     """Fine-tune on the train split, score the val split, write the metrics JSON to ``out``
-    (rank 0; the other ranks return None).
+    (rank 0; the other ranks return None); the resume state lives in ``state_dir`` (None: none).
     ``seed`` (default detect.seed) draws the new layers, the batch order and the flips."""
     dc = section("detect", cfg["detect"])
     cfg = {**cfg, "detect": to_dict(dc)}  # the metrics record every setting, defaults included
@@ -461,23 +556,15 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
     detector, synced = sync_batchnorm(detector, dc, env.world_size, device)
     detector.to(device)
     per_rank = per_rank_batch(dc, env.world_size)
-    sampler: torch.utils.data.Sampler | None = (
-        torch.utils.data.DistributedSampler(
-            train_set, env.world_size, env.rank, shuffle=True, seed=seed, drop_last=True
-        )
-        if env.world_size > 1
-        else None
-    )
     loader = torch.utils.data.DataLoader(
-        train_set,
+        EpochSeeded(train_set, seed),
         batch_size=per_rank,
-        sampler=sampler,
-        shuffle=sampler is None,
+        sampler=EpochOrder(len(train_set), env.world_size, env.rank, seed),
         collate_fn=collate,
         num_workers=dc.workers,
         pin_memory=device.type == "cuda",
         drop_last=len(train_set) > dc.batch_size,  # equal-sized steps, unless one batch is all there is
-        generator=torch.Generator().manual_seed(seed),
+        generator=torch.Generator().manual_seed(seed),  # (not the process's stream: the resume restores that)
     )
     head, norm_text, total = dc.head, normalisation(dc, synced, env.world_size), iterations(dc, len(loader))
     log(
@@ -492,8 +579,11 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
         if env.world_size > 1
         else detector
     )
+    state = checkpoint.StageState(
+        state_dir, run_fingerprint(dc, ckpt_path, seed, train_split), env, log, dc.checkpoint_every
+    )
     with watch.phase("fine_tune"):
-        curve = train(model, loader, dc)
+        curve = train(model, loader, dc, state)
     check_ranks_agree(detector)
     metrics = None
     if env.is_main:  # one evaluation, on the full val split
@@ -525,6 +615,7 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, seed: int | None 
             }
         )
         atomic_write_json(metrics, out)
+    state.retire()
     if env.world_size > 1:
         distributed.barrier()
         distributed.shutdown()
@@ -615,10 +706,14 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--out", required=True, help="metrics JSON")
     ap.add_argument("--seed", type=int, default=None, help="this trial's seed (default: detect.seed)")
+    ap.add_argument("--state", help="resume folder, outside the outputs (default: <out without .json>.state)")
     args = ap.parse_args(argv)
+    out = Path(args.out)
     try:
         cfg = load_stage_config(args.config, SECTIONS)
-        m = run(cfg, Path(args.checkpoint), Path(args.data), Path(args.out), args.seed)
+        preempt.install()
+        state = Path(args.state or out.with_suffix(".state"))
+        m = run(cfg, Path(args.checkpoint), Path(args.data), out, args.seed, state)
     except (ConfigError, checkpoint.CheckpointError, FileNotFoundError, FloatingPointError) as err:
         raise SystemExit(f"[detect] error: {err}") from None
     if m is not None:

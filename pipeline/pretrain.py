@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
 import io
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -34,7 +32,7 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline.data.augment import view_recipes
-from pipeline.data.loaders import Reading, Views, eval_loader, is_converted, two_view_loader
+from pipeline.data.loaders import Reading, Views, data_identity, eval_loader, is_converted, two_view_loader
 from pipeline.eval.features import features_of
 from pipeline.eval.knn import knn_accuracy
 from pipeline.moco.ema_check import EmaRecord
@@ -52,7 +50,6 @@ from pipeline.spec.config import ConfigError, load_stage_config, pretrain_warnin
 from pipeline.spec.sections import Data, Pretrain
 
 SECTIONS = ["data", "pretrain"]
-PREEMPT_SYNC_STEPS = 10
 LOG_COLUMNS = [
     "epoch",
     "loss",
@@ -83,17 +80,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_fingerprint(cfg: dict, data_dir: Path) -> dict:
+def run_fingerprint(cfg: dict, data_dir: Path, world_size: int) -> dict:
     """Everything that determines a run, and nothing that differs between a job and its requeue
     (no time, host or absolute path): its sections' result keys (pipeline.spec.config.result_config;
-    the seed among them) and its training data, the .beton's size and its report's hash."""
-    beton, report = data_dir / "train.beton", data_dir / "train.json"
-    data = {
-        "train.beton bytes": beton.stat().st_size if beton.is_file() else None,
-        "train.json sha256": hashlib.sha256(report.read_bytes()).hexdigest()[:16] if report.is_file() else None,
-    }
+    the seed among them), the world size (it sets the per-rank batch, the BN groups and the
+    crops) and its training data by content (pipeline.data.loaders.data_identity: not the
+    conversion's timing, path or workers) and the .beton's size."""
+    beton = data_dir / "train.beton"
+    data = {"train.beton bytes": beton.stat().st_size if beton.is_file() else None, **data_identity(data_dir)}
     sections = result_config({name: cfg[name] for name in SECTIONS})
-    return json.loads(json.dumps({**sections, "data files": data}))  # plain lists, as a state loads
+    ranks = {"world_size": world_size}
+    return json.loads(json.dumps({**sections, **ranks, "data files": data}))  # plain lists, as a state loads
 
 
 @dataclass(frozen=True)
@@ -137,7 +134,7 @@ class Trainer:
         self.p, self.d, self.env = job.pretrain, job.data, env
         self.watch = watch or Stopwatch()
         self.state_path = state_dir / "last.pt"
-        self.fingerprint = run_fingerprint(job.stated, data_dir)
+        self.fingerprint = run_fingerprint(job.stated, data_dir, env.world_size)
         self.progress = progress and env.is_main
         p, d = self.p, self.d
         report = data_dir / "train.json"  # the conversion's report (absent: a hand-made .beton)
@@ -322,19 +319,8 @@ class Trainer:
         return self.eval_loaders[split]
 
     def stop_requested(self) -> bool:
-        """A preemption signal reached any rank: all ranks stop at the same step.
-
-        Ranks agree through a one-element all-reduce, every PREEMPT_SYNC_STEPS steps only,
-        so that the check costs no host-device sync on the other steps.
-        """
-        if self.env.world_size == 1:
-            return preempt.requested()
-        if self.step_in_epoch % PREEMPT_SYNC_STEPS:
-            return False
-        device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
-        flag = torch.tensor(float(preempt.requested()), device=device)
-        torch.distributed.all_reduce(flag)
-        return bool(flag > 0)
+        """A preemption signal reached any rank: all ranks stop at the same step."""
+        return preempt.stop_agreed(self.step_in_epoch, self.env.world_size)
 
     def train_step(self, v1, v2, labels, index) -> None:
         p, steps = self.p, len(self.loader)
@@ -432,18 +418,8 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
         failure=failed,
     )
     summary = finish(job, outcome, out_dir, env, watch)
-    retire_state(trainer.state_path, env)
+    checkpoint.retire(trainer.state_path, env, log)
     return summary
-
-
-def retire_state(path: Path, env) -> None:
-    """A finished run's state becomes ``finished.pt`` (replacing an earlier one), once its outputs
-    exist: a later run, even with the same fingerprint (e.g. after a code fix, --forcerun), never
-    resumes from it and trains afresh. Kept, not deleted: it holds the optimizer and RNG state."""
-    if env.is_main and path.is_file():
-        os.replace(path, path.with_name("finished.pt"))
-        log(f"finished: state kept as {path.with_name('finished.pt')}, which no run resumes")
-    distributed.barrier()
 
 
 def failure(log_rows: list[dict]) -> str | None:

@@ -26,21 +26,19 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from pipeline.data.augment import normalize
-from pipeline.data.loaders import crop_loader
+from pipeline.data.loaders import batches_from, crop_loader, data_identity
 from pipeline.eval.features import extract
 from pipeline.eval.knn import knn_accuracy
 from pipeline.nets.models import build_backbone
 from pipeline.nets.optim import decayed
-from pipeline.runtime import checkpoint, cpus, provenance
+from pipeline.runtime import checkpoint, cpus, distributed, preempt, provenance
 from pipeline.runtime.board import Board, board_dir
-from pipeline.runtime.distributed import rank_device
 from pipeline.runtime.io import atomic_write_json
 from pipeline.runtime.stage_log import stage_log
 from pipeline.runtime.stopwatch import Stopwatch
-from pipeline.spec.config import ConfigError, load_stage_config, section
+from pipeline.spec.config import ConfigError, load_stage_config, result_config, section
 from pipeline.spec.layout import is_resnet
 from pipeline.spec.sections import Data, Probe
 
@@ -136,20 +134,35 @@ class LinearProbe:
         self.step += 1
         return loss.detach()
 
+    def state_dict(self) -> dict:
+        return {"classifier": self.classifier.state_dict(), "optimizer": self.opt.state_dict(), "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.classifier.load_state_dict(state["classifier"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+
     @torch.no_grad()
     def predict(self, feats: torch.Tensor) -> torch.Tensor:
         self.classifier.eval()
         return self.classifier(feats)
 
 
-def train_cached(probe: LinearProbe, train_x, train_y, val_x, val_y, seed: int) -> list:
-    g = torch.Generator().manual_seed(seed)
-    bs, curve = probe.s["batch_size"], []
-    for epoch in range(probe.s["epochs"]):
-        perm = torch.randperm(len(train_x), generator=g)
-        total = sum(float(probe.train_batch(train_x[i], train_y[i])) * len(i) for i in perm.split(bs))
-        curve.append(curve_point(probe, epoch, total / len(train_x), val_x, val_y))
-    return curve
+class CachedBatches:
+    """The cached probe's batches: epoch e's order is drawn from a generator seeded once, in
+    epoch order; ``start`` is its state at the current epoch's draw, which a resume restores."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int):
+        self.x, self.y, self.batch_size = x, y, batch_size
+        self.start = torch.Generator().manual_seed(seed).get_state()
+
+    def __call__(self, epoch: int, skip: int = 0):
+        g = torch.Generator()
+        g.set_state(self.start)
+        batches = torch.randperm(len(self.x), generator=g).split(self.batch_size)
+        for i in batches[skip:]:
+            yield self.x[i], self.y[i]
+        self.start = g.get_state()  # the next epoch's draw
 
 
 def augmented_views(data_dir: Path, d: Data, pc: Probe, batch_size: int, labelled, threads: cpus.Threads):
@@ -169,16 +182,57 @@ def augmented_views(data_dir: Path, d: Data, pc: Probe, batch_size: int, labelle
     )
 
 
-def train_augmented(probe: LinearProbe, backbone, loader, val_x, val_y) -> list:
-    curve = []
-    for epoch in tqdm(range(probe.s["epochs"]), desc="probe", mininterval=10):
-        total, seen = 0.0, 0
-        for images, labels, _ in loader:
+class AugmentedBatches:
+    """The augmented probe's batches: new crop + flip views (pipeline.data.crop_loader), their
+    features from the frozen backbone."""
+
+    def __init__(self, views, backbone: nn.Module, device):
+        self.views, self.backbone, self.device = views, backbone, device
+        self.start = None  # nothing to restore: the loader draws epoch e's views from (seed, e)
+
+    def __call__(self, epoch: int, skip: int = 0):
+        for images, labels, _ in batches_from(self.views, skip, epoch):
             with torch.no_grad():
-                feats = backbone(normalize(images.to(val_x.device)))
-            total += float(probe.train_batch(feats, labels.long().to(val_x.device))) * len(labels)
-            seen += len(labels)
+                feats = self.backbone(normalize(images.to(self.device)))
+            yield feats, labels.long().to(self.device)
+
+
+def train_cached(probe: LinearProbe, train_x, train_y, val_x, val_y, seed: int) -> list:
+    """The cached probe's fit, keeping no resume state (e.g. the recipe study's held-out score)."""
+    no_state = checkpoint.StageState(None, {}, distributed.DistEnv(), log)
+    return fit(probe, CachedBatches(train_x, train_y, probe.s["batch_size"], seed), val_x, val_y, no_state)
+
+
+def fit(probe: LinearProbe, batches, val_x, val_y, state: checkpoint.StageState) -> list:
+    """Train for the protocol's epochs on ``batches(epoch, skip)``; resumes from ``state`` and
+    saves it at epoch ends, every probe.checkpoint_every steps and on a preemption signal (then
+    exits for a requeue). Returns the curve, one point per epoch."""
+    epoch, step, total, seen, curve = 0, 0, 0.0, 0, []
+    resumed = state.load()
+    if resumed is not None:
+        probe.load_state_dict(resumed["probe"])
+        batches.start = resumed["batch_order"]
+        epoch, step, curve = resumed["epoch"], resumed["step_in_epoch"], resumed["curve"]
+        total, seen = resumed["rank"]["loss_sum"], resumed["rank"]["seen"]
+
+    def save() -> None:
+        sums = {"loss_sum": total, "seen": seen}
+        state.save(epoch, step, sums, probe=probe.state_dict(), batch_order=batches.start, curve=curve)
+
+    while epoch < probe.s["epochs"]:
+        for feats, labels in batches(epoch, step):
+            total += float(probe.train_batch(feats, labels)) * len(labels)
+            seen, step = seen + len(labels), step + 1
+            stop = preempt.stop_agreed(step, 1)
+            if stop or state.due(step):
+                save()
+            if stop:
+                preempt.requeue_and_exit(log)
         curve.append(curve_point(probe, epoch, total / max(seen, 1), val_x, val_y))
+        point = " ".join(f"{k}={v}" for k, v in curve[-1].items() if k != "epoch")
+        log(f"epoch {epoch + 1}/{probe.s['epochs']} {point}")
+        epoch, step, total, seen = epoch + 1, 0, 0.0, 0
+        save()
     return curve
 
 
@@ -187,13 +241,13 @@ def curve_point(probe, epoch, train_loss, val_x, val_y) -> dict:
     return {"epoch": epoch + 1, "train_loss": round(train_loss, 5), "val_top1": round(acc, 3)}
 
 
-def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
+def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, state_dir: Path | None = None) -> dict:
     """``cfg``: the stage's sections as the job's JSON gives them (recorded so in the metrics),
-    typed here once."""
+    typed here once. ``state_dir``: where the resume state lives (None: none is kept)."""
     pc, d, watch = section("probe", cfg["probe"]), section("data", cfg["data"]), Stopwatch()
     torch.manual_seed(pc.seed)
     backbone, ckpt = load_frozen_backbone(ckpt_path)
-    device = rank_device()
+    device = distributed.rank_device()
     threads = cpus.use(pc.threads, device.type, d.workers)
     backbone.to(device)
     before = snapshot(backbone)
@@ -214,14 +268,17 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
         f"protocol {pc.protocol}, on {device}"
     )
     s = settings(pc, ckpt["arch"])
-    views = augmented_views(data_dir, d, pc, s["batch_size"], labelled.numpy(), threads) if mode != "cached" else None
-    steps = len(views) if views is not None else math.ceil(len(train_x) / s["batch_size"])
+    if mode == "cached":
+        batches: CachedBatches | AugmentedBatches = CachedBatches(train_x, train_y, s["batch_size"], pc.seed)
+        steps = math.ceil(len(train_x) / s["batch_size"])
+    else:
+        views = augmented_views(data_dir, d, pc, s["batch_size"], labelled.numpy(), threads)
+        batches, steps = AugmentedBatches(views, backbone, device), len(views)
     probe = LinearProbe(train_x.shape[1], len(classes), s, pc.standardize, steps, device)
+    fingerprint = run_fingerprint(cfg, ckpt_path, data_dir)
+    state = checkpoint.StageState(state_dir, fingerprint, distributed.init(), log, pc.checkpoint_every)
     with watch.phase("fit"):
-        if views is None:
-            curve = train_cached(probe, train_x, train_y, val_x, val_y, pc.seed)
-        else:
-            curve = train_augmented(probe, backbone, views, val_x, val_y)
+        curve = fit(probe, batches, val_x, val_y, state)
     logits = probe.predict(val_x)
     acc, pred = topk_accuracy(logits, val_y), logits.argmax(1)
     per_class = {
@@ -251,11 +308,20 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path) -> dict:
     }
     atomic_write_json(metrics, out)
     board = Board(board_dir(out.parent, "probe"), "probe")  # the training curve
-    board.drop_earlier_runs()  # a probe never resumes: earlier curves are another run's
+    board.drop_earlier_runs()  # the whole curve, the epochs before a resume included
     for point in curve:
         board.add(point, step=point["epoch"])
     board.close()
+    state.retire()
     return metrics
+
+
+def run_fingerprint(cfg: dict, ckpt_path: Path, data_dir: Path) -> dict:
+    """What determines a probe (its resume state must match): the result keys of its sections,
+    the checkpoint's content and the training data's (pipeline.data.loaders.data_identity)."""
+    sections = result_config({name: cfg[name] for name in SECTIONS})
+    identity = {"checkpoint sha256": checkpoint.file_digest(ckpt_path), "data": data_identity(data_dir)}
+    return json.loads(json.dumps({**sections, **identity}))  # plain lists, as a state loads
 
 
 def main(argv=None) -> None:
@@ -264,10 +330,13 @@ def main(argv=None) -> None:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--data", required=True, help="folder with train/val .beton and .json")
     ap.add_argument("--out", required=True, help="metrics JSON")
+    ap.add_argument("--state", help="resume folder, outside the outputs (default: <out without .json>.state)")
     args = ap.parse_args(argv)
+    out = Path(args.out)
     try:
         cfg = load_stage_config(args.config, SECTIONS)
-        m = run(cfg, Path(args.checkpoint), Path(args.data), Path(args.out))
+        preempt.install()
+        m = run(cfg, Path(args.checkpoint), Path(args.data), out, Path(args.state or out.with_suffix(".state")))
     except (ConfigError, checkpoint.CheckpointError, FileNotFoundError) as err:
         raise SystemExit(f"[probe] error: {err}") from None
     log(f"top1={m['top1']} top5={m['top5']} knn={m['knn_top1']} ({m['mode']}, {m['protocol']})")

@@ -1,5 +1,7 @@
 """Grid expansion: readable ids, one-at-a-time and product designs, duplicates merged."""
 
+import re
+
 import pytest
 
 from pipeline.plan import load_config
@@ -231,6 +233,25 @@ def test_the_repair_wraps_snakemakes_dag_once():
     own = dag.DAG.__init__.wrapped
     rejoin_cells_in_cluster_jobs()
     assert dag.DAG.__init__.wrapped is own and own.__module__ == "snakemake.dag"
+
+
+@pytest.mark.parametrize(
+    "version, init, why",
+    [
+        ("10.0.0", None, "version 10.0.0, not 9.x"),
+        ("9.27.1", lambda self, settings, workflow: None, "does not take the workflow first"),
+    ],
+)
+def test_the_repair_refuses_a_snakemake_it_does_not_fit(version, init, why):
+    """A Snakemake where the repair would not take hold fails the DAG build, loudly."""
+    from snakemake import dag
+    from snakemake.settings.types import DAGSettings
+
+    from pipeline.spec.target_jobs import check_snakemake
+
+    check_snakemake("9.27.1", getattr(dag.DAG.__init__, "wrapped", dag.DAG.__init__), DAGSettings)  # this one fits
+    with pytest.raises(RuntimeError, match=f"cannot repair.*{re.escape(why)}.*would run another cell"):
+        check_snakemake(version, init or getattr(dag.DAG.__init__, "wrapped", dag.DAG.__init__), DAGSettings)
 
 
 # --- the claims study's plan on real datasets --------------------------------------------------

@@ -3,6 +3,7 @@
 
 - the tiny preset end to end through the site profile (profiles/slurm, with only what this
   cluster cannot match changed: tests/site_profile.py), pretraining on 2 nodes x 2 gloo ranks;
+  in the same run a probe and a detection trial are signalled mid-run and resume exactly;
   every real sbatch line is recorded (a wrapper first on PATH) and checked against what the
   profile's text promises;
 - the submitit launcher: a 2-node pretraining submitted, interrupted, requeued and finished;
@@ -265,24 +266,70 @@ def rule_resources(profile: dict, rule: str) -> dict:
     return {**profile["default-resources"], **profile["set-resources"].get(rule, {})}
 
 
+# The site run's probe (augmented: 5 steps an epoch through the backbone) and detection
+# (3 iterations an epoch) last long enough to be signalled mid-run; the state after every step.
+STAGES = {
+    "probe": {"mode": "augmented", "epochs": 12, "batch_size": 32, "checkpoint_every": 1},
+    "detect": {"epochs": 4, "checkpoint_every": 1},
+}
+# the jobs signalled mid-run (squeue's comment names the rule and the wildcards' values)
+INTERRUPTED = {"probe": ("base", "state/base/probe/last.pt"), "detect": ("base_0", "state/base/detect/trial0/last.pt")}
+
+
+def interrupt_stages(results: Path, proc: subprocess.Popen) -> dict:
+    """Send SIGUSR1 (as SLURM before a time limit) to base's probe job and its detection trial
+    once each has written its first resume state; returns {rule: SLURM job id}."""
+    from test_slurm_grid import running_jobs
+
+    sent: dict[str, str] = {}
+    while len(sent) < len(INTERRUPTED) and proc.poll() is None:
+        for rule, (cell, state) in INTERRUPTED.items():
+            if rule in sent or not (results / state).exists():
+                continue
+            job = next((j["job"] for j in running_jobs() if (j["rule"], j["cell"]) == (rule, cell)), None)
+            if job is not None:
+                subprocess.run(["scancel", "--signal=USR1", job], check=True, timeout=30)
+                sent[rule] = job
+        time.sleep(0.2)
+    return sent
+
+
 @pytest.fixture(scope="module")
 def site_run(cluster, site_profile_dir, tmp_path_factory):
     """The tiny preset (cells base and method=random) through the site profile, every
-    pretraining on 2 nodes; every sbatch call recorded by a wrapper first on PATH."""
+    pretraining on 2 nodes; every sbatch call recorded by a wrapper first on PATH. Base's probe
+    and detection trial are signalled mid-run (interrupt_stages)."""
     tmp = tmp_path_factory.mktemp("site-run")
     bin_dir, calls_log = site_profile.sbatch_wrapper(tmp, sys.executable)
     nodes = tmp / "nodes.yaml"
-    nodes.write_text(json.dumps({"grid": {"resources": {"nodes": SITE_NODES}}}))
+    nodes.write_text(json.dumps({"grid": {"resources": {"nodes": SITE_NODES}}, **STAGES}))
     results = tmp / "results"
     cmd = snakemake_cmd(site_profile_dir, results, configfiles=[base_cells_only(tmp, {}), nodes])
-    proc = hard_run(cmd, timeout=560, env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
-    out = proc.stdout + proc.stderr
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    output = tmp / "snakemake.out"
+    with output.open("w") as sink:
+        proc = subprocess.Popen(
+            ["timeout", "-s", "KILL", "560", *cmd], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT
+        )
+        try:
+            interrupted = interrupt_stages(results, proc)
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out = output.read_text()
     assert proc.returncode == 0, out[-5000:] + cluster.logs()
     calls = [sbatch_options(call["argv"]) for call in site_profile.sbatch_calls(calls_log)]
     by_rule = {}
     for call in calls:
         by_rule.setdefault(re.search(r"--allowed-rules (\w+)", call["--wrap"])[1], []).append(call)
-    return {"results": results, "out": out, "calls": by_rule, "logdir": results.parent / "slurm_logs"}
+    return {
+        "results": results,
+        "out": out,
+        "calls": by_rule,
+        "logdir": results.parent / "slurm_logs",
+        "interrupted": interrupted,
+    }
 
 
 @pytest.mark.timeout(600)
@@ -324,11 +371,15 @@ def test_every_sbatch_line_is_what_the_site_profile_states(site_run, site_profil
             assert "-A" not in call and "--account" not in call, (rule, call)
             assert "--gres" not in call and "--ntasks-per-gpu" not in call, (rule, call)
             if rule != "pretrain":  # its limit comes from the workflow config (grid.resources)
-                assert call["-t"] == str(eval(str(wanted["runtime"]), {"attempt": 1})), (rule, call)
-    # runtimes the profile states by hand: probe "240 * attempt", detect "480 * attempt", tables 15
-    assert [c["-t"] for c in site_run["calls"]["probe"]] == ["240", "240"]
-    assert {c["-t"] for c in site_run["calls"]["detect"]} == {"480"}
+                limits = {str(eval(str(wanted["runtime"]), {"attempt": a})) for a in (1, 2, 3)}
+                assert call["-t"] in limits, (rule, call)
+    # runtimes the profile states by hand: probe "240 * attempt", detect "480 * attempt", tables 15;
+    # the interrupted probe and detection trial may come back as their second attempt
+    assert sorted(c["-t"] for c in site_run["calls"]["probe"])[:2] == ["240", "240"]
+    assert "480" in {c["-t"] for c in site_run["calls"]["detect"]}
     assert [c["-t"] for c in site_run["calls"]["tables"]] == ["15"]
+    for rule in ("probe", "detect"):  # the warning signal before the limit: save and requeue
+        assert {c["--signal"] for c in site_run["calls"][rule]} == {"USR1@180"}
 
 
 @pytest.mark.timeout(600)
@@ -362,6 +413,32 @@ def test_slurm_logs_of_successful_jobs_are_kept(site_run):
         assert path.is_relative_to(site_run["logdir"]) and path.relative_to(site_run["logdir"]).parts[0].startswith(
             "rule_"
         )
+
+
+@pytest.mark.timeout(600)
+def test_probe_and_detection_signalled_mid_run_resume_exactly(site_run, tmp_path):
+    """Base's probe and detection trial, signalled (USR1) mid-run on the cluster, resumed from
+    their states and ended equal to the same runs uninterrupted here."""
+    from test_stage_resume import RUN_ONLY
+
+    results = site_run["results"]
+    assert set(site_run["interrupted"]) == set(INTERRUPTED), "a stage ended before it could be signalled"
+    for rule, log, metrics, data in [
+        ("probe", "probe/base.log", "base/probe.json", results / "data" / "ffcv"),
+        ("detect", "detect/base/trial0.log", "base/detect/trial0.json", results / "data" / "synthetic" / "det"),
+    ]:
+        text = (results / "logs" / log).read_text()
+        assert f"[{rule}] resumed from" in text, text[-3000:]
+        got = json.loads((results / "cells" / metrics).read_text())
+        ref = tmp_path / f"{rule}.json"
+        seed = ["--seed", str(got["seed"])] if rule == "detect" else []
+        cmd = [sys.executable, "-m", f"pipeline.{rule}", "--config", json.dumps(got["config"]), *seed]
+        proc = hard_run([*cmd, "--checkpoint", got["checkpoint"], "--data", data, "--out", ref], timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        want = json.loads(ref.read_text())
+        assert {k: v for k, v in got.items() if k not in RUN_ONLY} == {
+            k: v for k, v in want.items() if k not in RUN_ONLY
+        }, rule
 
 
 @pytest.mark.timeout(480)

@@ -23,6 +23,7 @@ from conftest import REPO, run, snakemake_bin
 from test_rerun import TINY, cell_jobs, planned_jobs, snakemake
 from test_resume import CFG, assert_same_run
 
+from pipeline.data.loaders import data_identity
 from pipeline.pretrain import run_fingerprint
 from pipeline.spec.config import result_config
 from pipeline.spec.layout import folder_state
@@ -62,7 +63,7 @@ def fresh_new(ffcv_small, tmp_path_factory):
 
 # --- the fingerprint ----------------------------------------------------------------------------
 def test_fingerprint_holds_the_result_keys_and_the_data_not_threads_paths_or_times(ffcv_small, tmp_path):
-    fp = run_fingerprint(CFG, ffcv_small)
+    fp = run_fingerprint(CFG, ffcv_small, 1)
     assert fp["pretrain"]["lr"] == 0.05 and fp["pretrain"]["seed"] == 3 and fp["data"]["crop"] == "loader"
     assert not {"threads", "knn_every", "checkpoint_every"} & set(fp["pretrain"]) and "workers" not in fp["data"]
     assert fp["data files"]["train.beton bytes"] == (ffcv_small / "train.beton").stat().st_size
@@ -72,11 +73,27 @@ def test_fingerprint_holds_the_result_keys_and_the_data_not_threads_paths_or_tim
     runtime = copy.deepcopy(CFG)
     runtime["pretrain"].update(threads=2, knn_every=1, checkpoint_every=0)
     runtime["data"]["workers"] = 1
-    assert run_fingerprint(runtime, moved) == fp
-    assert run_fingerprint(NEW, ffcv_small) != fp
-    report = moved / "train.json"  # another conversion of the data
-    report.write_text(report.read_text().replace('"num_samples"', '"num_samples" ', 1))
-    assert run_fingerprint(CFG, moved)["data files"] != fp["data files"]
+    assert run_fingerprint(runtime, moved, 1) == fp
+    assert run_fingerprint(NEW, ffcv_small, 1) != fp
+    assert run_fingerprint(CFG, ffcv_small, 2) != fp  # the world size sets per-rank batches and BN groups
+
+
+def test_data_identity_is_the_content_not_the_conversion_run(ffcv_small, tmp_path):
+    """Re-converting the same images (another path, more workers, other times) keeps the data's
+    identity, and so every run's state; other data changes it."""
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(ffcv_small, moved)
+    report = json.loads((moved / "train.json").read_text())
+    rerun = copy.deepcopy(report)
+    rerun["beton"], rerun["source"]["root"] = "/elsewhere/train.beton", "/elsewhere/images"
+    rerun["options"].update(workers=8, writers=8)
+    rerun["seconds"] = {"check": 9.9, "write": 99.0}
+    (moved / "train.json").write_text(json.dumps(rerun))
+    assert data_identity(moved) == data_identity(ffcv_small)
+    other = copy.deepcopy(report)
+    other["sample_keys_sha1"] = "0" * 40  # other images
+    (moved / "train.json").write_text(json.dumps(other))
+    assert data_identity(moved) != data_identity(ffcv_small)
 
 
 def test_random_init_depends_only_on_its_network_and_seed():
@@ -90,11 +107,11 @@ def test_random_init_depends_only_on_its_network_and_seed():
     }
 
 
-def test_torchvision_crops_depend_on_the_loader_workers():
-    """The torchvision loader draws its crops in the worker processes: there the count counts."""
-    data = {**CFG["data"], "loader": "torchvision"}
-    assert result_config({"data": data})["data"]["workers"] == 2
-    assert "workers" not in result_config({"data": {**data, "crop": "device"}})["data"]
+def test_loader_workers_never_change_a_result():
+    """Both loaders draw each sample's crops from (seed, epoch, index): data.workers is no result key."""
+    for loader in ("ffcv", "torchvision"):
+        for crop in ("loader", "device"):
+            assert "workers" not in result_config({"data": {**CFG["data"], "loader": loader, "crop": crop}})["data"]
 
 
 # --- pretraining reruns -------------------------------------------------------------------------

@@ -19,6 +19,8 @@ CPU FFCV's normalisation hangs (FFCV issue #396).
 from __future__ import annotations
 
 import functools
+import hashlib
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -169,6 +171,17 @@ def _check_choice(loader: str, crop: str) -> None:
         raise ValueError(f"crop must be 'loader' or 'device', not {crop!r}")
 
 
+def batches_from(loader, skip: int = 0, epoch: int | None = None):
+    """The batches of an FFCV loader or a TorchLoader from batch ``skip`` on (a resume), of
+    epoch ``epoch`` (default: the loader's next); the torch loader does not even decode the
+    skipped ones."""
+    if epoch is not None:  # the order (and seeded crops) of epoch e are drawn from seed + e
+        loader.next_epoch = epoch
+    if isinstance(loader, TorchLoader):
+        return loader.iter_from(skip)
+    return itertools.islice(loader, skip, None)
+
+
 class TwoViewLoader:
     """Names the positional outputs (FFCV's layout: image, label, index, image2) and lets the
     training loop set the epoch."""
@@ -189,12 +202,7 @@ class TwoViewLoader:
 
     def batches(self, skip: int = 0):
         """Iterate, skipping the first ``skip`` batches without augmenting them (resume)."""
-        if isinstance(self.loader, TorchLoader):  # skipped batches are not even decoded
-            yield from map(self._views, self.loader.iter_from(skip))
-            return
-        for i, batch in enumerate(self.loader):
-            if i >= skip:
-                yield self._views(batch)
+        return map(self._views, batches_from(self.loader, skip))
 
     def _views(self, batch):
         if self.device_crop is not None:
@@ -320,6 +328,30 @@ def read_report(path) -> dict:
     return json.loads(report.read_text())
 
 
+# What a conversion report records about the run that wrote it, not about the data: where
+# it wrote, how long it took, with how many processes. Re-converting the same images (another
+# results folder, more workers) gives the same data identity.
+REPORT_RUN_KEYS = ("beton", "seconds", "source.root", "options.workers", "options.writers")
+
+
+def data_identity(folder) -> dict:
+    """The identity of the converted train split in ``folder`` (what decides a resume): its
+    report without REPORT_RUN_KEYS (sample keys' digest, counts, classes, stored resolution,
+    write options, bytes) as a short sha256; None entries when there is no report."""
+    path = Path(folder) / "train.json"
+    if not path.is_file():  # a hand-made .beton
+        return {"train.json content": None}
+    report = json.loads(path.read_text())
+    for key in REPORT_RUN_KEYS:
+        *parents, leaf = key.split(".")
+        part = report
+        for name in parents:
+            part = part.get(name, {})
+        part.pop(leaf, None)
+    text = json.dumps(report, sort_keys=True, separators=(",", ":"))
+    return {"train.json content": hashlib.sha256(text.encode()).hexdigest()[:16]}
+
+
 def converted_source(path):
     """The source a split was converted from, without the files skipped then: the same
     samples, labels and indices as in the ``.beton``."""
@@ -340,6 +372,12 @@ def converted_source(path):
 
 def _as_chw(image: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(image).permute(2, 0, 1)  # a view: the resize kernels like channels-last
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of one sample's random draws in one epoch: a function of these alone, so that
+    the draws are the same in any worker and after a resume mid-epoch."""
+    return int(np.random.SeedSequence((seed, epoch, index)).generate_state(1, np.uint64)[0])
 
 
 class TwoViewDataset(torch.utils.data.Dataset):
@@ -368,7 +406,7 @@ class TwoViewDataset(torch.utils.data.Dataset):
         i = i if self.indices is None else self.indices[i]
         image = _as_chw(self.source.load(i))
         with torch.random.fork_rng(devices=[]):  # the process's own stream is left as it was
-            torch.manual_seed(int(np.random.SeedSequence((self.seed, epoch, i)).generate_state(1, np.uint64)[0]))
+            torch.manual_seed(sample_seed(self.seed, epoch, i))
             first = (self.transform(image), self.source.labels[i], i)
             return first if self.views == 1 else (*first, self.transform(image))
 

@@ -191,10 +191,9 @@ def set_aside(path: Path, old: dict | None, env) -> Path:
     return target
 
 
-def load_resume_state(path: Path, model, optimizer, env, device, fingerprint: dict, log=print) -> Resumed | None:
-    """Restore model, optimizer, this rank's BN statistics and the method's diagnostics from
-    ``path``; None when there is nothing to resume, or when ``path`` holds another run's state
-    (its fingerprint differs): then it is set aside and one line says what differed."""
+def matching_state(path: Path, fingerprint: dict, env, log=print) -> dict | None:
+    """The resume state at ``path`` if it is this run's (same fingerprint); None when there is
+    none, or when it is another run's: then it is set aside and one line says what differed."""
     if not Path(path).is_file():
         return None
     state = load(path)
@@ -202,6 +201,87 @@ def load_resume_state(path: Path, model, optimizer, env, device, fingerprint: di
         changed = differences(state.get("fingerprint"), fingerprint)
         target = set_aside(Path(path), state.get("fingerprint"), env)
         log(f"{path} is another run's state ({changed}): set aside as {target.name}; starting fresh")
+        return None
+    return state
+
+
+def retire(path: Path, env, log=print) -> None:
+    """A finished run's state becomes ``finished.pt`` (replacing an earlier one), once its outputs
+    exist: a later run, even with the same fingerprint (e.g. after a code fix, --forcerun), never
+    resumes from it and trains afresh. Kept, not deleted: it holds the optimizer and RNG state."""
+    if env.is_main and path.is_file():
+        os.replace(path, path.with_name("finished.pt"))
+        log(f"finished: state kept as {path.with_name('finished.pt')}, which no run resumes")
+    distributed.barrier()
+
+
+def file_digest(path: Path) -> str:
+    """The content of a file, as a short sha256 (read in 1 MiB blocks: checkpoints are large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+class StageState:
+    """The resume state of a run after pretraining (a probe, a detection trial), in the same
+    format: ``<folder>/last.pt`` holds the weights, optimizer and schedule (``fields``), the
+    position in the epoch and, per rank, the RNG streams and what else differs between ranks
+    (``ranks``). Written at epoch ends, every ``every`` steps and on a preemption signal;
+    resumed only by a run with the same fingerprint (world size included); ``finished.pt`` once
+    the run's outputs exist. ``folder`` None: nothing saved or resumed."""
+
+    def __init__(self, folder: Path | None, fingerprint: dict, env, log=print, every: int = 0):
+        self.path = None if folder is None else Path(folder) / "last.pt"
+        self.fingerprint = {**fingerprint, "world_size": env.world_size}
+        self.env, self.log, self.every = env, log, every
+
+    def load(self) -> dict | None:
+        """This run's state, with this rank's RNG streams restored; ``state["rank"]`` holds this
+        rank's own values. None: start fresh."""
+        if self.path is None:
+            return None
+        state = matching_state(self.path, self.fingerprint, self.env, self.log)
+        if state is None:
+            return None
+        state["rank"] = state["ranks"][self.env.rank]
+        set_rng_state(state["rank"]["rng"])
+        self.log(f"resumed from {self.path} at epoch {state['epoch'] + 1}, step {state['step_in_epoch']}")
+        return state
+
+    def due(self, step_in_epoch: int) -> bool:
+        return bool(self.every) and step_in_epoch % self.every == 0
+
+    def save(self, epoch: int, step_in_epoch: int, ranks: dict | None = None, **fields) -> None:
+        """Rank 0 writes every rank's ``ranks`` and RNG streams with ``fields`` (all ranks call)."""
+        if self.path is None:
+            return
+        mine = {k: v.cpu() if torch.is_tensor(v) else v for k, v in (ranks or {}).items()}
+        every_rank = distributed.gather_objects({**mine, "rng": rng_state()})
+        if self.env.is_main:
+            save(
+                self.path,
+                fingerprint=self.fingerprint,
+                world_size=self.env.world_size,
+                epoch=epoch,
+                step_in_epoch=step_in_epoch,
+                ranks=every_rank,
+                **fields,
+            )
+        distributed.barrier()
+
+    def retire(self) -> None:
+        if self.path is not None:
+            retire(self.path, self.env, self.log)
+
+
+def load_resume_state(path: Path, model, optimizer, env, device, fingerprint: dict, log=print) -> Resumed | None:
+    """Restore model, optimizer, this rank's BN statistics and the method's diagnostics from
+    ``path``; None when there is nothing to resume, or when ``path`` holds another run's state
+    (its fingerprint differs): then it is set aside and one line says what differed."""
+    state = matching_state(path, fingerprint, env, log)
+    if state is None:
         return None
     if state["world_size"] != env.world_size and state["step_in_epoch"]:
         raise CheckpointError(

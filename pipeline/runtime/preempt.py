@@ -16,6 +16,7 @@ import sys
 
 SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 EXIT_REQUEUE = 75
+SYNC_STEPS = 10  # ranks agree on a stop every this many steps (stop_agreed)
 _requested: list[int] = []
 
 
@@ -49,6 +50,24 @@ def _uninstall_in_child() -> None:
 
 def requested() -> bool:
     return bool(_requested)
+
+
+def stop_agreed(step: int, world_size: int) -> bool:
+    """A preemption signal reached any rank: all ranks stop at the same step.
+
+    Ranks agree through a one-element all-reduce, every SYNC_STEPS steps only, so that the
+    check costs no host-device sync on the other steps.
+    """
+    if world_size == 1:
+        return requested()
+    if step % SYNC_STEPS:
+        return False
+    import torch  # here: the DAG build imports this package without torch
+
+    device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor(float(requested()), device=device)
+    torch.distributed.all_reduce(flag)
+    return bool(flag > 0)
 
 
 def received() -> list[int]:

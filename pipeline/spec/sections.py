@@ -78,9 +78,9 @@ class Data:
     loader: str = "ffcv"  # ffcv | torchvision
     crop: str = "loader"  # loader: crops drawn while decoding | device: drawn on the device
     crop_size: int = marked(32, INIT)  # (a ViT's image size)
-    # loader workers per job; None: from the job's threads. The torchvision loader draws its
-    # crops in the workers, from per-worker RNGs: there the count changes the crops
-    workers: int | None = runtime(None, unless=lambda d: d.loader == "torchvision" and d.crop == "loader")
+    # loader workers per job; None: from the job's threads. Both loaders draw each sample's
+    # crops from (seed, epoch, index): the count changes no result
+    workers: int | None = runtime(None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,6 +166,7 @@ class Probe:
     )
     seed: int = 0
     threads: int = runtime(1)
+    checkpoint_every: int = runtime(0)  # resume state every N steps too; 0: at epoch ends only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,10 +214,11 @@ class Detect:
     seed: int = 0
     trials: int = marked(1, JOBS)  # fine-tuning runs per cell
     threads: int = runtime(1)
-    # image-decoding processes; 0: in the main process. Not RUNTIME: the training flips are
-    # drawn in the workers, from per-worker RNGs
-    workers: int = 0
+    # image-decoding processes; 0: in the main process. Each flip is drawn from (seed, epoch,
+    # image) (pipeline.detect.EpochSeeded): the count changes no result
+    workers: int = runtime(0)
     ranks: int = 1  # processes per fine-tuning, one per GPU
+    checkpoint_every: int = runtime(0)  # resume state every N iterations too; 0: at epoch ends only
 
 
 @dataclass(frozen=True, kw_only=True)

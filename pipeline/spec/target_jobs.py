@@ -4,10 +4,18 @@ A cluster job names the one job it runs with ``--target-jobs rule:cell="K=128,se
 Snakemake's parser splits the wildcards at every comma, also inside the quotes the executor
 plugin puts around such a value, so the job would run cell ``K=128`` and the outputs the main
 workflow waits for would never appear. Installed from the Snakefile; tests/test_grid.py
-round-trips the plugin's encoder and Snakemake's parser, so a change of either shows there.
+round-trips the plugin's encoder and Snakemake's parser, so a change of either shows there;
+check_snakemake refuses, loudly, a Snakemake where the repair would not take hold (a silent
+miss would run cell ``K=128`` for ``K=128,seed=1``); tests/test_slurm_grid.py runs comma cells
+as real cluster jobs.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import inspect
+
+SNAKEMAKE_MAJOR = 9  # requirements.txt: snakemake>=9.0,<10; the repair was written against 9.27
 
 
 def rejoin_target_wildcards(specs, wildcard_names) -> list:
@@ -33,9 +41,12 @@ def rejoin_cells_in_cluster_jobs() -> None:
     """Make Snakemake's DAG rejoin the cell ids of its target jobs (rejoin_target_wildcards).
     Called from the Snakefile: the DAG settings that hold the target jobs are attached to the
     workflow only after the Snakefile is read, so the repair runs where the DAG is made."""
-    from snakemake import dag  # type: ignore[import-untyped]
+    import snakemake  # type: ignore[import-untyped]
+    from snakemake import dag
+    from snakemake.settings.types import DAGSettings  # type: ignore[import-untyped]
 
     make = getattr(dag.DAG.__init__, "wrapped", dag.DAG.__init__)  # Snakemake's own, once
+    check_snakemake(snakemake.__version__, make, DAGSettings)
 
     def init(self, workflow, *args, **kwargs):
         settings = workflow.dag_settings
@@ -47,3 +58,22 @@ def rejoin_cells_in_cluster_jobs() -> None:
 
     init.wrapped = make  # type: ignore[attr-defined]
     dag.DAG.__init__ = init
+
+
+def check_snakemake(version: str, dag_init, dag_settings) -> None:
+    """Raise unless the repair takes hold in this Snakemake: major version SNAKEMAKE_MAJOR, a
+    ``DAG.__init__(self, workflow, ...)``, and DAG settings that hold ``target_jobs``."""
+    problems = []
+    if version.split(".")[0] != str(SNAKEMAKE_MAJOR):
+        problems.append(f"version {version}, not {SNAKEMAKE_MAJOR}.x")
+    if list(inspect.signature(dag_init).parameters)[:2] != ["self", "workflow"]:
+        problems.append(f"DAG.__init__{inspect.signature(dag_init)} does not take the workflow first")
+    if "target_jobs" not in {f.name for f in dataclasses.fields(dag_settings)}:
+        problems.append("its DAG settings have no target_jobs")
+    if problems:
+        raise RuntimeError(
+            "pipeline.spec.target_jobs cannot repair this Snakemake's --target-jobs parsing ("
+            + "; ".join(problems)
+            + "): cluster jobs of cells with commas in their id would run another cell. "
+            f"Install snakemake {SNAKEMAKE_MAJOR}.x (requirements.txt) or adapt the repair."
+        )

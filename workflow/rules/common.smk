@@ -115,6 +115,12 @@ def cell_nodes(wildcards):
     return cell_resources(wildcards.cell)["nodes"]
 
 
+def profile_resources():
+    """The profile's set-resources as given: rule -> {resource: its raw value, e.g. "gpu:1"}."""
+    given = workflow.resource_settings.overwrite_resources or {}
+    return {rule: {k: getattr(v, "raw", v) for k, v in res.items()} for rule, res in given.items()}
+
+
 def tables_sections(wildcards=None):
     """What the tables state and which cells they expect (grid.resources does not matter)."""
     grid = {k: v for k, v in config["grid"].items() if k != "resources"}

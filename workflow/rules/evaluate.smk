@@ -1,4 +1,9 @@
 # Stages 3 and 4: linear probe (+ kNN) on the frozen encoder, detection transfer.
+from pipeline.spec.job_gpus import check_ranks_fit
+
+# detect.ranks GPUs per detection job, or the DAG build stops here, before any submission
+if CFG.detect.enabled:
+    check_ranks_fit("detect", CFG.detect.ranks, "detect.ranks", profile_resources())
 
 
 rule probe:
@@ -19,9 +24,12 @@ rule probe:
         **job_config(lambda w: {"data": config["data"], "probe": config["probe"]}),
         py=PY,
         data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder
+        # the resume state, outside the outputs: a killed or requeued probe continues from it
+        # (a function of resources, as the launch params: Snakemake does not compare it)
+        state=lambda w, resources: f"{R}/state/{w.cell}/probe",
     shell:
         "{params.py} -m pipeline.probe --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
-        " --data {params.data:q} --out {output:q} > {log:q} 2>&1"
+        " --data {params.data:q} --out {output:q} --state {params.state:q} > {log:q} 2>&1"
 
 
 rule detect:
@@ -50,9 +58,10 @@ rule detect:
             if CFG.detect.ranks > 1
             else "-m"
         ),
+        state=lambda w, resources: f"{R}/state/{w.cell}/detect/trial{w.trial}",  # the resume state (not compared)
     shell:
         "{params.py} {params.launch} pipeline.detect --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
-        " --data {params.root:q} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
+        " --data {params.root:q} --seed {params.seed} --out {output:q} --state {params.state:q} > {log:q} 2>&1"
 
 
 localrules:
