@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from pipeline.eval import masks as masks_io
 from pipeline.runtime.io import atomic_save_png, atomic_write_json
 from pipeline.spec.config import ConfigError, build, to_dict
 from pipeline.spec.sections import SYNTHETIC_CLASSES, Synthetic
@@ -217,14 +218,6 @@ def detection_scene(seed: int, split: str, index: int, size: int, pool: int = PO
     return img, ann, masks
 
 
-def coco_rle(mask: np.ndarray) -> dict:
-    """A bool HxW mask as COCO's compressed RLE, JSON-ready (counts as text)."""
-    from pycocotools import mask as mask_utils  # the generator's only use of it
-
-    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
-    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
-
-
 def coco_categories() -> list[dict]:
     return [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(CLASSES)]
 
@@ -266,7 +259,7 @@ def run(out: str | Path, cfg: Synthetic | None = None, progress: bool = True) ->
                         "category_id": label + 1,
                         "bbox": [x, y, w, h],
                         "area": int(mask.sum()),  # COCO's area: the mask's (its small/medium/large)
-                        "segmentation": coco_rle(mask),
+                        "segmentation": masks_io.to_rle(mask),
                         "iscrowd": 0,
                     }
                 )
