@@ -33,7 +33,11 @@ import pandas as pd
 from pipeline.report import stats
 from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
 from pipeline.report.studies import (
+    DETECTION_METRICS,
+    MASK_METRICS,
+    METRICS,
     QUEUE_METRICS,
+    SUPERVISED_ID,
     Group,
     Row,
     Table,
@@ -53,9 +57,9 @@ from pipeline.report.studies import (
 from pipeline.report.writers import load_configs, markdown, results_folder, results_parser, write_table
 from pipeline.spec.claims_plan import PILOT_ROLES, Budget, needs
 from pipeline.spec.config import DEFAULT_CONFIG, ConfigError, to_dict, typed_config
-from pipeline.spec.grid import cell_id, claims_cells, claims_overrides, format_value, group_id
+from pipeline.spec.grid import BASE_ID, cell_id, claims_cells, claims_overrides, detects, format_value, group_id
 from pipeline.spec.layout import QUEUE_POLICIES
-from pipeline.spec.sections import Claims, Config
+from pipeline.spec.sections import Claims, Config, Pretrain
 from pipeline.spec.training_set import training_set
 
 NOT_RUN = "not run"
@@ -83,6 +87,7 @@ class Cells:
 
     def __init__(self, df: pd.DataFrame, cfg: Config, claims: Claims, results: Path):
         self.claims, base = claims, to_dict(cfg.pretrain)
+        self.cfg = cfg  # the transfer claim reads the main grid's detection settings
         self.pilot_seeds = range(
             cfg.pretrain.seed + claims.seeds, cfg.pretrain.seed + claims.seeds + claims.pilot_seeds
         )
@@ -436,6 +441,59 @@ def memory_bank(c: Cells) -> Claim:
     return accuracy_claim(text, source, pilot_needs(c), [comparison], c.cells("reference", "memory_bank"))
 
 
+def transfer_gaps(cfg: Config) -> list[str]:
+    """What the config lacks for the main grid to decide the transfer claim: MoCo's base cell
+    and the supervised baseline, each fine-tuned as a Mask R-CNN, at >= 2 seeds."""
+    det, grid, gaps = cfg.detect, cfg.grid, []
+    if "supervised" not in grid.baselines:
+        gaps.append("grid.baselines with supervised")
+    if det.task != "segmentation":
+        gaps.append("detect.task: segmentation")
+    supervised = Pretrain(**{**to_dict(cfg.pretrain), "method": "supervised"})
+    if not (detects(det, BASE_ID, cfg.pretrain) and detects(det, SUPERVISED_ID, supervised)):
+        gaps.append(f"detect.cells with {BASE_ID} and {SUPERVISED_ID} (now {list(det.cells)}, enabled {det.enabled})")
+    if grid.seeds < 2:
+        gaps.append(f"grid.seeds ≥ 2 (now {grid.seeds})")
+    if grid.only is not None and not {BASE_ID, SUPERVISED_ID} <= set(grid.only):
+        gaps.append(f"grid.only with both (now {list(grid.only)})")
+    return gaps
+
+
+def transfer_comparison(c: Cells, metric: str) -> Comparison:
+    """MoCo's base cell − supervised in one AP metric, paired by seed; a failed seed on either
+    side makes it inconclusive (counted, not averaged)."""
+    a, b = (g.cells if (g := c.gs.get(gid)) is not None else None for gid in (BASE_ID, SUPERVISED_ID))
+    d = delta(value(a, metric), value(b, metric))
+    label = METRICS[metric]
+    if d is None:
+        return Comparison(label, INCONCLUSIVE, f"{label}: no result")
+    shown = "no pair" if d.estimate is None else d.estimate.text(signed=True)
+    if d.failed:
+        return Comparison(label, INCONCLUSIVE, f"{label}: Δ {shown}, {d.failed} of {d.pairs} seeds failed")
+    verdict, why = stats.judge(d.estimate, 1)
+    return Comparison(label, verdict, f"{label}: Δ {shown} ({why})", d.estimate)
+
+
+def transfer(c: Cells) -> Claim:
+    text = (
+        "MoCo matches or exceeds supervised on detection and segmentation transfer (run: the main grid's "
+        f"base cell vs {SUPERVISED_ID}, each fine-tuned as a Mask R-CNN, box and mask AP, paired by seed)"
+    )
+    needs = (
+        "the main grid (snakemake, not the claims' cells) with grid.baselines supervised, detect.task "
+        "segmentation, detect.cells covering base and method=supervised, grid.seeds ≥ 2; a "
+        "supervised baseline trained as its reference was (grid.supervised) for the paper's comparison"
+    )
+    cells = [cell for gid in (BASE_ID, SUPERVISED_ID) if (g := c.gs.get(gid)) is not None for cell in g.cells["cell"]]
+    gaps = transfer_gaps(c.cfg)
+    if gaps:
+        return Claim(text, SEED_BLOG, needs, "", undecidable("a priori: needs " + "; ".join(gaps)), cells)
+    if any(g is None or value(g.cells, "mask_AP").status == "missing" for g in map(c.gs.get, (BASE_ID, SUPERVISED_ID))):
+        return Claim(text, SEED_BLOG, needs, "snakemake (the main grid) computes them", NOT_RUN, cells)
+    comparisons = [transfer_comparison(c, m) for m in DETECTION_METRICS + MASK_METRICS]
+    return accuracy_claim(text, SEED_BLOG, needs, comparisons, cells)
+
+
 CLAIMS = [
     fifo_bound,
     low_momentum,
@@ -445,6 +503,7 @@ CLAIMS = [
     slow_momentum,
     longer_schedule,
     memory_bank,
+    transfer,
 ]
 
 
@@ -457,7 +516,9 @@ def claims_table(c: Cells, prov) -> Table:
     cannot = [r.text.split(" (")[0] for r in rows if r.verdict.startswith(NOT_DECIDABLE)]
     notes = [
         f"Cells: the base cell trained {e} epochs (the schedule claim: {le}), varied one setting at a time, "
-        f"{c.claims.seeds} seeds each (claims.seeds), and random init; accuracy is the linear probe's top-1.",
+        f"{c.claims.seeds} seeds each (claims.seeds), and random init; accuracy is the linear probe's top-1 "
+        "(the transfer claim: box and mask AP of the main grid's base and supervised cells; it holds only "
+        "where MoCo's CI lies above supervised: a CI including 0 cannot tell matching from trailing).",
         "Δ a − b: a's seed s minus b's seed s, mean ± 95 % CI (Student t) over the n seeds both ran. "
         "The direction decides the verdict: holds: the CI excludes 0 on the claimed side; contradicted: it "
         "excludes 0 on the other side; inconclusive: it includes 0, or one seed. size: a claimed size against "
@@ -524,7 +585,8 @@ def claims_tables(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
     typed = typed_config(cfg)
     assert typed.claims is not None  # run() refuses a config without it, with the message
     c = Cells(df, typed, typed.claims, results)
-    prov = provenance_factory(df, cfg, results)
+    # the tables rest on pretraining and the probe; only the transfer claim reads detection
+    prov = provenance_factory(df, {**cfg, "detect": {"enabled": False}}, results)
     mom = momentum(
         c.gs,
         prov,
@@ -539,7 +601,6 @@ def run(results: Path, cfg: dict) -> str:
     """Write the claims tables from whatever cells exist; returns them (Markdown)."""
     if not cfg.get("claims") or not cfg.get("pretrain"):
         raise ConfigError("the claims tables need the config's pretrain and claims sections")
-    cfg = {**cfg, "detect": {"enabled": False}}  # the claims rest on pretraining and the probe only
     expected = {cid: cell.stated(cfg["pretrain"]) for cid, cell in claims_cells(typed_config(cfg)).items()}
     tables = claims_tables(collect(results, expected), cfg, results)
     for t in tables:

@@ -1,4 +1,5 @@
-"""Detection transfer: fine-tune a Faster R-CNN whose backbone is the pretrained ResNet.
+"""Detection transfer: fine-tune a Faster R-CNN (``task: detection``) or a Mask R-CNN
+(``task: segmentation``) whose backbone is the pretrained ResNet.
 
 Heads (``head``): ``fpn`` (FPN over layer1..layer4, RoIs pooled from the pyramid) or ``c4``
 (the MoCo paper's R50-C4: RPN and 14x14 RoIAlign on layer3, layer4 as the box head, then
@@ -13,8 +14,13 @@ included (verified before fine-tuning). Normalisation (``norm``):
 - ``gn``: GroupNorm in the new layers, for a backbone pretrained with GroupNorm
   (``pretrain.norm: gn``), fine-tuned as is: independent of the (small) detection batch.
 
+Mask R-CNN adds a mask head beside the box head: with FPN torchvision's (4 convs on 14x14 RoIs
+from the pyramid, the new layers' norm), with C4 Detectron2's C4 one (the box head's res5
+features, shared, then a 2x deconvolution to 14x14 masks).
+
 All convolutions are fine-tuned. The val split is scored with pycocotools (COCO bbox AP, in
-percent). Datasets: pipeline.data.detection (the embedded scenes, COCO, Pascal VOC07+12).
+percent; with masks also segm AP, as ``mask_AP``, ``mask_AP50``, ...). Datasets:
+pipeline.data.detection (the embedded scenes, COCO, Pascal VOC07+12; masks: not on VOC).
 One run is one trial (``--seed``); the workflow runs ``detect.trials`` of them and reports
 their mean and std. ``torchrun --nproc-per-node N -m pipeline.detect ...`` splits the batch
 over N ranks; rank 0 scores the val split and writes the metrics.
@@ -45,10 +51,11 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import nn
 from torchvision.models._utils import IntermediateLayerGetter
-from torchvision.models.detection import FasterRCNN
+from torchvision.models.detection import FasterRCNN, MaskRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, FastRCNNPredictor, TwoMLPHead
+from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
 from torchvision.ops import FrozenBatchNorm2d, MultiScaleRoIAlign
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 from torchvision.transforms.functional import pil_to_tensor
@@ -57,6 +64,7 @@ from tqdm import tqdm
 from pipeline.data.augment import MEAN, STD
 from pipeline.data.detection import DetectionDataError, DetectionSplit, load_splits
 from pipeline.data.loaders import sample_seed
+from pipeline.eval import masks as masks_io
 from pipeline.eval import voc_eval
 from pipeline.nets.models import build_backbone, group_norm
 from pipeline.nets.optim import decayed
@@ -64,15 +72,18 @@ from pipeline.runtime import checkpoint, cpus, distributed, preempt
 from pipeline.runtime.io import atomic_write_json
 from pipeline.runtime.stage_log import stage_log
 from pipeline.runtime.stopwatch import Stopwatch
-from pipeline.spec.config import ConfigError, load_stage_config, result_part, section, to_dict
+from pipeline.spec.config import VOC_HAS_NO_MASKS, ConfigError, load_stage_config, result_part, section, to_dict
 from pipeline.spec.sections import JOBS, RUNTIME, Detect
 
 SECTIONS = ["detect"]
 AP_KEYS = ["AP", "AP50", "AP75", "APs", "APm", "APl"]  # the order of COCOeval.stats
+MASK_KEYS = [f"mask_{k}" for k in AP_KEYS]  # segm AP, beside the box AP of AP_KEYS
 # One anchor size per pyramid level (layer1..layer4, pool), as fractions of the image side:
 # a x1.5 ladder from 1/8 to ~2/3 covers the 15-46 px shapes of 96 px scenes (IoU >= 0.6 when centred).
 ANCHOR_FRACTIONS = (0.125, 0.1875, 0.28125, 0.421875, 0.6328125)
 BOX_HEAD_DIM = 256  # torchvision's 1024 triples the cost on CPU for no gain on 10 classes
+C4_MASK_DIM = 256  # channels of C4's mask deconvolution (Detectron2's ROI_MASK_HEAD.CONV_DIM)
+MASK_THRESHOLD = 0.5  # a predicted mask's pixels: probability above this (torchvision's, Detectron2's)
 
 
 def is_main() -> bool:
@@ -83,12 +94,13 @@ log = stage_log("detect", when=is_main)
 
 
 class CocoBoxes(torch.utils.data.Dataset):
-    """A COCO-format split -> (float [0,1] CHW image, {boxes xyxy, labels, image_id}).
+    """A COCO-format split -> (float [0,1] CHW image, {boxes xyxy, labels, image_id}, and with
+    ``masks`` the instance masks: uint8 NxHxW).
 
     Training targets leave out crowd regions, but keep VOC's difficult objects."""
 
-    def __init__(self, split: DetectionSplit, flip: bool = False):
-        self.images, self.root, self.flip = split.coco["images"], split.image_root, flip
+    def __init__(self, split: DetectionSplit, flip: bool = False, masks: bool = False):
+        self.images, self.root, self.flip, self.masks = split.coco["images"], split.image_root, flip, masks
         self.categories = split.coco["categories"]
         self.anns: dict[int, list[dict]] = {img["id"]: [] for img in self.images}
         for ann in split.coco["annotations"]:
@@ -96,6 +108,8 @@ class CocoBoxes(torch.utils.data.Dataset):
             crowd = ann.get("iscrowd", 0) and not ann.get("difficult", 0)
             if not crowd and w > 0 and h > 0:  # torchvision rejects empty boxes
                 self.anns[ann["image_id"]].append(ann)
+        if masks:
+            check_masks(split)
 
     def __len__(self) -> int:
         return len(self.images)
@@ -109,11 +123,35 @@ class CocoBoxes(torch.utils.data.Dataset):
         anns = self.anns[info["id"]]
         boxes = torch.tensor([a["bbox"] for a in anns], dtype=torch.float32).reshape(-1, 4)
         boxes[:, 2:] += boxes[:, :2]  # xywh -> xyxy
-        if self.flip and torch.rand(()) < 0.5:
+        flipped = self.flip and torch.rand(()) < 0.5
+        if flipped:
             image = image.flip(-1)
             boxes[:, [0, 2]] = image.shape[-1] - boxes[:, [2, 0]]
         labels = torch.tensor([a["category_id"] for a in anns], dtype=torch.int64)
-        return image, {"boxes": boxes, "labels": labels, "image_id": info["id"]}
+        target = {"boxes": boxes, "labels": labels, "image_id": info["id"]}
+        if self.masks:
+            target["masks"] = instance_masks(anns, info["height"], info["width"], bool(flipped))
+        return image, target
+
+
+def instance_masks(anns: list[dict], height: int, width: int, flipped: bool) -> torch.Tensor:
+    """The annotations' masks as a uint8 NxHxW tensor, mirrored with the image when flipped."""
+    masks = torch.zeros((len(anns), height, width), dtype=torch.uint8)
+    for i, ann in enumerate(anns):
+        masks[i] = torch.from_numpy(masks_io.decode(ann["segmentation"], height, width))
+    return masks.flip(-1) if flipped else masks
+
+
+def check_masks(split: DetectionSplit) -> None:
+    """Segmentation needs every object's mask: VOC has none, a COCO file may lack some."""
+    if split.kind == "voc":
+        raise ConfigError(VOC_HAS_NO_MASKS)
+    lacking = [a["id"] for a in split.coco["annotations"] if not a.get("segmentation")]
+    if lacking:
+        raise DetectionDataError(
+            f"{split.name}: {len(lacking)} annotation(s) without 'segmentation' (ids {lacking[:5]}): "
+            "detect.task segmentation needs every object's mask"
+        )
 
 
 def collate(batch):
@@ -170,8 +208,8 @@ def check_norm(arch: dict, dc: Detect, source: str) -> None:
 
 
 def build_detector(ckpt: dict, dc: Detect, num_classes: int, source: str = "checkpoint") -> FasterRCNN:
-    """Faster R-CNN over the checkpoint's backbone (all weights loaded), FPN or C4 head.
-    ``dc``: the detect section."""
+    """Faster R-CNN, or Mask R-CNN for ``task: segmentation``, over the checkpoint's backbone
+    (all weights loaded), FPN or C4 head. ``dc``: the detect section."""
     check_norm(ckpt["arch"], dc, source)
     backbone = build_backbone(ckpt["arch"])
     checkpoint.load_backbone_state(backbone, ckpt["backbone"], source)
@@ -183,12 +221,15 @@ def build_detector(ckpt: dict, dc: Detect, num_classes: int, source: str = "chec
     if dc.head == "c4":
         body = IntermediateLayerGetter(backbone, {"layer3": "0"})  # stem, layer1..layer3
         body.out_channels = stages[2]
+        box_head = Res5Head(backbone.get_submodule("layer4"), stages[3], norm)
         parts = dict(
             rpn_anchor_generator=AnchorGenerator((tuple(sizes),), ((0.5, 1.0, 2.0),)),
             box_roi_pool=MultiScaleRoIAlign(["0"], output_size=14, sampling_ratio=0),
-            box_head=Res5Head(backbone.get_submodule("layer4"), stages[3], norm),
+            box_head=box_head,
             box_predictor=FastRCNNPredictor(stages[3], num_classes),
         )
+        if dc.task == "segmentation":
+            parts.update(c4_mask_parts(box_head, stages[3], num_classes))
     else:
         channels = dc.fpn_channels
         body = BackboneWithFPN(
@@ -210,10 +251,13 @@ def build_detector(ckpt: dict, dc: Detect, num_classes: int, source: str = "chec
             box_head=head,
             box_predictor=FastRCNNPredictor(BOX_HEAD_DIM, num_classes),
         )
+        if dc.task == "segmentation":
+            parts.update(fpn_mask_parts(channels, num_classes, norm))
     rpn = dc.rpn
     # training draws each image's shorter side from train_sizes (multi-scale); test: image_size
     train_sizes = tuple(dc.train_sizes or (size,))
-    return FasterRCNN(
+    model = MaskRCNN if dc.task == "segmentation" else FasterRCNN
+    return model(
         body,
         min_size=train_sizes,
         max_size=dc.max_image_size or size,
@@ -225,6 +269,26 @@ def build_detector(ckpt: dict, dc: Detect, num_classes: int, source: str = "chec
         rpn_post_nms_top_n_test=rpn.post_nms_test,
         box_batch_size_per_image=dc.roi_per_image,
         **parts,
+    )
+
+
+def fpn_mask_parts(channels: int, num_classes: int, norm) -> dict:
+    """torchvision's FPN mask head: 14x14 RoIs from the pyramid's levels, 4 convs (with the
+    new layers' norm), a 2x deconvolution to 28x28 masks."""
+    return dict(
+        mask_roi_pool=MultiScaleRoIAlign(["0", "1", "2", "3"], output_size=14, sampling_ratio=2),
+        mask_head=MaskRCNNHeads(channels, [channels] * 4, 1, norm_layer=norm),
+        mask_predictor=MaskRCNNPredictor(channels, channels, num_classes),
+    )
+
+
+def c4_mask_parts(box_head: Res5Head, channels: int, num_classes: int) -> dict:
+    """Detectron2's C4 mask head: the box head's res5 (the same modules and weights) on the
+    14x14 RoIs of layer3, without its pooling, then a 2x deconvolution to 14x14 masks."""
+    return dict(
+        mask_roi_pool=MultiScaleRoIAlign(["0"], output_size=14, sampling_ratio=0),
+        mask_head=nn.Sequential(box_head.layer4, box_head.extra_norm),
+        mask_predictor=MaskRCNNPredictor(channels, C4_MASK_DIM, num_classes),
     )
 
 
@@ -416,23 +480,25 @@ def run_fingerprint(dc: Detect, ckpt_path: Path, seed: int, train_split: Detecti
 
 @torch.no_grad()
 def predict(detector: FasterRCNN, dataset: CocoBoxes, batch_size: int) -> list[dict]:
-    """Detections on a dataset, in COCO results format (boxes in original image pixels)."""
+    """Detections on a dataset, in COCO results format (boxes in original image pixels; a
+    Mask R-CNN's also with its ``segmentation``, RLE)."""
     detector.eval()
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, collate_fn=collate)
     device, results = next(detector.parameters()).device, []
     for images, targets in loader:
         for out, target in zip(detector([im.to(device) for im in images]), targets):
-            for (x0, y0, x1, y1), label, score in zip(
-                out["boxes"].tolist(), out["labels"].tolist(), out["scores"].tolist()
+            for k, ((x0, y0, x1, y1), label, score) in enumerate(
+                zip(out["boxes"].tolist(), out["labels"].tolist(), out["scores"].tolist())
             ):
-                results.append(
-                    {
-                        "image_id": target["image_id"],
-                        "category_id": label,
-                        "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)],
-                        "score": round(score, 5),
-                    }
-                )
+                result = {
+                    "image_id": target["image_id"],
+                    "category_id": label,
+                    "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)],
+                    "score": round(score, 5),
+                }
+                if "masks" in out:  # N x 1 x H x W probabilities, pasted into the image
+                    result["segmentation"] = masks_io.to_rle((out["masks"][k, 0] > MASK_THRESHOLD).cpu().numpy())
+                results.append(result)
     return results
 
 
@@ -444,16 +510,19 @@ def coco_from_dict(data: dict) -> COCO:
     return coco
 
 
-def coco_evaluate(gt: dict | str | Path, detections: list[dict]) -> dict:
-    """COCO bbox AP, AP50, AP75, APs, APm, APl in percent (None: no ground truth of that size).
-    ``gt``: a COCO-format dict or its JSON file. Ground truth marked iscrowd (crowds; VOC's
-    difficult objects) is ignored, not missed."""
+def coco_evaluate(gt: dict | str | Path, detections: list[dict], iou_type: str = "bbox") -> dict:
+    """COCO AP, AP50, AP75, APs, APm, APl in percent (None: no ground truth of that size), of
+    the boxes (``iou_type`` bbox) or of the masks (segm: IoU of the masks, each detection's
+    ``segmentation``). ``gt``: a COCO-format dict or its JSON file. Ground truth marked iscrowd
+    (crowds; VOC's difficult objects) is ignored, not missed."""
     if not isinstance(gt, dict):
         if not Path(gt).is_file():
             raise FileNotFoundError(f"annotation file not found: {gt}")
         gt = json.loads(Path(gt).read_text())
     assert isinstance(gt, dict)  # for the checker: a dict, read or given
     coco_gt = coco_from_dict(gt)
+    if iou_type == "segm":  # without a box pycocotools reads a result's area and box from its mask
+        detections = [{k: v for k, v in d.items() if k != "bbox"} for d in detections]
     with contextlib.redirect_stdout(io.StringIO()):
         # loadRes rejects an empty list: evaluate against an empty result set instead
         coco_dt = (
@@ -461,12 +530,12 @@ def coco_evaluate(gt: dict | str | Path, detections: list[dict]) -> dict:
             if detections
             else coco_from_dict({"images": gt["images"], "annotations": [], "categories": gt["categories"]})
         )
-        evaluator = COCOeval(coco_gt, coco_dt, iouType="bbox")
+        evaluator = COCOeval(coco_gt, coco_dt, iouType=iou_type)
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
     metrics = {k: round(100 * float(v), 3) if v >= 0 else None for k, v in zip(AP_KEYS, evaluator.stats)}
-    log("COCO bbox " + " ".join(f"{k}={v}" for k, v in metrics.items()) + f" ({len(detections)} detections)")
+    log(f"COCO {iou_type} " + " ".join(f"{k}={v}" for k, v in metrics.items()) + f" ({len(detections)} detections)")
     return metrics
 
 
@@ -481,6 +550,9 @@ def evaluate(split: DetectionSplit, detections: list[dict], dc: Detect) -> dict:
     """The split's own protocol: COCO box AP; on VOC, VOC's metric (AP50, AP75 and AP over IoU
     0.50:0.95, as the MoCo paper's VOC table) with the COCO-style numbers beside it."""
     coco = coco_evaluate(split.coco, detections)
+    if dc.task == "segmentation":  # check_masks: not VOC
+        segm = coco_evaluate(split.coco, detections, "segm")
+        return {**coco, **{f"mask_{k}": v for k, v in segm.items()}, "protocol": "COCO box and mask AP (pycocotools)"}
     if split.kind != "voc":
         return {**coco, "protocol": "COCO box AP (pycocotools)"}
     metric = voc_metric(split, dc)
@@ -546,7 +618,8 @@ def run(
     torch.manual_seed(seed)
     ckpt = checkpoint.load(ckpt_path)
     train_split, val_split = load_splits(data_dir, dc.dataset, dc.voc)
-    train_set, val_set = CocoBoxes(train_split, flip=True), CocoBoxes(val_split)
+    masks = dc.task == "segmentation"
+    train_set, val_set = CocoBoxes(train_split, flip=True, masks=masks), CocoBoxes(val_split, masks=masks)
     num_classes = max(train_split.num_classes, val_split.num_classes)  # label 0 is background
     detector = build_detector(ckpt, dc, num_classes, str(ckpt_path))
     verify_backbone(detector, ckpt["backbone"], str(ckpt_path))
@@ -569,7 +642,7 @@ def run(
     head, norm_text, total = dc.head, normalisation(dc, synced, env.world_size), iterations(dc, len(loader))
     log(
         f"{train_split.name}: {len(train_set)} train / {val_split.name}: {len(val_set)} val images, "
-        f"{num_classes - 1} classes, {ckpt['arch']}, head {head}, {norm_text}, "
+        f"{num_classes - 1} classes, {ckpt['arch']}, {dc.task}, head {head}, {norm_text}, "
         f"{total} iterations, seed {seed}, {env.world_size} rank(s) on {device}"
     )
     start = time.time()
@@ -599,6 +672,7 @@ def run(
                 "arch": ckpt["arch"],
                 "method": ckpt.get("method"),
                 "head": head,
+                "task": dc.task,
                 "norm": dc.norm,
                 "sync_bn": synced,
                 "ranks": env.world_size,
@@ -640,7 +714,8 @@ def summarize_trials(paths: list, out: Path) -> dict:
         except (FileNotFoundError, json.JSONDecodeError) as err:
             raise FileNotFoundError(f"detection trial unreadable: {path} ({err})") from None
     mean, std = {}, {}
-    for key in AP_KEYS:
+    keys = [*AP_KEYS, *(MASK_KEYS if any("mask_AP" in t for t in trials) else [])]
+    for key in keys:
         vals = [t[key] for t in trials if t.get(key) is not None]
         mean[key] = round(statistics.fmean(vals), 3) if vals else None
         std[key] = round(statistics.stdev(vals), 3) if len(vals) > 1 else None  # sample std
@@ -653,6 +728,7 @@ def summarize_trials(paths: list, out: Path) -> dict:
             "arch",
             "method",
             "head",
+            "task",
             "norm",
             "batch_size",
             "normalisation",
@@ -672,11 +748,12 @@ def summarize_trials(paths: list, out: Path) -> dict:
         "n": len(trials),
         **shared,
         "seconds": round(sum(t.get("seconds", 0) for t in trials), 1),
-        "trials": [{k: t.get(k) for k in (*AP_KEYS, "seed", "train_loss", "seconds")} for t in trials],
+        "trials": [{k: t.get(k) for k in (*keys, "seed", "train_loss", "seconds")} for t in trials],
     }
     atomic_write_json(summary, out)
+    shown = [k for k in ("AP", "AP50", "AP75", "mask_AP", "mask_AP50", "mask_AP75") if k in mean]
     log(
-        " ".join(f"{k}={mean[k]}" + (f"±{std[k]}" if std[k] is not None else "") for k in ("AP", "AP50", "AP75"))
+        " ".join(f"{k}={mean[k]}" + (f"±{std[k]}" if std[k] is not None else "") for k in shown)
         + f" over {len(trials)} trial(s) -> {out}"
     )
     return summary

@@ -102,6 +102,7 @@ class DetectionSpeed:
     gpus: int
     gpu: str
     source: str
+    task: str = "detection"  # detect.task: Faster R-CNN, or Mask R-CNN (segmentation)
 
 
 DETECTION = (
@@ -112,6 +113,16 @@ DETECTION = (
     DetectionSpeed(
         "resnet50", "fpn", 0.210, 16, 8, "V100",
         "facebookresearch/detectron2 MODEL_ZOO: Faster R-CNN R50-FPN 1x (COCO), 0.210 s/iter on 8 V100, 16 images/iter",
+    ),
+    DetectionSpeed(
+        "resnet50", "c4", 0.584, 16, 8, "V100",
+        "facebookresearch/detectron2 MODEL_ZOO: Mask R-CNN R50-C4 1x (COCO), 0.584 s/iter on 8 V100, 16 images/iter",
+        "segmentation",
+    ),
+    DetectionSpeed(
+        "resnet50", "fpn", 0.261, 16, 8, "V100",
+        "facebookresearch/detectron2 MODEL_ZOO: Mask R-CNN R50-FPN 1x (COCO), 0.261 s/iter on 8 V100, 16 images/iter",
+        "segmentation",
     ),
 )  # fmt: skip
 
@@ -216,13 +227,15 @@ def detection_plan(cfg: Config, cells: dict[str, Cell], profile: dict, table=DET
     chosen = detection_cells(cfg, cells)
     jobs = [(cid, t) for cid in chosen for t in range(det.trials)]
     res = profile_resources(profile, "detect")
-    out = {"cells": chosen, "jobs": len(jobs), "trials": det.trials, "ranks": det.ranks, "profile_gpus": gpus_of(res)}
+    out = {"cells": chosen, "jobs": len(jobs), "trials": det.trials, "ranks": det.ranks, "profile_gpus": gpus_of(res),
+           "task": det.task}  # fmt: skip
     backbones = {cells[cid].pretrain.backbone for cid in chosen}
-    speeds = [s for s in table if s.head == det.head and s.backbone in backbones]
+    speeds = [s for s in table if s.head == det.head and s.task == det.task and s.backbone in backbones]
     if not jobs:
         return {**out, "gpu_hours": 0.0, "note": "no detection transfer"}
     if det.iterations is None or not speeds or len(backbones) > 1:
-        why = "detect.iterations unset" if det.iterations is None else f"no figure for {backbones} {det.head}"
+        figure = f"no figure for {backbones} {det.head} {det.task}"
+        why = "detect.iterations unset" if det.iterations is None else figure
         return {**out, "gpu_hours": None, "note": f"not estimated ({why})"}
     s = speeds[0]
     per_trial = det.iterations * s.s_per_iter * (det.batch_size / s.images) * s.gpus / 3600
@@ -338,7 +351,8 @@ def render(plan: dict, profile_path: str) -> str:
     lines += ["", f"Pretraining: {_sum(plan['gpu_hours']['pretrain'])}"
               + (f" (not estimated: {', '.join(missing)})" if missing else "")]  # fmt: skip
     if det["jobs"]:
-        head = f"Detection transfer: {det['jobs']} jobs ({len(det['cells'])} cells x {det['trials']} trials), "
+        model = " (Mask R-CNN)" if det.get("task") == "segmentation" else ""
+        head = f"Detection transfer{model}: {det['jobs']} jobs ({len(det['cells'])} cells x {det['trials']} trials), "
         if det["gpu_hours"] is None:
             lines.append(head + det["note"])
         else:

@@ -2,7 +2,8 @@
 
 Classification: ``cls/{train,val}/{class}/{i:05d}.png`` (ImageFolder layout), one shape per
 image. Detection: ``det/{train,val}/{i:05d}.png`` with several shapes per image and
-``det/instances_{split}.json`` in COCO format. Both follow one design, made for contrastive
+``det/instances_{split}.json`` in COCO format, each shape's visible mask as COCO RLE (exact:
+the generator draws the shapes). Both follow one design, made for contrastive
 learning (issue 34):
 
 - **The class is the shape**, and nothing else: ten shapes, each drawn at a random position,
@@ -39,6 +40,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from pipeline.eval import masks as masks_io
 from pipeline.runtime.io import atomic_save_png, atomic_write_json
 from pipeline.spec.config import ConfigError, build, to_dict
 from pipeline.spec.sections import SYNTHETIC_CLASSES, Synthetic
@@ -147,13 +149,14 @@ def _rotate(points, cx, cy, a):
 def render(shapes: list[tuple[str, float, float, float, float]], size: int, rng, gradient):
     """Render shapes [(name, cx, cy, r, rot)] (output pixels) onto the background ``gradient``.
 
-    Returns the image and each shape's tight box (x0, y0, x1, y1) in output pixels.
+    Returns the image, each shape's tight box (x0, y0, x1, y1) in output pixels and each
+    shape's instance mask (``visible_masks``).
     """
     s = SUPERSAMPLE
     bg, mean = _background(gradient, rng, size * s)
     img = Image.fromarray(bg)
     draw = ImageDraw.Draw(img)
-    boxes = []
+    boxes, drawn = [], []
     for name, cx, cy, r, rot in shapes:
         colour = _contrasting_colour(rng, mean)
         _draw_shape(draw, name, cx * s, cy * s, r * s, rot, colour)
@@ -163,7 +166,22 @@ def render(shapes: list[tuple[str, float, float, float, float]], size: int, rng,
         assert bbox is not None  # a shape drawn inside the image covers some pixels
         x0, y0, x1, y1 = bbox
         boxes.append((x0 / s, y0 / s, x1 / s, y1 / s))
-    return img.resize((size, size), Image.Resampling.BOX), boxes
+        drawn.append(np.asarray(mask) > 0)
+    return img.resize((size, size), Image.Resampling.BOX), boxes, visible_masks(drawn, s)
+
+
+def visible_masks(drawn: list[np.ndarray], s: int) -> list[np.ndarray]:
+    """Each shape's pixels in the output image (bool HxW): those it covers at least half of
+    after the shapes drawn over it (the image is the s x s box average of the drawing, so a
+    pixel's colour is mostly the shape's exactly where the mask is set)."""
+    out: list[np.ndarray] = []
+    above = None  # the union of the shapes drawn after this one
+    for sub in reversed(drawn):  # the last shape drawn is on top
+        size = sub.shape[0] // s
+        visible = sub if above is None else sub & ~above
+        out.append(visible.reshape(size, s, size, s).mean((1, 3)) >= 0.5)
+        above = sub if above is None else above | sub
+    return out[::-1]
 
 
 def classification_image(seed: int, split: str, label: int, index: int, size: int, pool: int = POOL) -> Image.Image:
@@ -175,7 +193,8 @@ def classification_image(seed: int, split: str, label: int, index: int, size: in
 
 
 def detection_scene(seed: int, split: str, index: int, size: int, pool: int = POOL):
-    """One scene: 2-4 shapes, little overlap. Returns the image and [(label, x, y, w, h)]."""
+    """One scene: 2-4 shapes, little overlap. Returns the image, [(label, x, y, w, h)] and each
+    shape's visible mask (bool HxW)."""
     rng = np.random.default_rng([seed, 10 + SPLIT_IDS[split], index])
     placed: list[tuple] = []
     boxes: list[tuple] = []
@@ -191,12 +210,12 @@ def detection_scene(seed: int, split: str, index: int, size: int, pool: int = PO
         placed.append((cx, cy, r))
         boxes.append((label, cx, cy, r, rng.uniform(0, 2 * math.pi)))
     shapes = [(CLASSES[label], cx, cy, r, rot) for label, cx, cy, r, rot in boxes]
-    img, tight = render(shapes, size, rng, _background_of(seed, pool, rng))
+    img, tight, masks = render(shapes, size, rng, _background_of(seed, pool, rng))
     ann = [
         (label, round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2))
         for (label, *_), (x0, y0, x1, y1) in zip(boxes, tight)
     ]
-    return img, ann
+    return img, ann, masks
 
 
 def coco_categories() -> list[dict]:
@@ -228,18 +247,19 @@ def run(out: str | Path, cfg: Synthetic | None = None, progress: bool = True) ->
         images: list[dict] = []
         annotations: list[dict] = []
         for i in tqdm(range(n), desc=f"synthetic: detection {split}", disable=not progress, mininterval=2):
-            img, boxes = detection_scene(seed, split, i, dsize, cfg.backgrounds)
+            img, boxes, masks = detection_scene(seed, split, i, dsize, cfg.backgrounds)
             name = f"{split}/{i:05d}.png"
             atomic_save_png(img, out / "det" / name)
             images.append({"id": i + 1, "file_name": name, "width": dsize, "height": dsize})
-            for label, x, y, w, h in boxes:
+            for (label, x, y, w, h), mask in zip(boxes, masks):
                 annotations.append(
                     {
                         "id": len(annotations) + 1,
                         "image_id": i + 1,
                         "category_id": label + 1,
                         "bbox": [x, y, w, h],
-                        "area": round(w * h, 2),
+                        "area": int(mask.sum()),  # COCO's area: the mask's (its small/medium/large)
+                        "segmentation": masks_io.to_rle(mask),
                         "iscrowd": 0,
                     }
                 )

@@ -35,7 +35,7 @@ KEY_ENCODER_OK = {
     "key_parameters_with_grad": 0,
     "ema_replay": {"steps": 3, "max_relative_error": 2e-7},
 }
-ORDER = ["fifo", "low m", "m = 0", "key encoder", "larger K", "m = 0.9999", "longer", "memory bank"]
+ORDER = ["fifo", "low m", "m = 0", "key encoder", "larger K", "m = 0.9999", "longer", "memory bank", "transfer"]
 COLLAPSED = "collapsed: loss 8.318 at chance (8.318: every logit alike)"
 
 
@@ -183,6 +183,7 @@ def test_every_claim_judged_on_what_was_measured(tmp_path):
         "m = 0.9999": got["m = 0.9999"],
         "longer": HOLDS,
         "memory bank": HOLDS,
+        "transfer": got["transfer"],  # CONFIG runs no supervised baseline, no Mask R-CNN: below
     }
     assert got["larger K"].startswith(NOT_DECIDABLE) and got["m = 0.9999"].startswith(NOT_DECIDABLE)
     fifo = rows["fifo"]["measured"]
@@ -334,3 +335,49 @@ def test_claims_cli_and_its_errors(tmp_path):
     assert out.stdout.count(f"| {NOT_DECIDABLE} (") == 2
     bad = run([sys.executable, "-m", "pipeline.claims", str(tmp_path / "nowhere")], check=False)
     assert bad.returncode != 0 and "results folder not found" in bad.stderr
+
+
+# --- transfer: MoCo vs supervised, detection and segmentation (issue 36) --------------------------
+TRANSFER = merge(
+    CONFIG,
+    {
+        "grid": {"seeds": 3, "baselines": ["supervised"]},
+        "detect": {"task": "segmentation", "cells": ["base", "method=supervised"]},
+    },
+)
+
+
+def transfer_results(root, moco_mask, supervised_mask):
+    """The main grid's base cell and supervised baseline, seeds 0-2: box AP 20, 22, 24 vs 18,
+    19, 20 and the given mask AP (AP50 twice, AP75 0.8 times each)."""
+    for s in range(3):
+        fake_cell(root, seed_cell({}, s), 60.0, ap=[20.0, 22.0, 24.0][s], mask_ap=moco_mask[s])
+        fake_cell(
+            root, seed_cell({"method": "supervised"}, s), 70.0, ap=[18.0, 19.0, 20.0][s], mask_ap=supervised_mask[s]
+        )
+
+
+def test_the_transfer_claim_needs_the_supervised_baseline_as_mask_rcnn(tmp_path):
+    """Known from the config before anything runs: what the main grid lacks to decide it."""
+    write_claims(tmp_path, CONFIG)
+    got = verdicts(tmp_path)["transfer"]
+    assert got.startswith(f"{NOT_DECIDABLE} (a priori: needs grid.baselines with supervised; detect.task: segmentation")
+    assert "grid.seeds ≥ 2 (now 1)" in got
+    write_claims(tmp_path, TRANSFER)
+    assert verdicts(tmp_path)["transfer"] == NOT_RUN  # decidable, not computed yet
+
+
+def test_the_transfer_claim_judged_on_box_and_mask_ap(tmp_path):
+    """Δ base − supervised by seed. Box AP: 2, 3, 4: mean 3, std 1, half 4.303 / sqrt 3 = 2.48, CI
+    [0.5, 5.5] above 0 (AP50: 4, 6, 8; AP75: 1.6, 2.4, 3.2, above 0 likewise). Mask AP: 19, 20.5,
+    22 vs 17, 18, 19: Δ 2, 2.5, 3: mean 2.5, std 0.5, half 4.303 * 0.5 / sqrt 3 = 1.24: above 0.
+    Every metric above: holds. Supervised ahead in mask AP by the same: contradicted."""
+    transfer_results(tmp_path, [19.0, 20.5, 22.0], [17.0, 18.0, 19.0])
+    write_claims(tmp_path, TRANSFER)
+    row = rows_by_claim(tmp_path)["transfer"]
+    assert row["verdict"] == HOLDS
+    assert "AP: Δ +3.0 ± 2.5 (n=3)" in row["measured"] and "mask AP: Δ +2.5 ± 1.2 (n=3)" in row["measured"]
+    other = tmp_path / "other"
+    transfer_results(other, [17.0, 18.0, 19.0], [19.0, 20.5, 22.0])
+    write_claims(other, TRANSFER)
+    assert rows_by_claim(other)["transfer"]["verdict"] == CONTRADICTED

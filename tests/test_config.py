@@ -112,12 +112,19 @@ def test_dataset_roots_may_hold_spaces_and_non_ascii_letters(cfg, tmp_path):
         ({"iterations": 20000, "lr_steps": [18000, 22000]}, "reach beyond detect.iterations=20000"),
         ({"train_sizes": [480, 800], "image_size": 96, "max_image_size": None}, "exceed the longer side's cap 96"),
         ({"rpn": {"pre_nms_train": 10}}, "detect.rpn"),
+        ({"task": "masks"}, r"'detect.task'.*'detection', 'segmentation'"),
+        ({"task": "segmentation", "dataset": "voc"}, "detect.task: segmentation needs instance masks"),
     ],
 )
 def test_detection_schedule_and_scales_are_checked(cfg, detect, expect):
     cfg["detect"].update(detect)
     with pytest.raises(ConfigError, match=expect):
         validate(cfg)
+
+
+def test_segmentation_task_is_accepted(cfg):
+    cfg["detect"]["task"] = "segmentation"
+    assert typed_config(validate(cfg)).detect.task == "segmentation"
 
 
 def test_queue_must_be_multiple_of_batch(cfg):

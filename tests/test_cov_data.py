@@ -229,7 +229,7 @@ def test_a_shape_that_finds_no_room_is_left_out(monkeypatch):
     crowded = types.SimpleNamespace(**{**vars(math), "hypot": lambda *xy: 0.0})
     monkeypatch.setattr(synthetic, "math", crowded)
     for index in range(3):
-        _, boxes = synthetic.detection_scene(0, "train", index, 48)
+        _, boxes, _ = synthetic.detection_scene(0, "train", index, 48)
         assert len(boxes) == 1
 
 

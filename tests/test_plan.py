@@ -154,3 +154,17 @@ def test_the_claims_plan_says_what_it_will_not_train(tmp_path):
     text = render(plan, "profiles/slurm")
     assert text.startswith("Cost plan of the claims study: ")
     assert "Not trained, this budget cannot decide it: slow_m (needs ≥ 34,656 steps, has 975" in text
+
+
+def test_the_coco_mask_rcnn_presets_are_costed():
+    """Detectron2's model zoo: Mask R-CNN R50-C4 0.584 s/iter and R50-FPN 0.261 s/iter, 16
+    images on 8 V100. The C4 2x preset: 180,000 x 0.584 s x 8 GPUs = 233.6 V100-hours per
+    trial (29.2 h wall on its 8 ranks); the FPN 1x preset: 90,000 x 0.261 x 8 / 3600 = 52.2."""
+    presets = "workflow/config/presets/"
+    for extra, per_trial, wall in ((), 233.6, 29.2), (("imagenet-mocov2-coco-fpn.yaml",), 52.2, 6.525):
+        files = [presets + f for f in ("imagenet-mocov2.yaml", "imagenet-mocov2-coco.yaml", *extra)]
+        plan = make_plan(typed_config(load_config(files, [])), PROFILE)
+        det = plan["detect"]
+        assert det["task"] == "segmentation" and "Mask R-CNN" in det["source"]
+        assert det["per_trial_gpu_hours"] == pytest.approx(per_trial) and det["wall_h"] == pytest.approx(wall)
+        assert "Detection transfer (Mask R-CNN): " in render(plan, "profiles/slurm")

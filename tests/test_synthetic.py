@@ -74,3 +74,87 @@ def test_pooled_backgrounds_share_pixels_across_images(tmp_path):
         return float(np.median(gaps))
 
     assert corner_gap(1) < 5 and corner_gap(0) > 30
+
+
+# --- instance masks (issue 36): known to the pixel, since the generator draws the shapes -------
+def _render_one(shape, r, size=48):
+    import numpy as np
+
+    from pipeline.synthetic import render
+
+    rng = np.random.default_rng(0)
+    _, boxes, masks = render([(shape, size / 2, size / 2, r, 0.3)], size, rng, ((0, 0, 0), (255, 255, 255), 0.0))
+    return boxes[0], masks[0]
+
+
+def test_a_disk_mask_has_the_disk_area():
+    """Area of a disk of radius 10 px: pi r^2 = 314.2. Thresholding each pixel's coverage at 1/2
+    errs by at most 1/2 px on each pixel the edge crosses, and a convex outline inside a
+    20 x 20 px box crosses at most 2 * (21 + 21) = 84 pixels: |error| <= 42. A filled box would
+    be 400 and the 4x drawing 16 x 314: both fail."""
+    import math
+
+    _, mask = _render_one("disk", 10)
+    assert abs(int(mask.sum()) - math.pi * 10**2) <= 42
+
+
+def test_a_square_mask_has_the_square_area():
+    """The square is a 4-gon of circumradius 1.2 r: its side is 1.2 r sqrt 2, its area
+    2 (1.2 r)^2 = 288 px for r = 10 (its box, rotated, is larger: the bound as for the disk,
+    with a box of at most 34 px a side: 2 * (35 + 35) / 2 = 70)."""
+    _, mask = _render_one("square", 10)
+    assert abs(int(mask.sum()) - 2 * (1.2 * 10) ** 2) <= 70
+
+
+def test_the_mask_fills_the_box_annotation():
+    """The box is the drawing's tight box (4x pixels / 4): the mask's box lies within one pixel
+    of it, and inside it rounded out to whole pixels."""
+    import math
+
+    import numpy as np
+
+    for shape in ("disk", "triangle", "ring", "cross", "checker"):
+        (x0, y0, x1, y1), mask = _render_one(shape, 12)
+        ys, xs = np.nonzero(mask)
+        mx0, my0, mx1, my1 = xs.min(), ys.min(), xs.max() + 1, ys.max() + 1
+        assert math.floor(x0) <= mx0 <= x0 + 1 and math.floor(y0) <= my0 <= y0 + 1, shape
+        assert x1 - 1 <= mx1 <= math.ceil(x1) and y1 - 1 <= my1 <= math.ceil(y1), shape
+
+
+def test_a_shape_drawn_over_another_takes_its_pixels():
+    """Drawn at 2x: shape A covers the 4x4 drawing pixels of rows/columns 0-3, shape B (drawn
+    after, on top) rows/columns 2-5. Output pixels are 2x2 blocks: A keeps the block (0,0) and
+    B holds the 2x2 blocks (1..2, 1..2); A's blocks (0,1), (1,0) are half its own (>= 1/2: kept),
+    (1,1) is B's."""
+    import numpy as np
+
+    from pipeline.synthetic import visible_masks
+
+    a, b = np.zeros((6, 6), bool), np.zeros((6, 6), bool)
+    a[0:4, 0:4], b[2:6, 2:6] = True, True
+    va, vb = visible_masks([a, b], 2)
+    assert va.tolist() == [[True, True, False], [True, False, False], [False, False, False]]
+    assert vb.tolist() == [[False, False, False], [False, True, True], [False, True, True]]
+
+
+def test_coco_json_carries_each_instance_mask(tmp_path):
+    """Each annotation's RLE decodes to an image-sized mask whose pixel count is its area and
+    which lies inside its box rounded out; an image's masks are disjoint."""
+    import math
+
+    import numpy as np
+    from pycocotools import mask as mask_utils
+
+    generate(tmp_path, SMALL, progress=False)
+    coco = json.loads((tmp_path / "det" / "instances_val.json").read_text())
+    by_image: dict = {}
+    for ann in coco["annotations"]:
+        m = mask_utils.decode({**ann["segmentation"], "counts": ann["segmentation"]["counts"].encode()})
+        assert m.shape == (48, 48) and int(m.sum()) == ann["area"] > 0
+        x, y, w, h = ann["bbox"]
+        ys, xs = np.nonzero(m)
+        assert math.floor(x) <= xs.min() and xs.max() + 1 <= math.ceil(x + w)
+        assert math.floor(y) <= ys.min() and ys.max() + 1 <= math.ceil(y + h)
+        by_image.setdefault(ann["image_id"], []).append(m)
+    for masks in by_image.values():
+        assert int(np.sum(masks, axis=0).max()) == 1

@@ -56,9 +56,12 @@ T_975 = {1: 12.706, 2: 4.303}  # t(0.975, dof), from a printed table
 FROZEN = "frozen BN (pretrained statistics), batch 4"
 
 
-def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE, det_norm=FROZEN, provenance=None):
+def fake_cell(
+    results, cell, top1, knn=None, ap=None, diverged=False, base=BASE, det_norm=FROZEN, provenance=None, mask_ap=None
+):
     """A cell's outputs as the pipeline writes them (pretrain/, probe.json, detect.json);
-    ``provenance``: the record its summary.json and probe.json carry (None: an older run's)."""
+    ``provenance``: the record its summary.json and probe.json carry (None: an older run's);
+    ``mask_ap``: a Mask R-CNN's mask AP per trial beside ``ap`` (detect.task: segmentation)."""
     params = merge(base, parse_cell_id(cell))
     d = results / "cells" / cell
     (d / "pretrain").mkdir(parents=True, exist_ok=True)
@@ -116,7 +119,9 @@ def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE,
         )
     if ap is not None:  # one AP, or a list: one per fine-tuning trial
         trials = []
-        for t, a in enumerate(ap if isinstance(ap, list) else [ap]):
+        aps = ap if isinstance(ap, list) else [ap]
+        masks = [None] * len(aps) if mask_ap is None else mask_ap if isinstance(mask_ap, list) else [mask_ap]
+        for t, (a, m) in enumerate(zip(aps, masks)):
             trials.append(d / "detect" / f"trial{t}.json")
             trials[-1].parent.mkdir(exist_ok=True)
             trials[-1].write_text(
@@ -128,6 +133,7 @@ def fake_cell(results, cell, top1, knn=None, ap=None, diverged=False, base=BASE,
                         "APs": None,
                         "APm": a,
                         "APl": a,
+                        **({} if m is None else {"mask_AP": m, "mask_AP50": m * 2, "mask_AP75": m * 0.8}),
                         "seed": t,
                         "epochs": 8,
                         "normalisation": det_norm,
@@ -551,3 +557,27 @@ def test_detection_ci_is_over_seeds_and_a_seed_without_output_is_counted(tmp_pat
     assert "k of n missing: k of the n seeds have no output" in (tmp_path / "tables" / "detection.md").read_text()
     row = next(r for r in read_csv(tmp_path, "detection") if r["method"] == "MoCo (base cell)")
     assert (row["AP_n"], row["AP_missing"], row["AP_failed"]) == ("2", "1", "0")
+
+
+def test_segmentation_table_and_the_main_tables_mask_columns(results, tmp_path):
+    """Mask AP as the detection study: trials averaged within a seed, the CI over seeds.
+    Seed 0: mask AP trials 10, 12 -> 11; seed 1: 14, 16 -> 15: mean 13, std 2.83, half
+    12.706 * 2.83 / sqrt 2 = 25.4. Mask AP50 (twice): 22, 30 -> 26 ± 50.8. Paired Δ in mask
+    AP50 against random init's one seed (mask AP 3: AP50 6): seed 0 only, 22 − 6 = +16."""
+    fake_cell(tmp_path, "base", 60.0, ap=[20.0, 22.0], mask_ap=[10.0, 12.0])
+    fake_cell(tmp_path, "seed=1", 62.0, ap=[24.0, 26.0], mask_ap=[14.0, 16.0])
+    fake_cell(tmp_path, "method=random", 20.0, ap=4.0, mask_ap=3.0)
+    write_tables(tmp_path, CONFIG)
+    seg = md_rows(tmp_path, "segmentation")  # variant, backbone, AP50, AP, AP75, mask AP50, AP, AP75, Δ
+    assert seg["MoCo (base cell)"][3] == "23.0 ± 25.4 (n=2)"  # box AP: 21, 25
+    assert seg["MoCo (base cell)"][5:9] == [
+        "26.0 ± 50.8 (n=2)",
+        "13.0 ± 25.4 (n=2)",
+        "10.4 ± 20.3 (n=2)",
+        "+16.0 (n=1)",
+    ]
+    assert seg["random init"][-1] == "reference" and seg["supervised"][2:8] == ["—"] * 6
+    assert "mask AP50" in (tmp_path / "tables" / "segmentation.md").read_text()
+    main = md_rows(tmp_path, "methods")  # variant, backbone, top-1, kNN, AP50, AP, AP75, mask AP50, AP, AP75, Δ
+    assert main["MoCo (base cell)"][8] == "13.0 ± 25.4 (n=2)"
+    assert "mask AP" not in (results / "tables" / "main.md").read_text()  # boxes only: no mask columns

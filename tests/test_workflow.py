@@ -246,6 +246,7 @@ PRESETS = {  # preset -> the config files it is used with, as its header documen
     "imagenet-mocov3-vit": ["imagenet-mocov2", "imagenet-mocov3-vit"],
     "imagenet-mocov3-r50": ["imagenet-mocov2", "imagenet-mocov3-r50"],
     "imagenet-mocov2-coco": ["imagenet-mocov2", "imagenet-mocov2-coco"],
+    "imagenet-mocov2-coco-fpn": ["imagenet-mocov2", "imagenet-mocov2-coco", "imagenet-mocov2-coco-fpn"],
     "cifar10": ["cifar10"],
 }
 
@@ -384,9 +385,34 @@ SOURCES = {  # the reference files the values below are read from (README: the s
     "v3-vit": "facebookresearch/moco-v3 CONFIG.md (ViT-Small) and main_moco.py defaults",
     "v3-lincls": "facebookresearch/moco-v3 main_lincls.py (and CONFIG.md for ViTs)",
     "v1-paper": "He et al. 2020 (MoCo v1), Table 1: momentum measured at K = 4,096",
+    "moco-det": "facebookresearch/moco@7397dfe detection/configs/coco_R_50_C4_2x_moco.yaml (MASK_ON)",
+    "d2-fpn": "facebookresearch/detectron2 configs/COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_1x.yaml",
 }
-MOCO, LINCLS, FFCV, TORCHVISION, DEMO, V3, V3_VIT, V3_LINCLS, PAPER_V1 = SOURCES
+MOCO, LINCLS, FFCV, TORCHVISION, DEMO, V3, V3_VIT, V3_LINCLS, PAPER_V1, MOCO_DET, D2_FPN = SOURCES
+COCO_SIZES = [640, 672, 704, 736, 768, 800]  # Detectron2's MIN_SIZE_TRAIN for COCO (test: 800)
 REFERENCE = {  # preset -> [(key, the reference's value, where it is written)]
+    "imagenet-mocov2-coco": [
+        ("detect.task", "segmentation", MOCO_DET),
+        ("detect.head", "c4", MOCO_DET),
+        ("detect.norm", "bn", MOCO_DET),  # SyncBN over the 8 ranks
+        ("detect.batch_size", 16, MOCO_DET),
+        ("detect.lr", 0.02, MOCO_DET),
+        ("detect.iterations", 180000, MOCO_DET),
+        ("detect.lr_steps", [120000, 160000], MOCO_DET),
+        ("detect.train_sizes", COCO_SIZES, MOCO_DET),
+        ("detect.image_size", 800, MOCO_DET),
+    ],
+    "imagenet-mocov2-coco-fpn": [
+        ("detect.task", "segmentation", D2_FPN),
+        ("detect.head", "fpn", D2_FPN),
+        ("detect.fpn_channels", 256, D2_FPN),
+        ("detect.batch_size", 16, D2_FPN),
+        ("detect.lr", 0.02, D2_FPN),
+        ("detect.iterations", 90000, D2_FPN),
+        ("detect.lr_steps", [60000, 80000], D2_FPN),
+        ("detect.train_sizes", COCO_SIZES, D2_FPN),
+        ("detect.image_size", 800, D2_FPN),
+    ],
     "imagenet-mocov2": [
         ("convert.max_resolution", 500, FFCV),
         ("convert.compress_probability", 0.5, FFCV),
@@ -511,7 +537,7 @@ def _at(cfg: dict, key: str):
 
 
 def test_every_paper_preset_has_a_reference_table():
-    assert set(REFERENCE) == set(PRESETS) - {"imagenet-mocov2-coco"}  # COCO: test_paper_presets_hold...
+    assert set(REFERENCE) == set(PRESETS)
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE))

@@ -1,1 +1,1 @@
-"""Evaluating a frozen encoder: features, the kNN monitor, VOC-style detection metrics."""
+"""Evaluating a frozen encoder: features, the kNN monitor, VOC-style detection metrics, COCO masks."""

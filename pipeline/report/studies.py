@@ -38,6 +38,7 @@ METRICS = {
     "APs": "APs",
     "APm": "APm",
     "APl": "APl",
+    **{f"mask_{k}": f"mask {k}" for k in ("AP50", "AP", "AP75", "APs", "APm", "APl")},
     "drift": "key-encoder drift (%)",
     "queue_age_p99": "p99 age (steps)",
     "queue_age_max": "max age (steps)",
@@ -50,6 +51,8 @@ QUEUE_METRICS = ["queue_age_p99", "queue_age_max", "negative_drift_mean", "negat
 ABLATION_METRICS = ["top1", "knn_top1", "AP50", "AP", "AP75"]
 DETECTION_METRICS = ["AP50", "AP", "AP75"]
 DETECTION_KEYS = ["AP50", "AP", "AP75", "APs", "APm", "APl"]
+MASK_METRICS = [f"mask_{k}" for k in DETECTION_METRICS]  # Mask R-CNN's (detect.task: segmentation)
+TRANSFER_KEYS = DETECTION_KEYS + [f"mask_{k}" for k in DETECTION_KEYS]  # a detect.json's AP keys
 SAMPLES = "_samples"  # column suffix: a metric's values per trial within the cell
 PAPER_M = [0, 0.5, 0.9, 0.99, 0.999, 0.9999]  # the MoCo paper's momentum rows, and the seeds' m = 0.5
 MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": "MoCo"}
@@ -115,11 +118,11 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
         **{k: final.get(k) for k in QUEUE_METRICS},
     }
     row.update({k: probe.get(k) for k in ("top1", "top5", "knn_top1")})
-    row.update({k: det.get(k) for k in DETECTION_KEYS})
+    row.update({k: det.get(k) for k in TRANSFER_KEYS})
     row.update(det_setup=detection_setup(det), det_protocol=detection_protocol(det))
     # each detection trial is one sample of the cell's group (the paper's mean over 5 VOC trials)
     trials = det.get("trials") or ([det] if det else [])
-    row.update({f"{k}{SAMPLES}": [t[k] for t in trials if t.get(k) is not None] for k in DETECTION_KEYS})
+    row.update({f"{k}{SAMPLES}": [t[k] for t in trials if t.get(k) is not None] for k in TRANSFER_KEYS})
     return row
 
 
@@ -287,6 +290,7 @@ METRIC_GROUPS = {
     "top5": ("top-5 accuracy", "linear"),
     "knn_top1": ("top-1 accuracy", "kNN"),
     **{k: ("detection", k) for k in ("AP50", "AP", "AP75", "APs", "APm", "APl")},
+    **{f"mask_{k}": ("segmentation", k) for k in ("AP50", "AP", "AP75", "APs", "APm", "APl")},
     "drift": ("key encoder", "drift"),
     "queue_age_p99": ("queue", "p99 age"),
     "queue_age_max": ("queue", "max age"),
@@ -524,10 +528,17 @@ def supervised_note(recipe: dict) -> str:
     return f"supervised: its own recipe (grid.supervised: {keys}); other settings as the base cell."
 
 
+def has_masks(gs: dict[str, Group]) -> bool:
+    """Whether any cell was fine-tuned as a Mask R-CNN (its detect.json holds mask AP)."""
+    return any(g.cells is not None and g.cells["mask_AP"].notna().any() for g in gs.values())
+
+
 def methods(gs, prov, supervised_recipe: dict | None = None) -> Table:
     """The main table: each method with its paired Δ against random init, a sentence on the
-    base cell that states no direction its CI does not support, and how supervised trained."""
-    table = _methods_like(gs, prov, "methods", "MoCo vs supervised vs random init", ABLATION_METRICS)
+    base cell that states no direction its CI does not support, and how supervised trained.
+    Mask AP columns join the box AP where a cell was fine-tuned for segmentation."""
+    metrics = ABLATION_METRICS + (MASK_METRICS if has_masks(gs) else [])
+    table = _methods_like(gs, prov, "methods", "MoCo vs supervised vs random init", metrics)
     if SUPERVISED_ID in gs:
         table.notes.append(supervised_note(supervised_recipe or {}))
     compare(table, gs.get(RANDOM_ID), RANDOM_LABEL)
@@ -557,7 +568,19 @@ def direction_sentence(row: str, ref: str, d: Delta | None, metric: str) -> str:
 
 def detection(gs, prov) -> Table:
     table = _methods_like(gs, prov, "detection", "Transfer to detection (Faster R-CNN)", DETECTION_METRICS)
-    compare(table, gs.get(RANDOM_ID), RANDOM_LABEL, metric="AP50")
+    return transfer_notes(compare(table, gs.get(RANDOM_ID), RANDOM_LABEL, metric="AP50"), gs)
+
+
+def segmentation(gs, prov) -> Table:
+    """Mask R-CNN transfer (detect.task: segmentation): box AP beside mask AP, as the paper's
+    COCO table, each row's paired Δ in mask AP50 against random init."""
+    title = "Transfer to instance segmentation (Mask R-CNN)"
+    table = _methods_like(gs, prov, "segmentation", title, DETECTION_METRICS + MASK_METRICS)
+    return transfer_notes(compare(table, gs.get(RANDOM_ID), RANDOM_LABEL, metric="mask_AP50"), gs)
+
+
+def transfer_notes(table: Table, gs: dict[str, Group]) -> Table:
+    """A transfer table's footnotes: the fine-tuning's normalisation and batch, the protocol."""
     for column, what in (("det_setup", "Fine-tuning normalisation and batch"), ("det_protocol", "Scored as")):
         note = per_row_note(table, gs, column)
         if note:
@@ -641,7 +664,8 @@ def protocol_text(cfg: dict, df: pd.DataFrame, results: Path) -> str:
         length = f"{det.iterations} iterations" if det.iterations else _epochs(det.epochs)
         how = ", ".join(x for x in (length, det.norm, det.trials > 1 and f"mean of {det.trials} trials") if x)
         head = {"fpn": "FPN", "c4": "C4"}[det.head]
-        text += f"; detection: Faster R-CNN + {head} fine-tuned ({how}), box AP on {det.root or 'the embedded scenes'}"
+        model, scores = ("Mask R-CNN", "box and mask AP") if det.task == "segmentation" else ("Faster R-CNN", "box AP")
+        text += f"; detection: {model} + {head} fine-tuned ({how}), {scores} on {det.root or 'the embedded scenes'}"
     return text
 
 
@@ -689,6 +713,7 @@ def studies(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
         mechanisms(gs, prov),
         bn_leak(gs, prov),
         detection(gs, prov),
+        segmentation(gs, prov),
         every_cell(gs, prov),
     ]
     extra_axes = sorted({a for g in gs.values() if len(g.diff) == 1 for a in g.diff} - SEPARATE, key=AXES.index)

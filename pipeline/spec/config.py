@@ -309,6 +309,12 @@ def check_detect(det: Detect, dataset: Dataset) -> None:
     check_detector(det)
 
 
+VOC_HAS_NO_MASKS = (
+    "detect.task: segmentation needs instance masks, and Pascal VOC's detection annotations have none: "
+    "use task detection on VOC, or a COCO-format root whose instances json has 'segmentation'"
+)
+
+
 def check_detector(det: Detect) -> None:
     if det.max_image_size and det.max_image_size < det.image_size:
         raise ConfigError(f"detect.max_image_size={det.max_image_size} is below detect.image_size={det.image_size}")
@@ -327,6 +333,8 @@ def check_detector(det: Detect) -> None:
         raise ConfigError(
             f"detect.train_sizes={train_sizes} exceed the longer side's cap {cap} (detect.max_image_size)"
         )
+    if det.task == "segmentation" and det.dataset == "voc":
+        raise ConfigError(VOC_HAS_NO_MASKS)
     if det.anchor_sizes and det.head == "fpn" and len(det.anchor_sizes) != 5:
         raise ConfigError(
             f"detect.anchor_sizes: the FPN head needs one size per pyramid level (5), not {len(det.anchor_sizes)}"

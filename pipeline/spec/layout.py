@@ -37,6 +37,7 @@ STUDY_NAMES = [
     "mechanisms",
     "shuffle_bn",
     "detection",
+    "segmentation",
     "grid",
 ]
 TABLE_FORMATS = {"md": "Markdown", "csv": "CSV", "tex": "LaTeX"}

@@ -195,6 +195,7 @@ class Detect:
     dataset: str = "auto"  # layout of root: auto | coco | voc
     voc: Voc = field(default_factory=Voc)
     head: str = "fpn"  # fpn | c4
+    task: str = "detection"  # detection: Faster R-CNN, box AP | segmentation: Mask R-CNN, box and mask AP
     epochs: int = 4
     batch_size: int = 4
     lr: float = 0.02
