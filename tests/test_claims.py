@@ -332,7 +332,8 @@ def test_claims_cli_and_its_errors(tmp_path):
     cfg.write_text(json.dumps(CONFIG))
     out = run([sys.executable, "-m", "pipeline.claims", str(tmp_path), "--config", str(cfg)])
     assert "### The seeds' claims, measured" in out.stdout and out.stdout.count(f"| {HOLDS} |") == 6
-    assert out.stdout.count(f"| {NOT_DECIDABLE} (") == 2
+    # two a priori, and the transfer claim: CONFIG fine-tunes no supervised cell
+    assert out.stdout.count(f"| {NOT_DECIDABLE} (") == 3
     bad = run([sys.executable, "-m", "pipeline.claims", str(tmp_path / "nowhere")], check=False)
     assert bad.returncode != 0 and "results folder not found" in bad.stderr
 

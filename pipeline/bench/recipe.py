@@ -83,7 +83,7 @@ CANDIDATES: dict[str, dict] = {
         for n in (1, 2, 4, 8, 32)
         for prefix, values in (("e13_", BASE_E13), ("random_init_", {"method": "random"}))
     },
-    "supervised_bg8": {**BASE_E13, "method": "supervised", "synthetic": {"backgrounds": 8}},
+    **{f"supervised_bg{n}": {**BASE_E13, "method": "supervised", "synthetic": {"backgrounds": n}} for n in (1, 8)},
     # issue 34: colour jitter at SimCLR's strength 1.0 (v2's x 2)
     "e13_bg8_jitter2": {**BASE_E13, "jitter_scale": 2.0, "synthetic": {"backgrounds": 8}},
     "e13_bg0_jitter2": {**BASE_E13, "jitter_scale": 2.0},
