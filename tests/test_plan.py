@@ -146,7 +146,10 @@ def test_snakemake_plan_prints_the_plan_and_logs_it(tmp_path):
 def test_the_claims_plan_says_what_it_will_not_train(tmp_path):
     # CIFAR-10 (50,000) at batch 256, claims.epochs 5: 195 x 5 = 975 steps, short of the 34,656
     # that 5 half-lives of m = 0.9999 need: its claim is not decidable, its cells not planned
-    cfg = merge(config(tmp_path), {"claims": {"epochs": 5, "long_epochs": 13, "m": [0.5, 0.99, 0.999, 0.9999]}})
+    cfg = merge(
+        config(tmp_path),
+        {"claims": {"epochs": 5, "long_epochs": 13, "m": [0.5, 0.99, 0.999, 0.9999], "K": [256, 1024]}},
+    )
     plan = make_plan(typed_config(cfg), PROFILE, THROUGHPUT, DETECTION, claims=True)
     assert list(plan["not_trained"]) == ["slow_m"] and "has 975" in plan["not_trained"]["slow_m"]
     assert not [r["cell"] for r in plan["cells"] if "m=0.999" in r["cell"]]  # 0.999 and 0.9999: only it needs them

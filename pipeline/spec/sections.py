@@ -293,14 +293,14 @@ class Claims:
     """snakemake claims: cells around the base trained ``epochs``, and ``long_epochs`` once;
     ``seeds`` of each (paired by seed; a verdict needs a 95 % CI, so >= 2)."""
 
-    epochs: int = 5
-    long_epochs: int = 13
+    epochs: int = 9
+    long_epochs: int = 18
     seeds: int = 3
     # seeds of the reference and random init beyond the compared ones (pretrain.seed + seeds ..):
     # whether the reference learnt something is read from them, never from the runs compared
     pilot_seeds: int = 2
     m: tuple = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999)
-    K: tuple = (256, 1024)  # each under FIFO and random replacement
+    K: tuple = (64, 256)  # each under FIFO and random replacement
 
 
 @dataclass(frozen=True, kw_only=True)
