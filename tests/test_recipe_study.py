@@ -102,3 +102,20 @@ def test_the_choice_takes_the_best_worst_seed_within_the_bar():
     close = {**cand("close", 3, 61.0, 70.0, 290), "floor": 30.0, "margin_min": 14.0}
     assert choose([fast, close]) == ("close", False)
     assert choose([fast, {**close, "margin_min": 15.0}]) == ("close", True)
+
+
+def test_background_series_groups_the_runs_that_differ_in_the_data_alone():
+    from pipeline.bench.recipe import background_series
+
+    def row(name, linear):
+        return {"candidate": name, "seed": 0, "heldout_linear_top1": linear}
+
+    rows = [row("e13_bg1", "61"), row("e13_bg1", "67"), row("random_init_bg8", "17"), row("supervised_bg1", "98")]
+    rows += [row("e13_bg8_jitter2", "22"), row("old", "20")]  # another recipe: not a point of the series
+    # lr0.015_bn2_e13 is BASE_E13 on the old data (one background per image: pool 0)
+    rows += [row("lr0.015_bn2_e13", "29")]
+    assert background_series(rows) == {
+        "moco": {1: [61.0, 67.0], 0: [29.0]},
+        "random": {8: [17.0]},
+        "supervised": {1: [98.0]},
+    }

@@ -372,6 +372,49 @@ def plot(rows: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
+def background_series(rows: list[dict]) -> dict[str, dict[int, list[float]]]:
+    """Held-out linear top-1 by background pool size, for the base recipe of the first study
+    (BASE_E13), random init and supervised: the runs that differ from them in the data alone."""
+    series: dict[str, dict[int, list[float]]] = {}
+    for r in rows:
+        values = dict(CANDIDATES[r["candidate"]])
+        pool = values.pop("synthetic", {}).get("backgrounds", OLD["synthetic"]["backgrounds"])
+        method = values.pop("method", "moco")
+        if values != (BASE_E13 if method in ("moco", "supervised") else {}):
+            continue
+        series.setdefault(method, {}).setdefault(pool, []).append(float(r["heldout_linear_top1"]))
+    return series
+
+
+def plot_backgrounds(rows: list[dict], out: Path) -> None:
+    """Held-out linear top-1 against the bits a background tells about its image (log2 of the
+    pool; 0: one shared), MoCo's base recipe beside random init and supervised: mean, min-max."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = {"moco": "MoCo v2 (base recipe)", "random": "random init", "supervised": "supervised"}
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for method, by_pool in sorted(background_series(rows).items()):
+        pools = sorted(p for p in by_pool if p > 0)
+        xs = [math.log2(p) for p in pools]
+        means = [statistics.mean(by_pool[p]) for p in pools]
+        low = [m - min(by_pool[p]) for m, p in zip(means, pools)]
+        high = [max(by_pool[p]) - m for m, p in zip(means, pools)]
+        counts = "/".join(str(len(by_pool[p])) for p in pools)
+        ax.errorbar(xs, means, yerr=[low, high], marker="o", capsize=3, label=f"{labels[method]} (seeds {counts})")
+    ax.axhline(BAR_TOP1, ls="--", color="grey", lw=0.8)
+    ax.set_xlabel("bits a background tells about its image: log2(backgrounds in the pool)")
+    ax.set_ylabel("linear top-1 on held-out training images (%)")
+    ax.set_title("The more a background tells, the less MoCo learns the shape")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    for ext in ("png", "pdf"):
+        fig.savefig(out / f"backgrounds.{ext}")
+    plt.close(fig)
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--candidates", nargs="*", default=list(CANDIDATES), help="names from CANDIDATES")
@@ -405,8 +448,9 @@ def main(argv=None) -> list[dict]:
     summary = summarise(rows)
     atomic_write_text(markdown(summary), out / "recipe.md")
     plot(rows, out)
+    plot_backgrounds(rows, out)
     print(markdown(summary))
-    log(f"wrote {csv_path}, {out / 'recipe.md'}, {out / 'recipe.png'} and .pdf")
+    log(f"wrote {csv_path}, {out / 'recipe.md'}, {out / 'recipe.png'}, {out / 'backgrounds.png'} and .pdf")
     return summary
 
 

@@ -48,7 +48,7 @@ class Synthetic:
     det_train_images: int = 192  # detection scenes
     det_val_images: int = 48
     det_image_size: int = 96
-    backgrounds: int = 8  # shared pool of background gradients; 0: each image its own (the old design)
+    backgrounds: int = 1  # shared pool of background gradients; 0: each image its own (the old design)
 
 
 @dataclass(frozen=True, kw_only=True)
