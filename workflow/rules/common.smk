@@ -7,7 +7,7 @@ import sys
 
 # only pipeline.spec modules: building the DAG imports no torch
 from pipeline.spec.claims_plan import not_trained
-from pipeline.spec.config import load_schema, result_config, result_part
+from pipeline.spec.config import check_dataset, check_detect_root, load_schema, result_config, result_part
 from pipeline.spec.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, detects as cell_detects
 from pipeline.spec.grid import claims_budget
 from pipeline.spec.sections import JOBS, RUNTIME
@@ -92,6 +92,24 @@ def split_root(wildcards):
     if source in ("imagefolder", "unlabeled"):
         return f"{root}/{wildcards.split}"
     return root
+
+
+def dataset_folder(wildcards):
+    """convert's input: the embedded set's folder; another source's folder is read by the job,
+    and is checked here, when a conversion is in the DAG, not when the Snakefile is read: a
+    `snakemake plan` needs no data."""
+    if CFG.dataset.source == "synthetic":
+        return [f"{R}/data/synthetic"]
+    check_dataset(CFG.dataset)  # dataset.root: folder not found: ...
+    return []
+
+
+def detection_folder(wildcards):
+    """detect's input: the embedded scenes, or none (detect.root, checked as dataset_folder)."""
+    if not CFG.detect.root:
+        return [f"{R}/data/synthetic"]
+    check_detect_root(CFG.detect)
+    return []
 
 
 def detection_root():

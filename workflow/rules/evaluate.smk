@@ -36,7 +36,7 @@ rule detect:
     """One fine-tuning trial (seed = detect.seed + trial)."""
     input:
         checkpoint=cell_file(R, "{cell}", "checkpoint"),
-        data=[] if CFG.detect.root else f"{R}/data/synthetic",
+        data=detection_folder,
     output:
         cell_file(R, "{cell}", "detect_trial"),
     log:
