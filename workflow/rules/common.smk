@@ -133,6 +133,23 @@ def cell_nodes(wildcards):
     return cell_resources(wildcards.cell)["nodes"]
 
 
+def cell_world(wildcards):
+    """Ranks of a cell's pretraining (nodes x ranks per node), which set its per-rank batch, BN
+    groups and crops: submitit's launch.slurm geometry; under a profile whose pretrain rule runs
+    srun (resource ``mpi``), its nodes (set-resources, else grid.resources) x tasks_per_node (or
+    its ``tasks``); else one process. The random-init baseline trains nothing: 1."""
+    launch = cell_launch(wildcards.cell)
+    if not params_of(wildcards.cell).pretrain.trains:
+        return 1
+    if launch.launcher == "submitit":
+        return launch.slurm.nodes * launch.slurm.tasks_per_node
+    res = profile_resources().get("pretrain", {})
+    if not res.get("mpi"):
+        return 1
+    nodes = int(res.get("nodes") or cell_nodes(wildcards))
+    return nodes * int(res["tasks_per_node"]) if res.get("tasks_per_node") else int(res.get("tasks") or nodes)
+
+
 def profile_resources():
     """The profile's set-resources as given: rule -> {resource: its raw value, e.g. "gpu:1"}."""
     given = workflow.resource_settings.overwrite_resources or {}
