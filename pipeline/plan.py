@@ -43,6 +43,7 @@ from pipeline.spec.config import (
     validate_schema,
 )
 from pipeline.spec.grid import Cell, cell_resources, claims_budget, claims_cells, detects, grid_cells
+from pipeline.spec.job_gpus import gres_gpus
 from pipeline.spec.sections import Config, Pretrain
 from pipeline.spec.training_set import IMAGENET_TRAIN, training_set
 
@@ -296,7 +297,9 @@ def detection_plan(cfg: Config, cells: dict[str, Cell], profile: dict, table=DET
     chosen = detection_cells(cfg, cells)
     jobs = [(cid, t) for cid in chosen for t in range(det.trials)]
     res = profile_resources(profile, "detect")
-    out = {"cells": chosen, "jobs": len(jobs), "trials": det.trials, "ranks": det.ranks, "profile_gpus": gpus_of(res),
+    # the rule asks for gres gpu:<detect.ranks>; a gres the profile pins wins (None: no GPU gres)
+    pinned = gres_gpus(res["gres"]) if "gres" in res else det.ranks
+    out = {"cells": chosen, "jobs": len(jobs), "trials": det.trials, "ranks": det.ranks, "profile_gpus": pinned,
            "task": det.task}  # fmt: skip
     backbones = {cells[cid].pretrain.backbone for cid in chosen}
     speeds = [s for s in table if s.head == det.head and s.task == det.task and s.backbone in backbones]
@@ -457,10 +460,10 @@ def render(plan: dict, profile_path: str) -> str:
                 head + f"{det['per_trial_gpu_hours']:,.1f} {det['gpu']}-hours each on {det['ranks']} GPUs: "
                 f"{det['wall_h']:.1f} h wall (limit {_limit(det)} h) {ref[det['source']]}{_flag(det, n)}"
             )
-        if det["profile_gpus"] != det["ranks"]:
+        if det["profile_gpus"] is not None and det["profile_gpus"] != det["ranks"]:
             lines.append(
-                f"  note: detect.ranks is {det['ranks']} but the profile gives detect jobs "
-                f"{det['profile_gpus']} GPU(s) per node (gres)"
+                f"  note: detect.ranks is {det['ranks']} but the profile's set-resources.detect.gres gives "
+                f"{det['profile_gpus']} GPU(s) per job"
             )
     lines.append(f"Total: {_sum(plan['gpu_hours']['total'])}")
     partial = bool(missing or plan["probes_not_estimated"]) or det["gpu_hours"] is None
