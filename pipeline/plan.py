@@ -262,8 +262,10 @@ def probe_throughput(p: Pretrain, resolution: int, table=THROUGHPUT) -> tuple[Th
     resolution, scaled by the pixels); none: (None, 0, why)."""
     same = [t for t in table if t.backbone == p.backbone and t.method in PROBE_FORWARDS]
     fitting = [t for t in same if all(getattr(p, k) == v for k, v in t.arch)]
+    if not same:
+        return None, 0.0, f"no training figure for {p.backbone}"
     if not fitting:
-        return None, 0.0, f"no training figure for this {p.backbone}"
+        return None, 0.0, "the figures are for " + ", ".join(f"{k}={v}" for k, v in same[0].arch)
     entry = min(fitting, key=lambda t: abs(t.resolution - resolution))
     scale = (entry.resolution / resolution) ** 2
     forwards = PROBE_FORWARDS[entry.method]

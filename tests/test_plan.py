@@ -126,8 +126,12 @@ def test_the_augmented_probe_against_its_limits_across_retries(tmp_path):
 def test_no_figure_is_not_estimated(tmp_path):
     cfg = config(tmp_path)
     cfg["pretrain"]["cifar_stem"] = True  # 16x the compute of the published ResNet-50's stem
-    rows = {r["cell"]: r for r in make_plan(typed_config(cfg), PROFILE, THROUGHPUT, DETECTION)["cells"]}
+    plan = make_plan(typed_config(cfg), PROFILE, THROUGHPUT, DETECTION)
+    rows = {r["cell"]: r for r in plan["cells"]}
     assert rows["base"]["gpu_hours"] is None and "cifar_stem=False" in rows["base"]["note"]
+    probe = {r["cell"]: r for r in plan["probes"]}["base"]  # its figure is the training one
+    assert probe["gpu_hours"] is None and "cifar_stem=False" in probe["note"]
+    assert "base" in plan["probes_not_estimated"]
 
 
 @pytest.mark.parametrize(
