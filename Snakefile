@@ -22,7 +22,7 @@ read_command_line_values(config)  # --config pretrain='{epochs: 50}': 50, not '5
 # schema + cross-field rules, with the key and the allowed range on error; then typed once:
 # the rules read CFG (every default is pipeline.spec.sections'), and `config`, the dicts as given,
 # only where they write a job's JSON (its keys as the config states them)
-CFG = typed_config(validate(config))
+CFG = typed_config(validate(config, folders=False))  # the folders: when a job needs them (common.smk)
 CELLS = grid_cells(CFG)
 try:  # `snakemake claims` only; a config whose claims cannot run fails that target alone
     CLAIMS_CELLS, CLAIMS_ERROR = claims_cells(CFG), None

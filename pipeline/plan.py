@@ -7,9 +7,11 @@
 Per cell: training images x epochs, GPU-hours from a published throughput figure (table
 THROUGHPUT below, each entry with its source), the job's wall time on the GPUs the profile gives
 it, and whether that exceeds the job's time limit (``runtime``: grid.resources, or the profile's
-set-resources). Then the totals, the wall time at the profile's ``jobs`` limit, and detection
-transfer where a figure exists. The dataset need not be reachable: without its conversion report
-the training set's size is the config's (pipeline.spec.training_set).
+set-resources) in its first attempt or in all of them (a killed job resumes on its retry). The
+same for each cell's linear probe (forward-only images/s derived from the training figures:
+PROBE_FORWARDS) and for detection transfer where a figure exists; then the totals and the wall
+time at the profile's ``jobs`` limit. Neither the dataset's folder nor detection's need exist:
+without its conversion report the training set's size is the config's (pipeline.spec.training_set).
 
 Standard library, yaml and the config code only: it never imports torch (a test holds it so).
 """
@@ -41,6 +43,7 @@ from pipeline.spec.config import (
     validate_schema,
 )
 from pipeline.spec.grid import Cell, cell_resources, claims_budget, claims_cells, detects, grid_cells
+from pipeline.spec.job_gpus import gres_gpus
 from pipeline.spec.sections import Config, Pretrain
 from pipeline.spec.training_set import IMAGENET_TRAIN, training_set
 
@@ -87,8 +90,14 @@ UNPUBLISHED = (
     "MoCo v3 (ResNet-50, ViT-S, ViT-B): facebookresearch/moco-v3 publishes setups "
     "(ViT-S on 8 V100, batch 1024; ViT-B on 64 GPUs) but no training times",
     "bench gpu: no measurement, no GPU was lent to this work (python -m pipeline.bench gpu on a GPU node)",
-    "linear probe: no published time for its protocol: not estimated",
 )
+
+# The linear probe's cost, derived (no published time for its protocol): it runs the frozen
+# backbone forward only, once per image and epoch. A training step per image costs, in
+# forward passes of the backbone (a backward pass ~ two forwards): supervised 1 + 2 = 3; MoCo
+# v1/v2 the query's forward and backward (3) plus the key encoder's forward of the other view
+# (1) = 4. So the probe's images/s per GPU = the figure's training images/s x that count.
+PROBE_FORWARDS = {"supervised": 3, "moco v1/v2": 4}
 
 
 @dataclass(frozen=True)
@@ -164,14 +173,14 @@ def profile_resources(profile: dict, rule: str, own: tuple = ()) -> dict:
     return {**defaults, **((profile.get("set-resources") or {}).get(rule) or {})}
 
 
-def minutes(value) -> float:
-    """A runtime resource in minutes: a number, a Python expression of ``attempt`` (first
-    attempt), or Snakemake's units ("2h", "1d 4h", "90m")."""
+def minutes(value, attempt: int = 1) -> float:
+    """A runtime resource in minutes: a number, a Python expression of ``attempt`` (the retry's
+    attempt, 1 first), or Snakemake's units ("2h", "1d 4h", "90m")."""
     if isinstance(value, (int, float)):
         return float(value)
     text = str(value).strip()
     try:
-        return float(eval(text, {"__builtins__": {}}, {"attempt": 1}))  # noqa: S307 (the user's own profile)
+        return float(eval(text, {"__builtins__": {}}, {"attempt": attempt}))  # noqa: S307 (the user's own profile)
     except Exception:  # noqa: BLE001 (not an expression: units)
         pass
     unit_minutes = {"d": 1440, "h": 60, "m": 1, "min": 1, "s": 1 / 60}
@@ -179,6 +188,24 @@ def minutes(value) -> float:
     if not parts:
         raise ConfigError(f"profile: runtime '{value}' is neither minutes, an expression of attempt, nor e.g. '2h'")
     return sum(float(n) * unit_minutes[u] for n, u in parts)
+
+
+def limits(value, attempts: int) -> list[float]:
+    """The time limit of each attempt of a job (minutes): a killed probe, detection trial or
+    pretraining resumes on its retry, so together they have the sum."""
+    return [minutes(value, a) for a in range(1, attempts + 1)]
+
+
+def time_check(row: dict, wall_h: float | None, limit: list[float] | None) -> dict:
+    """``row`` with its limits: ``runtime_min`` (the first attempt's), ``limit_all_min`` (all
+    attempts together), ``exceeds`` (the first attempt cannot finish), ``short`` (all of them
+    together cannot), ``attempts_needed`` (the attempts that finish it; None: short)."""
+    if not limit:
+        return {**row, "runtime_min": None, "limit_all_min": None, "exceeds": False, "short": False}
+    done = [k + 1 for k in range(len(limit)) if wall_h is not None and wall_h * 60 <= sum(limit[: k + 1])]
+    need = done[0] if done else None
+    return {**row, "runtime_min": limit[0], "limit_all_min": sum(limit), "exceeds": wall_h is not None and need != 1,
+            "short": wall_h is not None and need is None, "attempts_needed": need}  # fmt: skip
 
 
 def gpus_of(resources: dict) -> int:
@@ -203,23 +230,68 @@ def makespan(hours: list[float], slots: int) -> float:
     return max(free)
 
 
+def attempts_of(profile: dict) -> int:
+    return 1 + int(profile.get("restart-times", 0))
+
+
 def pretraining_row(cid: str, p: Pretrain, cfg: Config, profile: dict, images: int, table) -> dict:
     row = {"cell": cid, "images": images, "epochs": p.epochs, "images_x_epochs": images * p.epochs}
     if not p.trains:  # the random-init baseline: a small CPU job
-        return {**row, "gpu_hours": 0.0, "gpu": None, "note": "trains nothing", "gpus": 0, "wall_h": 0.0}
+        row = {**row, "gpu_hours": 0.0, "gpu": None, "note": "trains nothing", "gpus": 0, "wall_h": 0.0}
+        return time_check(row, None, None)
     sized = cell_resources(p, cfg.grid.resources)
     res = profile_resources(profile, "pretrain", PRETRAIN_OWN)
     nodes = int(res.get("nodes", sized["nodes"]))
-    runtime = minutes(res["runtime"]) if "runtime" in res else sized["runtime"]
+    # the rule's runtime: the cell's x attempt (workflow/rules/pretrain.smk), unless the profile sets one
+    runtime = res.get("runtime", f"{sized['runtime']} * attempt")
     gpus = nodes * gpus_of(res)
     entry, img_per_s, note = find_throughput(p, cfg.data.crop_size, table)
-    row = {**row, "nodes": nodes, "gpus": gpus, "runtime_min": runtime, "note": note}
+    row = {**row, "nodes": nodes, "gpus": gpus, "note": note}
     if entry is None:
-        return {**row, "gpu_hours": None, "gpu": None, "wall_h": None}
+        return time_check({**row, "gpu_hours": None, "gpu": None, "wall_h": None}, None, None)
     gpu_hours = images * p.epochs / img_per_s / 3600
     wall = gpu_hours / gpus
-    return {**row, "gpu_hours": gpu_hours, "gpu": entry.gpu, "source": entry.source, "img_per_s": img_per_s,
-            "wall_h": wall, "exceeds": wall * 60 > runtime}  # fmt: skip
+    row = {**row, "gpu_hours": gpu_hours, "gpu": entry.gpu, "source": entry.source, "img_per_s": img_per_s,
+           "wall_h": wall}  # fmt: skip
+    return time_check(row, wall, limits(runtime, attempts_of(profile)))
+
+
+def probe_throughput(p: Pretrain, resolution: int, table=THROUGHPUT) -> tuple[Throughput | None, float, str]:
+    """(entry, forward-only img/s per GPU at ``resolution``, note) for the probe of a cell with
+    backbone ``p``: a training figure of the same backbone x PROBE_FORWARDS (the nearest
+    resolution, scaled by the pixels); none: (None, 0, why)."""
+    same = [t for t in table if t.backbone == p.backbone and t.method in PROBE_FORWARDS]
+    fitting = [t for t in same if all(getattr(p, k) == v for k, v in t.arch)]
+    if not same:
+        return None, 0.0, f"no training figure for {p.backbone}"
+    if not fitting:
+        return None, 0.0, "the figures are for " + ", ".join(f"{k}={v}" for k, v in same[0].arch)
+    entry = min(fitting, key=lambda t: abs(t.resolution - resolution))
+    scale = (entry.resolution / resolution) ** 2
+    forwards = PROBE_FORWARDS[entry.method]
+    note = f"forward only: {forwards} x the {entry.method} figure" + (
+        "" if scale == 1 else f", scaled x{scale:.3f} from {entry.resolution:.0f} px"
+    )
+    return entry, entry.img_per_s * scale * forwards, note
+
+
+def probe_row(cid: str, p: Pretrain, cfg: Config, profile: dict, images: int, table) -> dict:
+    """One cell's linear probe, one GPU (pipeline.probe runs one process): the training set's
+    features once (both modes), then ``probe.epochs`` epochs of new views through the backbone
+    (augmented; cached trains on the stored features: no backbone pass). The validation features
+    and the kNN are left out (ImageNet: 50,000 images, 4% of one pass)."""
+    pc = cfg.probe
+    passes = 1 + (pc.epochs if pc.mode == "augmented" else 0)
+    res = profile_resources(profile, "probe")
+    row = {"cell": cid, "mode": pc.mode, "epochs": pc.epochs, "passes": passes, "images": images, "gpus": 1}
+    entry, img_per_s, note = probe_throughput(p, cfg.data.crop_size, table)
+    limit = limits(res["runtime"], attempts_of(profile)) if "runtime" in res else None
+    if entry is None:
+        return time_check({**row, "gpu_hours": None, "gpu": None, "wall_h": None, "note": note}, None, limit)
+    gpu_hours = images * passes / img_per_s / 3600
+    row = {**row, "gpu_hours": gpu_hours, "gpu": entry.gpu, "source": entry.source, "img_per_s": img_per_s,
+           "wall_h": gpu_hours, "note": note}  # fmt: skip
+    return time_check(row, gpu_hours, limit)
 
 
 def detection_plan(cfg: Config, cells: dict[str, Cell], profile: dict, table=DETECTION) -> dict:
@@ -227,7 +299,9 @@ def detection_plan(cfg: Config, cells: dict[str, Cell], profile: dict, table=DET
     chosen = detection_cells(cfg, cells)
     jobs = [(cid, t) for cid in chosen for t in range(det.trials)]
     res = profile_resources(profile, "detect")
-    out = {"cells": chosen, "jobs": len(jobs), "trials": det.trials, "ranks": det.ranks, "profile_gpus": gpus_of(res),
+    # the rule asks for gres gpu:<detect.ranks>; a gres the profile pins wins (None: no GPU gres)
+    pinned = gres_gpus(res["gres"]) if "gres" in res else det.ranks
+    out = {"cells": chosen, "jobs": len(jobs), "trials": det.trials, "ranks": det.ranks, "profile_gpus": pinned,
            "task": det.task}  # fmt: skip
     backbones = {cells[cid].pretrain.backbone for cid in chosen}
     speeds = [s for s in table if s.head == det.head and s.task == det.task and s.backbone in backbones]
@@ -240,10 +314,10 @@ def detection_plan(cfg: Config, cells: dict[str, Cell], profile: dict, table=DET
     s = speeds[0]
     per_trial = det.iterations * s.s_per_iter * (det.batch_size / s.images) * s.gpus / 3600
     wall = per_trial / det.ranks
-    runtime = minutes(res["runtime"]) if "runtime" in res else None
-    return {**out, "per_trial_gpu_hours": per_trial, "gpu_hours": per_trial * len(jobs), "gpu": s.gpu,
-            "source": s.source, "wall_h": wall, "runtime_min": runtime,
-            "exceeds": runtime is not None and wall * 60 > runtime, "note": ""}  # fmt: skip
+    limit = limits(res["runtime"], attempts_of(profile)) if "runtime" in res else None
+    out = {**out, "per_trial_gpu_hours": per_trial, "gpu_hours": per_trial * len(jobs), "gpu": s.gpu,
+           "source": s.source, "wall_h": wall, "note": ""}  # fmt: skip
+    return time_check(out, wall, limit)
 
 
 def by_gpu(parts: list[dict]) -> dict[str, float]:
@@ -269,29 +343,37 @@ def make_plan(cfg: Config, profile: dict, throughput=THROUGHPUT, detection=DETEC
     data = training_set(cfg)
     images, images_from = data.images, data.where
     rows = [pretraining_row(cid, cell.pretrain, cfg, profile, images, throughput) for cid, cell in cells.items()]
+    probes = [probe_row(cid, cell.pretrain, cfg, profile, images, throughput) for cid, cell in cells.items()]
     detect = detection_plan(cfg, cells, profile, detection)
     jobs = int(profile.get("jobs", 1))
-    attempts = 1 + int(profile.get("restart-times", 0))
-    grown = attempts * (attempts + 1) / 2  # the pretrain rule's runtime is cell runtime x attempt
-    pretrain_wall = makespan([r["wall_h"] for r in rows if r["wall_h"]], jobs)
-    detect_wall = makespan([detect["wall_h"]] * detect["jobs"], jobs) if detect.get("wall_h") else 0.0
+    walls = {
+        "pretrain": makespan([r["wall_h"] for r in rows if r["wall_h"]], jobs),
+        "probe": makespan([r["wall_h"] for r in probes if r["wall_h"]], jobs),
+        "detect": makespan([detect["wall_h"]] * detect["jobs"], jobs) if detect.get("wall_h") else 0.0,
+    }
+    det_jobs = [{**detect, "job": f"detect {cid}"} for cid in detect["cells"]] if detect.get("wall_h") else []
+    every = [{**r, "job": r["cell"]} for r in rows] + [{**r, "job": f"probe {r['cell']}"} for r in probes] + det_jobs
     return {
         "study": "claims" if claims else "grid",
         "not_trained": skipped,
         "cells": rows,
+        "probes": probes,
         "images": images,
         "images_from": images_from,
         "detect": detect,
-        "probe_jobs": len(cells),
+        "probe_jobs": len(probes),
         "jobs": jobs,
-        "gpu_hours": {"pretrain": by_gpu(rows), "total": by_gpu(rows + [detect])},
+        "gpu_hours": {
+            "pretrain": by_gpu(rows),
+            "probe": by_gpu(probes),
+            "total": by_gpu(rows + probes + [detect]),
+        },
         "not_estimated": [r["cell"] for r in rows if r["gpu_hours"] is None],
-        "wall_h": {"pretrain": pretrain_wall, "detect": detect_wall, "total": pretrain_wall + detect_wall},
-        "exceeding": [r["cell"] for r in rows if r.get("exceeds")] + (detect["cells"] if detect.get("exceeds") else []),
-        "attempts": attempts,
-        "short_after_retries": [
-            r["cell"] for r in rows if r.get("exceeds") and r["wall_h"] * 60 > r["runtime_min"] * grown
-        ],
+        "probes_not_estimated": [r["cell"] for r in probes if r["gpu_hours"] is None],
+        "wall_h": {**walls, "total": sum(walls.values())},
+        "exceeding": [r["job"] for r in every if r.get("exceeds")],
+        "attempts": attempts_of(profile),
+        "short_after_retries": [r["job"] for r in every if r.get("short")],
     }
 
 
@@ -305,74 +387,93 @@ def _wall_line(plan: dict, partial: bool) -> str:
         return head + "not estimated (no job has a throughput figure)"
     which = "; estimated jobs only" if partial else ""
     return (
-        head + f"{wall['pretrain']:,.1f} h pretraining + {wall['detect']:,.1f} h detection = {wall['total']:,.1f} h "
-        f"(every job granted at once, no queue wait; GPUs as in each figure{which})"
+        head + f"{wall['pretrain']:,.1f} h pretraining + {wall['probe']:,.1f} h probe + {wall['detect']:,.1f} h "
+        f"detection = {wall['total']:,.1f} h (stage after stage, every job granted at once, no queue wait; "
+        f"GPUs as in each figure{which})"
     )
 
 
-def _retries_line(plan: dict) -> list[str]:
-    """A job killed at its time limit resumes on its retry, which gets attempt x runtime."""
-    if not plan["exceeding"]:
-        return []
-    short = ", ".join(plan["short_after_retries"]) or "none"
-    n = plan["attempts"]
-    return [
-        f"  with restart-times: {n - 1} a killed pretraining resumes; its {n} attempts get "
-        f"{n * (n + 1) // 2}x its runtime in all; still short: {short}"
-    ]
+def _flag(row: dict, attempts: int) -> str:
+    """A job over its time limit: how many attempts finish it (a killed job resumes), or none."""
+    if row.get("short"):
+        return f"  EXCEEDS all {attempts} attempts ({row['limit_all_min'] / 60:,.1f} h)"
+    if row.get("exceeds"):
+        return f"  EXCEEDS its runtime: finishes in attempt {row['attempts_needed']} of {attempts}"
+    return ""
+
+
+def _limit(row: dict) -> str:
+    limit = row.get("runtime_min")
+    return _hours(None if limit is None else limit / 60)
 
 
 def _sum(hours_by_gpu: dict[str, float]) -> str:
     return " + ".join(f"{h:,.1f} {gpu}-hours" for gpu, h in hours_by_gpu.items()) or "0 GPU-hours"
 
 
+def _unestimated(cells: list[str]) -> str:
+    return f" (not estimated: {', '.join(cells)})" if cells else ""
+
+
 def render(plan: dict, profile_path: str) -> str:
-    rows, det = plan["cells"], plan["detect"]
-    sources = {r["source"] for r in rows if r.get("source")} | ({det["source"]} if det.get("source") else set())
+    rows, probes, det, n = plan["cells"], plan["probes"], plan["detect"], plan["attempts"]
+    sources = {r["source"] for r in [*rows, *probes, det] if r.get("source")}
     ref = {s: f"[{i}]" for i, s in enumerate(sorted(sources), 1)}
     study = " of the claims study" if plan["study"] == "claims" else ""
+    head = f"{'images x {}':>20} {'GPUs':>5} {'GPU-hours':>14} {'wall h':>8} {'limit h':>8}  figure"
     lines = [
-        f"Cost plan{study}: {len(rows)} cells, profile {profile_path} (jobs: {plan['jobs']})",
+        f"Cost plan{study}: {len(rows)} cells, profile {profile_path} (jobs: {plan['jobs']}, restart-times: {n - 1})",
         f"Training images: {plan['images']:,} ({plan['images_from']})",
         *[f"Not trained, this budget cannot decide it: {key} ({why})" for key, why in plan["not_trained"].items()],
         "",
-        f"{'cell':<24} {'images x epochs':>20} {'GPUs':>5} {'GPU-hours':>14} {'wall h':>8} {'limit h':>8}  figure",
+        f"{'pretraining':<24} " + head.replace("{}", "epochs"),
     ]
     for r in rows:
-        limit = r.get("runtime_min")
-        flag = "  EXCEEDS its runtime" if r.get("exceeds") else ""
         figure = " ".join(x for x in (ref.get(r.get("source"), ""), r["note"]) if x) or "—"
         lines.append(
             f"{r['cell']:<24} {r['images']:>11,} x {r['epochs']:<6} {r['gpus']:>5} "
-            f"{_hours(r['gpu_hours'], r['gpu']):>14} {_hours(r['wall_h']):>8} "
-            f"{_hours(None if limit is None else limit / 60):>8}  {figure}{flag}"
+            f"{_hours(r['gpu_hours'], r['gpu']):>14} {_hours(r['wall_h']):>8} {_limit(r):>8}  {figure}{_flag(r, n)}"
         )
     missing = plan["not_estimated"]
-    lines += ["", f"Pretraining: {_sum(plan['gpu_hours']['pretrain'])}"
-              + (f" (not estimated: {', '.join(missing)})" if missing else "")]  # fmt: skip
+    lines += ["", f"{'linear probe':<24} " + head.replace("{}", "passes")]
+    for r in probes:
+        figure = " ".join(x for x in (ref.get(r.get("source"), ""), r["note"]) if x)
+        lines.append(
+            f"{r['cell']:<24} {r['images']:>11,} x {r['passes']:<6} {r['gpus']:>5} "
+            f"{_hours(r['gpu_hours'], r['gpu']):>14} {_hours(r['wall_h']):>8} {_limit(r):>8}  {figure}{_flag(r, n)}"
+        )
+    if probes:
+        mode, epochs = probes[0]["mode"], probes[0]["epochs"]
+        passes = f"the features + {epochs} epochs of new views" if mode == "augmented" else "the features only"
+        lines.append(f"  passes over the training set: {passes} (probe.mode {mode}); one GPU per job; "
+                     "validation features and kNN not counted")  # fmt: skip
+    lines += [
+        "",
+        f"Pretraining: {_sum(plan['gpu_hours']['pretrain'])}" + _unestimated(missing),
+        f"Linear probe: {_sum(plan['gpu_hours']['probe'])}" + _unestimated(plan["probes_not_estimated"]),
+    ]  # fmt: skip
     if det["jobs"]:
         model = " (Mask R-CNN)" if det.get("task") == "segmentation" else ""
         head = f"Detection transfer{model}: {det['jobs']} jobs ({len(det['cells'])} cells x {det['trials']} trials), "
         if det["gpu_hours"] is None:
             lines.append(head + det["note"])
         else:
-            over = "  EXCEEDS its runtime" if det["exceeds"] else ""
-            limit = "—" if det["runtime_min"] is None else f"{det['runtime_min'] / 60:.1f}"
             lines.append(
                 head + f"{det['per_trial_gpu_hours']:,.1f} {det['gpu']}-hours each on {det['ranks']} GPUs: "
-                f"{det['wall_h']:.1f} h wall (limit {limit} h) {ref[det['source']]}{over}"
+                f"{det['wall_h']:.1f} h wall (limit {_limit(det)} h) {ref[det['source']]}{_flag(det, n)}"
             )
-        if det["profile_gpus"] != det["ranks"]:
+        if det["profile_gpus"] is not None and det["profile_gpus"] != det["ranks"]:
             lines.append(
-                f"  note: detect.ranks is {det['ranks']} but the profile gives detect jobs "
-                f"{det['profile_gpus']} GPU(s) per node (gres)"
+                f"  note: detect.ranks is {det['ranks']} but the profile's set-resources.detect.gres gives "
+                f"{det['profile_gpus']} GPU(s) per job"
             )
-    lines.append(f"Linear probe: {plan['probe_jobs']} jobs, not estimated (no published time for its protocol)")
     lines.append(f"Total: {_sum(plan['gpu_hours']['total'])}")
+    partial = bool(missing or plan["probes_not_estimated"]) or det["gpu_hours"] is None
     lines += [
-        _wall_line(plan, partial=bool(missing) or det["gpu_hours"] is None),
-        "Over their runtime: " + (", ".join(plan["exceeding"]) or "none"),
-        *_retries_line(plan),
+        _wall_line(plan, partial),
+        "Over their first attempt's runtime: " + (", ".join(plan["exceeding"]) or "none"),
+        f"Over all {n} attempts (a killed job resumes on its retry, whose runtime grows with the attempt): "
+        + (", ".join(plan["short_after_retries"]) or "none"),
         "",
         "Throughput figures:",
     ]  # fmt: skip

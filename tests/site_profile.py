@@ -2,10 +2,10 @@
 cluster (tests/slurm_cluster.py), and a wrapper that records every real ``sbatch`` call.
 
 Only what this cluster cannot match is changed, and only through the profile's own switches:
-the values of its ``x-site`` anchors (SITE_OVERRIDES) and the settings its comments name for a
-cluster without accounting (LOCAL_SETTINGS). Everything else (requeue, partitions, time
-limits, the pretraining's srun geometry and warning signal, retries, kept logs) is the
-site profile's text as shipped.
+the values of its ``x-site`` anchors (SITE_OVERRIDES), the settings its comments name for a
+cluster without accounting (LOCAL_SETTINGS) and for one without GPU gres (NO_GPU_GRES).
+Everything else (requeue, partitions, time limits, the pretraining's srun geometry and warning
+signal, retries, kept logs) is the site profile's text as shipped.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ SITE_PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 # x-site anchor -> the value the test cluster can hold (2 "nodes" of 2 CPUs, no GPUs, no accounts)
 SITE_OVERRIDES = {
     "account": '""',  # no accounting: a named account fails the plugin's sacctmgr/sshare check
-    "one_gpu": '""',  # no gres configured: sbatch refuses --gres=gpu:N
     "node_gpus": '""',
     "gpus_per_node": 2,  # ranks per node: a node has 2 CPUs (and the plugin wants > 1 for srun jobs)
     "cpus_per_gpu": 1,
@@ -33,6 +32,9 @@ SITE_OVERRIDES = {
     "cpu_job_mem_mb": 500,
     "gpu_job_mem_mb": 500,
 }
+# rules whose gres comes from the workflow config ("gpu:1", "gpu:<detect.ranks>"): pinned to
+# "" under set-resources, as the profile says for a cluster without GPU gres
+NO_GPU_GRES = ("probe", "detect")
 # settings the profile itself names for a cluster without accounting (sacct fails there), and a
 # first status check after 2 s instead of 20 (the test's jobs take seconds)
 LOCAL_SETTINGS = {
@@ -68,6 +70,14 @@ def set_setting(text: str, key: str, value) -> str:
     return new
 
 
+def pin_resource(text: str, rule: str, key: str, value) -> str:
+    """``key: value`` as the first resource under set-resources.<rule>."""
+    new, n = re.subn(rf"^(  {rule}:[^\n]*\n)", lambda m: f"{m[1]}    {key}: {value}\n", text, flags=re.M)
+    if n != 1:
+        raise ValueError(f"profiles/slurm has {n} set-resources entries {rule}, expected 1")
+    return new
+
+
 def derive(dest: Path) -> Path:
     """dest/config.yaml: profiles/slurm with the overrides above; returns dest (a profile folder)."""
     text = SITE_PROFILE.read_text()
@@ -75,6 +85,8 @@ def derive(dest: Path) -> Path:
         text = set_anchor(text, name, value)
     for key, value in LOCAL_SETTINGS.items():
         text = set_setting(text, key, value)
+    for rule in NO_GPU_GRES:
+        text = pin_resource(text, rule, "gres", '""')
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.yaml").write_text(text)
     return dest

@@ -24,8 +24,20 @@ def test_ranks_beyond_the_profiles_gpus_fail_naming_both_keys():
         check_ranks_fit("detect", 8, "detect.ranks", {"detect": {"gres": "gpu:1"}})
 
 
-def test_the_site_profile_refuses_detection_ranks_it_cannot_give(tmp_path):
+def test_detection_gpus_follow_detect_ranks_unless_a_profile_pins_fewer(tmp_path):
+    """The site profile states no gres for detect: its jobs ask for gpu:<detect.ranks> with no
+    edit; a gres pinned in set-resources (here from the command line) that gives fewer stops the
+    DAG build, naming both keys."""
     cmd = [snakemake_bin(), "-n", "--profile", "profiles/slurm", "--configfile", "workflow/config/presets/tiny.yaml"]
-    proc = hard_run([*cmd, "--config", f"results={tmp_path}", "detect={ranks: 4, batch_size: 4}"], timeout=180)
+    cmd += ["--config", f"results={tmp_path}", "detect={ranks: 4, batch_size: 4}"]
+    proc = hard_run(cmd, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    blocks = proc.stdout.split("\nrule ")
+    detect = [b for b in blocks if b.startswith("detect:")]
+    probe = [b for b in blocks if b.startswith("probe:")]
+    assert detect and all("gres=gpu:4," in b for b in detect)
+    assert probe and all("gres=gpu:1," in b for b in probe)  # one process
+    proc = hard_run([*cmd, "--set-resources", "detect:gres=gpu:1"], timeout=180)
     assert proc.returncode != 0
     assert "detect.ranks: 4 ranks need 4 GPUs" in proc.stdout + proc.stderr
+    assert "set-resources.detect.gres gives 'gpu:1'" in proc.stdout + proc.stderr

@@ -2,6 +2,8 @@
 size, the profile's runtimes, and that it runs without torch."""
 
 import json
+import re
+import shlex
 import sys
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from pipeline.plan import DetectionSpeed, Throughput, load_config, make_plan, minutes, render
 from pipeline.spec.config import ConfigError, merge, typed_config
 from pipeline.spec.training_set import training_set
-from tests.conftest import run, snakemake_bin
+from tests.conftest import REPO, run, snakemake_bin
 
 # Figures of made-up GPUs with round numbers, so that every expectation below is mental arithmetic.
 THROUGHPUT = (
@@ -74,10 +76,20 @@ def test_plan_arithmetic_on_a_hand_computed_grid(tmp_path):
     assert det["per_trial_gpu_hours"] == pytest.approx(0.5)
     assert det["wall_h"] == pytest.approx(0.25) and not det["exceeds"]  # on 2 ranks: 15 min <= 20
 
+    # the probe (cached: one forward pass of the 50,000 images) at 4 x 250 = 1,000 img/s: the MoCo
+    # figure's step is the query's forward + backward (3 forwards) and the key's forward (1)
+    probe = {r["cell"]: r for r in plan["probes"]}["base"]
+    assert (probe["passes"], probe["gpus"], probe["gpu"], probe["img_per_s"]) == (1, 1, "X100", 1000.0)
+    assert probe["gpu_hours"] == pytest.approx(50 / 3600)  # 50,000 / 1,000 = 50 s
+    assert probe["runtime_min"] == 60 and not probe["exceeds"]  # the profile's default-resources
+
     assert plan["gpu_hours"]["pretrain"] == pytest.approx({"X100": 4.0, "Y100": 2.0})
-    assert plan["gpu_hours"]["total"] == pytest.approx({"X100": 4.0, "Y100": 2.0, "Z100": 1.0})
-    # jobs: 2 -> walls 1.0, 1.0 on two slots, then 0.5 after one of them; detection 0.25 | 0.25
-    assert plan["wall_h"] == pytest.approx({"pretrain": 1.5, "detect": 0.25, "total": 1.75})
+    assert plan["gpu_hours"]["probe"] == pytest.approx({"X100": 200 / 3600})  # 4 probes x 50 s
+    assert plan["gpu_hours"]["total"] == pytest.approx({"X100": 4.0 + 200 / 3600, "Y100": 2.0, "Z100": 1.0})
+    # jobs: 2 -> walls 1.0, 1.0 on two slots, then 0.5 after one of them; probes 50 s x 2 on each
+    # slot: 100 s; detection 0.25 | 0.25
+    walls = {"pretrain": 1.5, "probe": 100 / 3600, "detect": 0.25, "total": 1.75 + 100 / 3600}
+    assert plan["wall_h"] == pytest.approx(walls)
     assert plan["exceeding"] == ["base", "method=supervised"]
     assert plan["short_after_retries"] == ["base", "method=supervised"]  # no retries in the profile
     assert plan["probe_jobs"] == 4
@@ -89,11 +101,37 @@ def test_retries_give_time_limits_that_grow_with_the_attempt(tmp_path):
     assert plan["exceeding"] == ["base", "method=supervised"] and plan["short_after_retries"] == []
 
 
+def test_the_augmented_probe_against_its_limits_across_retries(tmp_path):
+    """probe.mode augmented, 35 epochs: the features once + 35 epochs = 36 passes of 50,000
+    images at 1,000 img/s = 1,800 s = 30 min on its one GPU."""
+    cfg = merge(config(tmp_path), {"probe": {"mode": "augmented", "epochs": 35}})
+    plans = {}
+    for runtime in ("12 * attempt", "4 * attempt"):
+        resources = {**PROFILE["set-resources"], "probe": {"runtime": runtime}}
+        profile = {**PROFILE, "restart-times": 2, "set-resources": resources}
+        plans[runtime] = make_plan(typed_config(cfg), profile, THROUGHPUT, DETECTION)
+    probe = {r["cell"]: r for r in plans["12 * attempt"]["probes"]}["base"]
+    assert probe["passes"] == 36 and probe["wall_h"] == pytest.approx(0.5)
+    # 12, 24, 36 min: over the first attempt, done within the second (12 + 24 = 36 >= 30)
+    assert (probe["runtime_min"], probe["limit_all_min"]) == (12, 72)
+    assert probe["exceeds"] and not probe["short"] and probe["attempts_needed"] == 2
+    assert "probe base" in plans["12 * attempt"]["exceeding"]
+    assert "probe base" not in plans["12 * attempt"]["short_after_retries"]
+    # 4 + 8 + 12 = 24 min < 30: no attempt finishes it
+    short = plans["4 * attempt"]
+    assert "probe base" in short["short_after_retries"]
+    assert "EXCEEDS all 3 attempts (0.4 h)" in render(short, "p")
+
+
 def test_no_figure_is_not_estimated(tmp_path):
     cfg = config(tmp_path)
     cfg["pretrain"]["cifar_stem"] = True  # 16x the compute of the published ResNet-50's stem
-    rows = {r["cell"]: r for r in make_plan(typed_config(cfg), PROFILE, THROUGHPUT, DETECTION)["cells"]}
+    plan = make_plan(typed_config(cfg), PROFILE, THROUGHPUT, DETECTION)
+    rows = {r["cell"]: r for r in plan["cells"]}
     assert rows["base"]["gpu_hours"] is None and "cifar_stem=False" in rows["base"]["note"]
+    probe = {r["cell"]: r for r in plan["probes"]}["base"]  # its figure is the training one
+    assert probe["gpu_hours"] is None and "cifar_stem=False" in probe["note"]
+    assert "base" in plan["probes_not_estimated"]
 
 
 @pytest.mark.parametrize(
@@ -137,10 +175,23 @@ def test_imagenet_preset_without_torch():
     assert out.rstrip().endswith("no torch")
 
 
-def test_snakemake_plan_prints_the_plan_and_logs_it(tmp_path):
-    proc = run([snakemake_bin(), "plan", "--config", f"results={tmp_path / 'r'}"], timeout=120)
-    assert "Cost plan: 6 cells, profile profiles/slurm (jobs: 50)" in proc.stdout  # the demo's grid
+def test_snakemake_plan_before_the_data_is_staged(tmp_path):
+    """The ImageNet preset's folders (/datasets/imagenet, /datasets/VOCdevkit) do not exist here:
+    the plan needs none of them; every stage is costed and logged."""
+    preset = "workflow/config/presets/imagenet-mocov2.yaml"
+    proc = run([snakemake_bin(), "plan", "--configfile", preset, "--config", f"results={tmp_path / 'r'}"], timeout=120)
+    assert "Cost plan: 6 cells, profile profiles/slurm (jobs: 50, restart-times: 2)" in proc.stdout
+    for stage in ("Pretraining: ", "Linear probe: ", "Detection transfer: "):
+        line = next(line for line in proc.stdout.splitlines() if line.startswith(stage))
+        assert "V100-hours" in line, line
     assert (tmp_path / "r/logs/plan.log").read_text().startswith("Cost plan: 6 cells")
+
+
+def test_a_missing_dataset_folder_still_stops_the_jobs_that_read_it(tmp_path):
+    preset = "workflow/config/presets/imagenet-mocov2.yaml"
+    cmd = [snakemake_bin(), "-n", "--configfile", preset, "--config", f"results={tmp_path}"]
+    proc = run(cmd, check=False, timeout=120)
+    assert proc.returncode != 0 and "dataset.root: folder not found: /datasets/imagenet" in proc.stdout + proc.stderr
 
 
 def test_the_claims_plan_says_what_it_will_not_train(tmp_path):
@@ -171,3 +222,17 @@ def test_the_coco_mask_rcnn_presets_are_costed():
         assert det["task"] == "segmentation" and "Mask R-CNN" in det["source"]
         assert det["per_trial_gpu_hours"] == pytest.approx(per_trial) and det["wall_h"] == pytest.approx(wall)
         assert "Detection transfer (Mask R-CNN): " in render(plan, "profiles/slurm")
+
+
+def test_the_readmes_plan_is_what_the_command_prints():
+    """The README quotes `$ python -m pipeline.plan ...` and its output: run that command line and
+    compare, so the quote cannot go stale (a failure shows the output to paste)."""
+    readme = (REPO / "README.md").read_text()
+    found = re.search(r"```\n\$ (python -m pipeline\.plan [^\n]*)\n(.*?)```", readme, re.S)
+    assert found, "README.md: no quoted `$ python -m pipeline.plan ...` block"
+    args = shlex.split(found[1])[1:]
+    results = next(a.split("=", 1)[1] for a in args if a.startswith("results="))
+    if (REPO / results).exists():
+        pytest.skip(f"{results} exists here: its conversion report would change the plan")
+    out = run([sys.executable, *args], timeout=60).stdout
+    assert out == found[2], f"README.md's plan is stale; the command prints:\n{out}"

@@ -189,6 +189,18 @@ def test_threads_workers_and_monitor_frequency_rerun_nothing(finished):
     assert planned(finished, *runtime) == set()
 
 
+def test_a_world_size_change_reruns_the_trained_cell_a_launcher_change_does_not(finished):
+    """The finished run had one rank per cell. Two ranks per node under srun (a SLURM profile's
+    geometry, here from the command line) change the base cell's per-rank batch: it reruns, with
+    what reads it; the random-init baseline trains nothing and stays. submitit on one node x one
+    task is again one rank: nothing reruns."""
+    srun = ["--set-resources", "pretrain:mpi=srun", "pretrain:tasks_per_node=2"]
+    base = cell_jobs("base", "pretrain", "probe", "detect", "detect_trials") | {("tables", None), ("all", None)}
+    assert planned_jobs(snakemake(finished, "-n", *srun, config=ONLY).stdout) == base
+    one_rank = "launch={launcher: submitit, slurm: {nodes: 1, tasks_per_node: 1}}"
+    assert planned(finished, one_rank) == set()
+
+
 @pytest.mark.slow
 def test_a_result_key_reruns_exactly_its_cells_and_what_reads_them(finished):
     tables = {("tables", None), ("all", None)}

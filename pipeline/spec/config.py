@@ -296,7 +296,7 @@ def check_dataset(d: Dataset) -> None:
             raise ConfigError(f"dataset.root: folder not found: {root}")
 
 
-def check_detect(det: Detect, dataset: Dataset) -> None:
+def check_detect(det: Detect, dataset: Dataset, folders: bool = True) -> None:
     if not det.enabled:
         return
     if det.root is None and dataset.source != "synthetic":
@@ -304,9 +304,14 @@ def check_detect(det: Detect, dataset: Dataset) -> None:
             "detect.root: required (a COCO folder or a VOCdevkit) unless dataset.source is "
             "'synthetic', or set detect.enabled: false"
         )
+    if folders:
+        check_detect_root(det)
+    check_detector(det)
+
+
+def check_detect_root(det: Detect) -> None:
     if det.root is not None and not Path(det.root).expanduser().is_dir():
         raise ConfigError(f"detect.root: folder not found: {det.root}")
-    check_detector(det)
 
 
 VOC_HAS_NO_MASKS = (
@@ -388,13 +393,16 @@ def check_claims(claims: Claims) -> None:
         )
 
 
-def validate(cfg: dict) -> dict:
-    """Validate a whole workflow config; returns it unchanged."""
+def validate(cfg: dict, folders: bool = True) -> dict:
+    """Validate a whole workflow config; returns it unchanged. ``folders``: that dataset.root
+    and detect.root exist too (the Snakefile leaves them to the jobs that read them, so that
+    `snakemake plan` runs before the data is staged)."""
     schema = load_schema()
     validate_schema(cfg, schema)
     typed = typed_config(cfg)
-    check_dataset(typed.dataset)
-    check_detect(typed.detect, typed.dataset)
+    if folders:
+        check_dataset(typed.dataset)
+    check_detect(typed.detect, typed.dataset, folders)
     check_pretrain(typed.pretrain)
     if typed.claims is not None:
         check_claims(typed.claims)

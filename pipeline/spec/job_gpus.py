@@ -17,13 +17,14 @@ def gres_gpus(gres) -> int | None:
 
 
 def check_ranks_fit(rule: str, ranks: int, key: str, profile_resources) -> None:
-    """Fail unless the profile's ``set-resources.<rule>.gres`` gives each of ``rule``'s jobs a
-    GPU per rank (``key``: the config key that sets the ranks). ``profile_resources``: Snakemake's
-    overwrite resources, rule -> {resource: value}."""
+    """Fail unless a gres the profile pins (``set-resources.<rule>.gres``; the rule's own is
+    "gpu:<ranks>") gives each of ``rule``'s jobs a GPU per rank (``key``: the config key that
+    sets the ranks). ``profile_resources``: Snakemake's overwrite resources, rule -> {resource: value}."""
     gres = (profile_resources or {}).get(rule, {}).get("gres")
     gpus = gres_gpus(gres)
     if gpus is not None and gpus < ranks:
         raise ConfigError(
             f"{key}: {ranks} ranks need {ranks} GPUs in each {rule} job, but the profile's "
-            f'set-resources.{rule}.gres gives {gres!r}: set gres: "gpu:{ranks}" there, or lower {key}'
+            f"set-resources.{rule}.gres gives {gres!r}: remove it there (the rule then asks for "
+            f'"gpu:{ranks}" itself), set "gpu:{ranks}", or lower {key}'
         )

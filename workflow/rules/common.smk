@@ -7,7 +7,7 @@ import sys
 
 # only pipeline.spec modules: building the DAG imports no torch
 from pipeline.spec.claims_plan import not_trained
-from pipeline.spec.config import load_schema, result_config, result_part
+from pipeline.spec.config import check_dataset, check_detect_root, load_schema, result_config, result_part
 from pipeline.spec.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, detects as cell_detects
 from pipeline.spec.grid import claims_budget
 from pipeline.spec.sections import JOBS, RUNTIME
@@ -94,6 +94,24 @@ def split_root(wildcards):
     return root
 
 
+def dataset_folder(wildcards):
+    """convert's input: the embedded set's folder; another source's folder is read by the job,
+    and is checked here, when a conversion is in the DAG, not when the Snakefile is read: a
+    `snakemake plan` needs no data."""
+    if CFG.dataset.source == "synthetic":
+        return [f"{R}/data/synthetic"]
+    check_dataset(CFG.dataset)  # dataset.root: folder not found: ...
+    return []
+
+
+def detection_folder(wildcards):
+    """detect's input: the embedded scenes, or none (detect.root, checked as dataset_folder)."""
+    if not CFG.detect.root:
+        return [f"{R}/data/synthetic"]
+    check_detect_root(CFG.detect)
+    return []
+
+
 def detection_root():
     """COCO-format folder of the detection transfer: the user's, or the embedded scenes."""
     return CFG.detect.root or f"{R}/data/synthetic/det"
@@ -113,6 +131,23 @@ def cell_runtime(wildcards):
 def cell_nodes(wildcards):
     """resources: nodes=cell_nodes, for rules with a {cell} wildcard."""
     return cell_resources(wildcards.cell)["nodes"]
+
+
+def cell_world(wildcards):
+    """Ranks of a cell's pretraining (nodes x ranks per node), which set its per-rank batch, BN
+    groups and crops: submitit's launch.slurm geometry; under a profile whose pretrain rule runs
+    srun (resource ``mpi``), its nodes (set-resources, else grid.resources) x tasks_per_node (or
+    its ``tasks``); else one process. The random-init baseline trains nothing: 1."""
+    launch = cell_launch(wildcards.cell)
+    if not params_of(wildcards.cell).pretrain.trains:
+        return 1
+    if launch.launcher == "submitit":
+        return launch.slurm.nodes * launch.slurm.tasks_per_node
+    res = profile_resources().get("pretrain", {})
+    if not res.get("mpi"):
+        return 1
+    nodes = int(res.get("nodes") or cell_nodes(wildcards))
+    return nodes * int(res["tasks_per_node"]) if res.get("tasks_per_node") else int(res.get("tasks") or nodes)
 
 
 def profile_resources():

@@ -21,7 +21,7 @@ rule synthetic:
 rule convert:
     """One split -> .beton + JSON report (source, counts, skipped files, resolutions, bytes)."""
     input:
-        lambda w: [f"{R}/data/synthetic"] if DS.source == "synthetic" else [],
+        dataset_folder,
     output:
         # data.loader: torchvision writes only the report (--report-only): no FFCV needed
         **({"beton": f"{CONVERTED}/{{split}}.beton"} if LOADER == "ffcv" else {}),

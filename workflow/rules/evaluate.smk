@@ -1,7 +1,11 @@
 # Stages 3 and 4: linear probe (+ kNN) on the frozen encoder, detection transfer.
 from pipeline.spec.job_gpus import check_ranks_fit
 
-# detect.ranks GPUs per detection job, or the DAG build stops here, before any submission
+# GPUs per job from the config: the probe runs one process, detection detect.ranks (torchrun
+# starts them inside the job's one task). A profile may pin another gres under set-resources (a
+# CPU cluster: ""); one that cannot give detect.ranks GPUs stops the DAG build here.
+PROBE_GRES = "gpu:1"
+DETECT_GRES = f"gpu:{CFG.detect.ranks}"
 if CFG.detect.enabled:
     check_ranks_fit("detect", CFG.detect.ranks, "detect.ranks", profile_resources())
 
@@ -20,6 +24,8 @@ rule probe:
     conda:
         CONDA_ENV
     threads: CFG.probe.threads
+    resources:
+        gres=PROBE_GRES,
     params:
         **job_config(lambda w: {"data": config["data"], "probe": config["probe"]}),
         py=PY,
@@ -36,7 +42,7 @@ rule detect:
     """One fine-tuning trial (seed = detect.seed + trial)."""
     input:
         checkpoint=cell_file(R, "{cell}", "checkpoint"),
-        data=[] if CFG.detect.root else f"{R}/data/synthetic",
+        data=detection_folder,
     output:
         cell_file(R, "{cell}", "detect_trial"),
     log:
@@ -46,6 +52,8 @@ rule detect:
     conda:
         CONDA_ENV
     threads: CFG.detect.threads
+    resources:
+        gres=DETECT_GRES,
     params:
         **job_config(lambda w: {"detect": result_part("detect", config["detect"], drop=(JOBS,))}),
         py=PY,

@@ -1,6 +1,8 @@
 # What the grid will cost, before it is submitted: per cell images x epochs and GPU-hours from
-# published throughput figures, the wall time at the profile's `jobs` limit, and every cell whose
-# estimate exceeds its time limit (pipeline.plan; python -m pipeline.plan runs it by hand).
+# published throughput figures for pretraining, probe and detection, the wall time at the
+# profile's `jobs` limit, and every job whose estimate exceeds its time limit, in its first
+# attempt or all of them (pipeline.plan; python -m pipeline.plan runs it by hand). It needs no
+# data: the Snakefile checks dataset.root and detect.root only for the jobs that read them.
 #
 #   snakemake plan --configfile workflow/config/presets/imagenet-mocov2.yaml
 #   PLAN_PROFILE=path/to/profile snakemake plan      # another profile than profiles/slurm

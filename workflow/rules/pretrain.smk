@@ -45,6 +45,9 @@ rule pretrain:
     params:
         **job_config(lambda w: {"data": config["data"], "pretrain": cell_pretrain(w.cell)}),
         py=PY,
+        # the world size is: a run on other ranks is another run (Snakemake compares it; the job
+        # does not read it, it finds its ranks in its environment)
+        world=cell_world,
         # functions of `resources`: how a cell is launched is not a params change (no rerun)
         srun=lambda w, resources: pretrain_launch.srun_prefix(resources, cell_launch(w.cell).launcher),
         module=lambda w, resources: pretrain_launch.module_args(
