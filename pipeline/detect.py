@@ -56,6 +56,7 @@ from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, FastRCNNPredictor, TwoMLPHead
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
+from torchvision.models.detection.rpn import RPNHead
 from torchvision.ops import FrozenBatchNorm2d, MultiScaleRoIAlign
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 from torchvision.transforms.functional import pil_to_tensor
@@ -228,8 +229,7 @@ def build_detector(ckpt: dict, dc: Detect, num_classes: int, source: str = "chec
             box_head=box_head,
             box_predictor=FastRCNNPredictor(stages[3], num_classes),
         )
-        if dc.task == "segmentation":
-            parts.update(c4_mask_parts(box_head, stages[3], num_classes))
+        mask_in = stages[3]  # the mask branch reads res5's output
     else:
         channels = dc.fpn_channels
         body = BackboneWithFPN(
@@ -251,8 +251,12 @@ def build_detector(ckpt: dict, dc: Detect, num_classes: int, source: str = "chec
             box_head=head,
             box_predictor=FastRCNNPredictor(BOX_HEAD_DIM, num_classes),
         )
-        if dc.task == "segmentation":
-            parts.update(fpn_mask_parts(channels, num_classes, norm))
+        mask_in = channels  # the mask branch reads the pyramid
+    # FasterRCNN would draw its RPN head here, after the box head: drawn explicitly, before any
+    # mask layer, a Mask R-CNN's detection part starts from the Faster R-CNN's weights
+    parts["rpn_head"] = RPNHead(body.out_channels, parts["rpn_anchor_generator"].num_anchors_per_location()[0])
+    if dc.task == "segmentation":
+        parts.update(mask_parts(dc, parts, mask_in, num_classes))
     rpn = dc.rpn
     # training draws each image's shorter side from train_sizes (multi-scale); test: image_size
     train_sizes = tuple(dc.train_sizes or (size,))
@@ -270,6 +274,16 @@ def build_detector(ckpt: dict, dc: Detect, num_classes: int, source: str = "chec
         box_batch_size_per_image=dc.roi_per_image,
         **parts,
     )
+
+
+def mask_parts(dc: Detect, parts: dict, channels: int, num_classes: int) -> dict:
+    """The mask branch (C4's or FPN's), drawn from a copy of the random stream: the detection
+    part's weights and the training's RoI sampling then draw what a Faster R-CNN's do, so that
+    the two tasks differ by the mask head and its loss alone (a paired comparison)."""
+    with torch.random.fork_rng(devices=[]):
+        if dc.head == "c4":
+            return c4_mask_parts(parts["box_head"], channels, num_classes)
+        return fpn_mask_parts(channels, num_classes, new_layer_norm(dc))
 
 
 def fpn_mask_parts(channels: int, num_classes: int, norm) -> dict:

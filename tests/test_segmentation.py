@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from test_detect import ARCH, TINY, ckpt_path, det_dir, voc_root  # noqa: F401 (fixtures)
+from torchvision.models.detection import roi_heads
 
 from pipeline import detect
 from pipeline.data.detection import DetectionSplit, load_splits
@@ -125,6 +126,57 @@ def test_mask_loss_goes_down_on_the_embedded_scenes(head, det_dir, ckpt_path):  
         sum(loss.values()).backward()
         opt.step()
     assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
+
+
+def _build(ckpt_path, task: str, head: str):  # noqa: F811 (the fixture's value)
+    """A detector built from seed 0, and the random stream's state after building it."""
+    torch.manual_seed(0)
+    det = detect.build_detector(checkpoint.load(ckpt_path), section("detect", {**TINY, "task": task, "head": head}), 11)
+    return det, torch.get_rng_state()
+
+
+@pytest.mark.parametrize("head", ["fpn", "c4"])
+def test_mask_rcnn_starts_from_the_faster_rcnns_weights(head, ckpt_path):  # noqa: F811
+    """Same checkpoint, same seed: a Mask R-CNN is the Faster R-CNN plus a mask branch. Every
+    tensor the two have in common is equal (the RPN head among them: drawn before the mask
+    layers) and the random stream, from which training samples its RoIs, is left where the
+    Faster R-CNN leaves it."""
+    faster, faster_rng = _build(ckpt_path, "detection", head)
+    mask, mask_rng = _build(ckpt_path, "segmentation", head)
+    own, shared = mask.state_dict(), faster.state_dict()
+    assert [k for k in own if k not in shared and not k.startswith("roi_heads.mask_")] == []
+    assert [k for k, v in shared.items() if not torch.equal(own[k], v)] == []
+    assert torch.equal(mask_rng, faster_rng)
+
+
+def _train_steps(det, images, targets, steps: int = 4) -> list[dict]:
+    """``steps`` SGD steps from seed 1 (the RoI samplers' draws); each step's box and RPN losses."""
+    torch.manual_seed(1)
+    det.train()
+    opt = torch.optim.SGD([p for p in det.parameters() if p.requires_grad], lr=0.02, momentum=0.9)
+    seen = []
+    for _ in range(steps):
+        loss = det(list(images), list(targets))
+        seen.append({k: float(v.detach()) for k, v in loss.items() if k != "loss_mask"})
+        opt.zero_grad()
+        sum(loss.values()).backward()
+        opt.step()
+    return seen
+
+
+@pytest.mark.parametrize("head", ["fpn", "c4"])
+def test_without_its_mask_loss_mask_rcnn_trains_as_faster_rcnn(head, det_dir, ckpt_path, monkeypatch):  # noqa: F811
+    """The mask branch must add its loss and nothing else: with that loss's gradient cut (x 0),
+    a Mask R-CNN's proposals, RoI sampling and box head train step for step as the Faster
+    R-CNN's from the same weights: the same RPN and box losses at every step."""
+    train, _ = load_splits(det_dir)
+    data = detect.CocoBoxes(train, masks=True)
+    images, targets = detect.collate([data[i] for i in range(4)])
+    boxes_only = [{k: v for k, v in t.items() if k != "masks"} for t in targets]
+    faster = _train_steps(_build(ckpt_path, "detection", head)[0], images, boxes_only)
+    real = roi_heads.maskrcnn_loss
+    monkeypatch.setattr(roi_heads, "maskrcnn_loss", lambda *args: 0 * real(*args))
+    assert _train_steps(_build(ckpt_path, "segmentation", head)[0], images, targets) == faster
 
 
 # --- data -----------------------------------------------------------------------------------------

@@ -138,6 +138,26 @@ def test_tiny_workflow_end_to_end(tiny_results):
     assert "Nothing to be done" in again
 
 
+def markdown_row(table, first: str) -> dict[str, str]:
+    """A Markdown table's row whose first cell is ``first``, by column header."""
+    lines = [ln for ln in table.read_text().splitlines() if ln.startswith("|")]
+    header, *body = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines[:1] + lines[2:]]
+    row = next(r for r in body if r[0] == first)
+    return dict(zip(header, row))
+
+
+@pytest.mark.slow
+def test_the_base_cells_mask_ap_in_the_tables(tiny_results):
+    """The tiny preset fine-tunes a Mask R-CNN (detect.task: segmentation): the base cell's
+    box and mask AP reach main.md and the segmentation table."""
+    det = json.loads((tiny_results / "cells" / "base" / "detect.json").read_text())
+    assert det["task"] == "segmentation" and 0.0 <= det["mask_AP50"] <= 100.0
+    for table in ("main", "segmentation"):
+        base = markdown_row(tiny_results / "tables" / f"{table}.md", "MoCo (base cell)")
+        for column in ("AP50", "mask AP50", "mask AP", "mask AP75"):
+            assert re.match(r"\d+\.\d", base[column]), (table, column, base)
+
+
 @pytest.mark.slow
 def test_exports_of_every_cell(tiny_results):
     """`snakemake exports`: each cell's weights with a sidecar, after the default target."""
