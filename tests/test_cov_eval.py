@@ -17,6 +17,8 @@ from pipeline import detect, probe
 from pipeline.convert import run as convert
 from pipeline.data.detection import DetectionDataError, DetectionSplit, coco_split, load_splits, voc_split, write_voc
 from pipeline.nets.models import build_backbone
+from pipeline.runtime import checkpoint
+from pipeline.runtime.distributed import DistEnv
 from pipeline.spec.config import ConfigError, section
 from pipeline.spec.sections import Convert
 
@@ -92,7 +94,8 @@ def test_non_finite_loss_stops_before_the_step_and_names_the_lr():
     batch = (torch.zeros(3, 8, 8), {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)})
     loader = torch.utils.data.DataLoader([batch] * 2, batch_size=1, collate_fn=detect.collate)
     with pytest.raises(FloatingPointError, match=r"at epoch 1 step 1; lower detect.lr \(now 0.02\)"):
-        detect.train(model, loader, section("detect", {"epochs": 1, "lr": 0.02}))
+        no_state = checkpoint.StageState(None, {}, DistEnv())  # nothing saved or resumed
+        detect.train(model, loader, section("detect", {"epochs": 1, "lr": 0.02}), no_state)
     assert float(model.w.detach()) == 0.0  # no step was taken with the NaN gradient
 
 

@@ -37,7 +37,7 @@ def test_nested_override_is_read_as_a_number_and_merged_key_by_key(tmp_path):
     out = dry_run(tmp_path, "pretrain={epochs: 50}").stdout
     assert '"epochs":50' in out and '"epochs":"50"' not in out
     assert '"method":"moco","schedule":"cosine"' in out  # the rest of the section is still there
-    assert pretraining_jobs(jobs_planned(out)) == 6
+    assert pretraining_jobs(jobs_planned(out)) == 9  # the demo's 3 cells x 3 seeds
 
 
 def test_override_reports_the_real_problem(tmp_path):
@@ -132,7 +132,7 @@ def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost
     from pipeline.spec.grid import claims_budget, claims_cells, group_id
 
     default = jobs_planned(dry_run(tmp_path).stdout)
-    assert default["probe"] == 6 and "claims" not in default  # the demo's base and random init, 3 seeds each
+    assert default["probe"] == 9 and "claims" not in default  # the demo's base, random init, supervised: 3 seeds
     proc = dry_run(tmp_path, target=["claims"])
     claims = jobs_planned(proc.stdout)
     typed = typed_config(validate(load_yaml(DEFAULT_CONFIG)))

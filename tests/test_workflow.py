@@ -302,7 +302,7 @@ def test_demo_long_is_the_demo_at_the_longer_schedule(tmp_path):
         ],
         timeout=120,
     ).stdout
-    assert pretraining_jobs(jobs_planned(out)) == 6
+    assert pretraining_jobs(jobs_planned(out)) == 9  # base, random init and supervised, 3 seeds each
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

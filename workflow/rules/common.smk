@@ -151,7 +151,7 @@ def cell_world(wildcards):
 
 
 def profile_resources():
-    """The profile's set-resources as given: rule -> {resource: its raw value, e.g. "gpu:1"}."""
+    """The profile's set-resources as given, keyed by each rule's name: {resource: its raw value, e.g. "gpu:1"}."""
     given = workflow.resource_settings.overwrite_resources or {}
     return {rule: {k: getattr(v, "raw", v) for k, v in res.items()} for rule, res in given.items()}
 
