@@ -18,7 +18,10 @@ from pipeline.spec.config import ConfigError, load_yaml, merge, typed_config, va
 from pipeline.spec.grid import cell_id, claims_cells, grid_cells, group_id
 
 # 10 classes x 5,000 images = 50,000 training images; batch 256: 195 steps per epoch, 2,925 in 15
-CLAIMS = {"epochs": 15, "long_epochs": 30, "seeds": 3, "m": [0.0, 0.5, 0.9, 0.99, 0.999, 0.9999], "K": [4096, 16384]}
+CLAIMS = {
+    **{"epochs": 15, "long_epochs": 30, "seeds": 3, "pilot_seeds": 2},
+    **{"m": [0.0, 0.5, 0.9, 0.99, 0.999, 0.9999], "K": [4096, 16384]},
+}
 CONFIG = {
     "dataset": {"source": "synthetic", "synthetic": {"train_per_class": 5000}},
     "pretrain": BASE,

@@ -279,10 +279,10 @@ def test_claims_plan_every_cell_at_the_claims_seeds(tmp_path, preset, trained, n
     # every m, K x policy cell, the memory bank and the long run: claims.seeds (3) each, paired
     compared = [r for r in roles if r.startswith(("m=", "K=")) or r in ("memory_bank", "long", "reference")]
     assert {ids[r] for r in compared} == {g for g in seeds if g != "method=random"}
-    # the reference's group (the base's m and K, FIFO: the same cell) also at the pilot seeds 3, 4
-    expected = {r: [0, 1, 2, 3, 4] if ids[r] == ids["reference"] else [0, 1, 2] for r in compared}
+    # the reference's group (the base's m and K, FIFO: the same cell) also at the 3 pilot seeds 3-5
+    expected = {r: [0, 1, 2, 3, 4, 5] if ids[r] == ids["reference"] else [0, 1, 2] for r in compared}
     assert {r: sorted(seeds[ids[r]]) for r in compared} == expected
-    assert sorted(seeds["method=random"]) == [0, 1, 2, 3, 4]  # random init, and at the pilot seeds 3, 4
+    assert sorted(seeds["method=random"]) == [0, 1, 2, 3, 4, 5]  # random init, and at the pilot seeds
     assert len(seeds) - 1 == trained  # trained groups (random init trains nothing)
     assert set(not_trained_claims(claims, claims_budget(typed))) == not_trained
 

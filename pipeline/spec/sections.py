@@ -298,9 +298,9 @@ class Claims:
     seeds: int = 3
     # seeds of the reference and random init beyond the compared ones (pretrain.seed + seeds ..):
     # whether the reference learnt something is read from them, never from the runs compared
-    pilot_seeds: int = 2
+    pilot_seeds: int = 3
     m: tuple = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999)
-    K: tuple = (64, 256)  # each under FIFO and random replacement
+    K: tuple = (128, 256)  # each under FIFO and random replacement
 
 
 @dataclass(frozen=True, kw_only=True)
