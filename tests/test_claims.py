@@ -11,9 +11,10 @@ import pytest
 from conftest import REPO, run
 from test_tables import BASE, fake_cell
 
-from pipeline.claims import NOT_RUN
+from pipeline.claims import NOT_RUN, Cells, pilot_gate
 from pipeline.claims import run as write_claims
 from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
+from pipeline.report.studies import collect
 from pipeline.spec.config import ConfigError, load_yaml, merge, typed_config, validate
 from pipeline.spec.grid import cell_id, claims_cells, grid_cells, group_id
 
@@ -385,3 +386,65 @@ def test_the_transfer_claim_judged_on_box_and_mask_ap(tmp_path):
     transfer_results(other, [17.0, 18.0, 19.0], [19.0, 20.5, 22.0])
     write_claims(other, TRANSFER)
     assert rows_by_claim(other)["transfer"]["verdict"] == CONTRADICTED
+
+
+# --- the branches the tests above leave out: no pilot, a failed pilot, transfer's gaps and holes --
+def test_without_pilot_seeds_the_gate_is_not_checked(tmp_path):
+    # claims.pilot_seeds = 0: no pilot runs, so nothing gates the accuracy claims; the needs say so
+    full_results(tmp_path, pilot=False)
+    write_claims(tmp_path, {**CONFIG, "claims": {**CLAIMS, "pilot_seeds": 0}})
+    rows = rows_by_claim(tmp_path)
+    assert rows["longer"]["needs"] == "the reference learnt something: not checked (claims.pilot_seeds = 0)"
+    assert rows["longer"]["verdict"] == rows["low m"]["verdict"] == rows["memory bank"]["verdict"] == HOLDS
+    # the gate itself, on the cells as run() reads them: no pilot seeds, nothing to say
+    cfg = {**CONFIG, "claims": {**CLAIMS, "pilot_seeds": 0}}
+    expected = {cid: c.stated(cfg["pretrain"]) for cid, c in claims_cells(typed_config(cfg)).items()}
+    typed = typed_config(cfg)
+    cells = Cells(collect(tmp_path, expected), typed, typed.claims, tmp_path)
+    assert list(cells.pilot_seeds) == [] and pilot_gate(cells) is None
+
+
+def test_a_failed_pilot_run_decides_no_accuracy_claim(tmp_path):
+    # the pilot reference collapsed at seed 3: of the pairs at seeds 3, 4 one failed; the other,
+    # 62 − 10.5 = 51.5, is shown but decides nothing
+    full_results(tmp_path, pilot=False)
+    pilot_results(tmp_path)
+    cell(tmp_path, seed_cell({"epochs": 15}, 3), 58.0, COLLAPSED)
+    write_claims(tmp_path, CONFIG)
+    got = verdicts(tmp_path)
+    why = f"{NOT_DECIDABLE} (pilot runs: 1 of 2 failed (Δ vs random init +51.5 (n=1)): needs a longer or stabler run)"
+    assert got["low m"] == got["longer"] == got["memory bank"] == why
+    assert got["fifo"] == got["key encoder"] == got["m = 0"] == HOLDS
+
+
+def test_the_transfer_claim_needs_grid_only_to_keep_both_cells(tmp_path):
+    write_claims(tmp_path, merge(TRANSFER, {"grid": {"only": ["base"]}}))
+    assert verdicts(tmp_path)["transfer"] == f"{NOT_DECIDABLE} (a priori: needs grid.only with both (now ['base']))"
+
+
+def test_a_transfer_metric_without_a_result_is_inconclusive(tmp_path):
+    # the base cell's detect.json lacks AP50 on every seed: that metric has no Δ, the rest hold
+    transfer_results(tmp_path, [19.0, 20.5, 22.0], [17.0, 18.0, 19.0])
+    for s in range(3):
+        path = tmp_path / "cells" / seed_cell({}, s) / "detect.json"
+        detect = json.loads(path.read_text())
+        for d in [detect, *detect["trials"]]:
+            d["AP50"] = None
+        path.write_text(json.dumps(detect))
+    write_claims(tmp_path, TRANSFER)
+    row = rows_by_claim(tmp_path)["transfer"]
+    assert row["verdict"] == INCONCLUSIVE
+    assert row["measured"].startswith("AP50: no result; AP: Δ +3.0 ± 2.5 (n=3)")
+
+
+def test_a_failed_transfer_seed_is_counted_not_averaged(tmp_path):
+    # MoCo's base cell diverged at seed 1: seeds 0, 2 pair. Box AP Δ 2, 4: mean 3, std 1.414,
+    # half 12.706 * 1.414 / sqrt 2 = 12.7; mask AP Δ 2, 3: mean 2.5, std 0.707, half 6.35
+    transfer_results(tmp_path, [19.0, 20.5, 22.0], [17.0, 18.0, 19.0])
+    path = tmp_path / "cells" / seed_cell({}, 1) / "pretrain" / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "failure": "diverged: loss nan at epoch 2"}))
+    write_claims(tmp_path, TRANSFER)
+    row = rows_by_claim(tmp_path)["transfer"]
+    assert row["verdict"] == INCONCLUSIVE
+    assert "AP: Δ +3.0 ± 12.7 (n=2), 1 of 3 seeds failed" in row["measured"]
+    assert "mask AP: Δ +2.5 ± 6.4 (n=2), 1 of 3 seeds failed" in row["measured"]

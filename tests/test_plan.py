@@ -236,3 +236,42 @@ def test_the_readmes_plan_is_what_the_command_prints():
         pytest.skip(f"{results} exists here: its conversion report would change the plan")
     out = run([sys.executable, *args], timeout=60).stdout
     assert out == found[2], f"README.md's plan is stale; the command prints:\n{out}"
+
+
+def test_a_pinned_gres_gives_the_gpus_per_node(tmp_path):
+    """No tasks_per_node: the pretrain rule's gres "gpu:a100:4" gives 4 GPUs per node; the detect
+    rule's gres (4 GPUs) differs from detect.ranks (2): the rendered plan notes it."""
+    resources = {"pretrain": {"gres": "gpu:a100:4"}, "detect": {"runtime": 20, "gres": "gpu:a100:4"}}
+    plan = make_plan(typed_config(config(tmp_path)), {**PROFILE, "set-resources": resources}, THROUGHPUT, DETECTION)
+    rows = {r["cell"]: r for r in plan["cells"]}
+    # base: 1 node x 4 GPUs; 2 GPU-hours (as in the hand-computed grid) / 4 = 0.5 h wall
+    assert (rows["base"]["nodes"], rows["base"]["gpus"]) == (1, 4)
+    assert rows["base"]["gpu_hours"] == pytest.approx(2.0) and rows["base"]["wall_h"] == pytest.approx(0.5)
+    # batch 512: 2 nodes x 4 GPUs = 8; 2 / 8 = 0.25 h
+    assert rows["batch_size=512"]["gpus"] == 8 and rows["batch_size=512"]["wall_h"] == pytest.approx(0.25)
+    assert (plan["detect"]["ranks"], plan["detect"]["profile_gpus"]) == (2, 4)
+    text = render(plan, "p")
+    assert "  note: detect.ranks is 2 but the profile's set-resources.detect.gres gives 4 GPU(s) per job" in text
+
+
+def test_without_any_figure_nothing_is_estimated(tmp_path):
+    """Empty throughput and detection tables: no pretraining, probe or detection figure, so no
+    GPU-hours at all and no wall time."""
+    plan = make_plan(typed_config(config(tmp_path)), PROFILE, (), ())
+    probe = {r["cell"]: r for r in plan["probes"]}["base"]
+    assert probe["gpu_hours"] is None and probe["note"] == "no training figure for resnet50"
+    det = plan["detect"]
+    assert det["gpu_hours"] is None and det["jobs"] == 2  # 1 cell x 2 trials
+    assert det["note"] == "not estimated (no figure for {'resnet50'} fpn detection)"
+    assert plan["gpu_hours"]["total"] == {}
+    text = render(plan, "p")
+    assert "Wall time at jobs: 2: not estimated (no job has a throughput figure)" in text
+    head = "Detection transfer: 2 jobs (1 cells x 2 trials), "
+    assert head + "not estimated (no figure for {'resnet50'} fpn detection)" in text.splitlines()
+
+
+def test_detection_without_iterations_is_not_estimated(tmp_path):
+    cfg = config(tmp_path)
+    cfg["detect"]["iterations"] = None
+    det = make_plan(typed_config(cfg), PROFILE, THROUGHPUT, DETECTION)["detect"]
+    assert det["gpu_hours"] is None and det["note"] == "not estimated (detect.iterations unset)"
