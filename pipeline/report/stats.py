@@ -93,7 +93,8 @@ def _interval(delta: Estimate, direction: int) -> tuple[float, float]:
     return (lo, hi) if direction > 0 else (-hi, -lo)
 
 
-def _ci_text(delta: Estimate) -> str:
+def ci_text(delta: Estimate) -> str:
+    """The 95 % CI of a Δ as the tables write it: "95 % CI [lo, hi]"."""
     assert delta.half is not None
     return f"95 % CI [{delta.mean - delta.half:+.1f}, {delta.mean + delta.half:+.1f}]"
 
@@ -109,10 +110,10 @@ def judge(delta: Estimate | None, direction: int = 1) -> tuple[str, str]:
         return INCONCLUSIVE, f"n = {delta.n}: no interval"
     lo, hi = _interval(delta, direction)
     if lo > 0:
-        return HOLDS, f"{_ci_text(delta)} excludes 0 on the claimed side"
+        return HOLDS, f"{ci_text(delta)} excludes 0 on the claimed side"
     if hi < 0:
-        return CONTRADICTED, f"{_ci_text(delta)} excludes 0 on the other side"
-    return INCONCLUSIVE, f"{_ci_text(delta)} includes 0"
+        return CONTRADICTED, f"{ci_text(delta)} excludes 0 on the other side"
+    return INCONCLUSIVE, f"{ci_text(delta)} includes 0"
 
 
 def judge_size(delta: Estimate | None, direction: int, magnitude: float) -> str | None:

@@ -556,14 +556,13 @@ def direction_sentence(row: str, ref: str, d: Delta | None, metric: str) -> str:
     """What a paired Δ says about the direction of a difference, and no more than its CI does."""
     if d is None or d.estimate is None:
         return f"{row} vs {ref}: no pair of seeds computed yet."
-    verdict, why = stats.judge(d.estimate)  # no claim here: "above" is the side it tests first
+    verdict, why = stats.judge(d.estimate)  # no claim here: a side is only a direction
     failed = f"; {d.failed} of {d.pairs} seed pairs failed and are not in it" if d.failed else ""
     head = f"{row} − {ref}, {metric}, paired by seed: Δ {d.estimate.text(signed=True)}{failed}"
-    ci = why.removesuffix(" on the claimed side").removesuffix(" on the other side")
     if verdict == stats.HOLDS:
-        return f"{head}: {row} is above {ref} on this data ({ci})."
+        return f"{head}: {row} is above {ref} on this data ({stats.ci_text(d.estimate)} excludes 0)."
     if verdict == stats.CONTRADICTED:
-        return f"{head}: {row} is below {ref} on this data ({ci})."
+        return f"{head}: {row} is below {ref} on this data ({stats.ci_text(d.estimate)} excludes 0)."
     return f"{head}: these runs show no direction ({why})."
 
 
