@@ -1,5 +1,5 @@
-"""Building the DAG: without torch, with command-line overrides read as the README documents
-them, one registry per list, and `snakemake --profile slurm` typed as is."""
+"""Building the DAG: without torch, with command-line overrides read as docs/configuration.md
+documents them, one registry per list, and `snakemake --profile slurm` typed as is."""
 
 import re
 import subprocess
@@ -32,7 +32,7 @@ def test_the_snakefile_leaves_snakemakes_expand_alone():
     assert not re.search(r"\bexpand\b", code)  # neither imported nor assigned over Snakemake's
 
 
-# --- the README's overrides, run as it shows them ----------------------------------------------
+# --- the overrides of docs/configuration.md, run as it shows them ------------------------------
 def test_nested_override_is_read_as_a_number_and_merged_key_by_key(tmp_path):
     out = dry_run(tmp_path, "pretrain={epochs: 50}").stdout
     assert '"epochs":50' in out and '"epochs":"50"' not in out

@@ -394,8 +394,8 @@ def test_paper_presets_hold_the_reference_settings():
     assert (v3["probe"]["protocol"], v3["probe"]["epochs"]) == ("mocov3", 90)
 
 
-# --- every paper preset against its reference, key by key (README: "preset vs reference") -------
-SOURCES = {  # the reference files the values below are read from (README: the same legend)
+# --- every paper preset against its reference, key by key (docs/configuration.md) -------------
+SOURCES = {  # the reference files the values below are read from (docs/configuration.md: the same legend)
     "moco": "facebookresearch/moco@7397dfe main_moco.py (v2: --mlp --moco-t 0.2 --aug-plus --cos)",
     "lincls": "facebookresearch/moco@7397dfe main_lincls.py",
     "ffcv": "libffcv/ffcv-imagenet write_imagenet.sh (500 0.50 90)",
@@ -533,21 +533,21 @@ REFERENCE = {  # preset -> [(key, the reference's value, where it is written)]
 }
 
 
-def readme_row(name: str, key: str, ours, ref, source: str) -> str:
-    """One row of the README's "preset vs reference" table."""
+def table_row(name: str, key: str, ours, ref, source: str) -> str:
+    """One row of the "preset vs reference" table in docs/configuration.md."""
     return f"| {name} | `{key}` | {ours!r} | {ref!r} | {source} |".replace("'", "")
 
 
-def test_the_readme_table_is_the_reference_table():
-    """README: "preset vs reference" holds every row of REFERENCE, with the preset's value."""
-    readme = (REPO / "README.md").read_text()
+def test_the_documented_table_is_the_reference_table():
+    """docs/configuration.md: "preset vs reference" holds every row of REFERENCE, with the preset's value."""
+    page = (REPO / "docs" / "configuration.md").read_text()
     rows = [
-        readme_row(name, key, _at(preset_config(name), key), ref, src)
+        table_row(name, key, _at(preset_config(name), key), ref, src)
         for name in REFERENCE
         for key, ref, src in REFERENCE[name]
     ]
-    assert [row for row in rows if row not in readme] == []
-    assert all(f"{tag}: {SOURCES[tag]}" in readme for tag in SOURCES)
+    assert [row for row in rows if row not in page] == []
+    assert all(f"{tag}: {SOURCES[tag]}" in page for tag in SOURCES)
 
 
 def _at(cfg: dict, key: str):
