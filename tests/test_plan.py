@@ -224,18 +224,18 @@ def test_the_coco_mask_rcnn_presets_are_costed():
         assert "Detection transfer (Mask R-CNN): " in render(plan, "profiles/slurm")
 
 
-def test_the_readmes_plan_is_what_the_command_prints():
-    """The README quotes `$ python -m pipeline.plan ...` and its output: run that command line and
-    compare, so the quote cannot go stale (a failure shows the output to paste)."""
-    readme = (REPO / "README.md").read_text()
-    found = re.search(r"```\n\$ (python -m pipeline\.plan [^\n]*)\n(.*?)```", readme, re.S)
-    assert found, "README.md: no quoted `$ python -m pipeline.plan ...` block"
+def test_the_documented_plan_is_what_the_command_prints():
+    """docs/cost-model.md quotes `$ python -m pipeline.plan ...` and its output: run that command
+    line and compare, so the quote cannot go stale (a failure shows the output to paste)."""
+    page = (REPO / "docs" / "cost-model.md").read_text()
+    found = re.search(r"```\n\$ (python -m pipeline\.plan [^\n]*)\n(.*?)```", page, re.S)
+    assert found, "docs/cost-model.md: no quoted `$ python -m pipeline.plan ...` block"
     args = shlex.split(found[1])[1:]
     results = next(a.split("=", 1)[1] for a in args if a.startswith("results="))
     # a clean checkout (CI's) has no such folder; a developer's may: skip there, fail in CI
     require(not (REPO / results).exists(), f"{results} exists here: its conversion report would change the plan")
     out = run([sys.executable, *args], timeout=60).stdout
-    assert out == found[2], f"README.md's plan is stale; the command prints:\n{out}"
+    assert out == found[2], f"docs/cost-model.md's plan is stale; the command prints:\n{out}"
 
 
 def test_a_pinned_gres_gives_the_gpus_per_node(tmp_path):
