@@ -5,8 +5,8 @@ tests/test_slurm.py submits the site profile for real and checks every recorded 
 (partitions, time limits, memory, cores, requeue, the pretraining's nodes, ranks per node and
 warning signal, kept logs); it overrides only the account, the gres and the sizes two small
 nodes cannot hold (tests/site_profile.py). Those site values are checked here: the GPUs per
-node and per job, the account, the pretraining's cores and memory, and the README's recipe for
-nodes with one GPU each."""
+node and per job, the account, the pretraining's cores and memory, and the recipe of
+docs/cluster.md for nodes with one GPU each."""
 
 import re
 from importlib.metadata import version
@@ -105,13 +105,13 @@ def test_the_site_values_the_test_cluster_overrides(lines):
 
 
 def test_the_one_gpu_per_node_recipe_builds_a_clean_line(lines, tmp_path):
-    """The README's recipe for nodes with one GPU each (tasks, tasks_per_gpu 0)."""
+    """docs/cluster.md's recipe for nodes with one GPU each (tasks, tasks_per_gpu 0)."""
     from pipeline.launch import srun_prefix
 
     profile = tmp_path / "profile"
     profile.mkdir()
     text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
-    recipe = re.search(r"```yaml\n(  pretrain:\n.*?)```", (REPO / "README.md").read_text(), re.S)[1]
+    recipe = re.search(r"```yaml\n(  pretrain:\n.*?)```", (REPO / "docs" / "cluster.md").read_text(), re.S)[1]
     text, replaced = re.subn(r"\n  pretrain:[^\n]*\n(?:    [^\n]*\n)*", "\n" + recipe, text)
     assert replaced == 1
     (profile / "config.yaml").write_text(text)
