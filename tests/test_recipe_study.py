@@ -1,5 +1,5 @@
 """The recipe study (python -m pipeline.bench recipe): its held-out split, its candidates' knobs
-and its summary (no training here; the study itself is run by hand, see README)."""
+and its summary (no training here; the study itself is run by hand, see docs/embedded-data.md)."""
 
 import pytest
 import torch
@@ -68,7 +68,7 @@ def test_summary_reports_mean_spread_failures_and_the_slow_cpu_estimate():
         70,
         45,
     )
-    # 400 steps of 64 images on the slow CPU: 218 s, the README's 206 s and 229 s of the old base cell
+    # 400 steps of 64 images on the slow CPU: 218 s, the mean of the old base cell's 206 s and 229 s
     assert (old["seconds"], old["slow_cpu_s"], old["failed"]) == (105, 218, 0)
     assert (other["n"], other["failed"]) == (1, 1)
     # random init on the same data (the old one): mean 25; margins by seed 60 - 30, 70 - 20
