@@ -1,0 +1,217 @@
+"""The README and the pages under docs/ (issue 38): the README stays a short manual, each page
+says first what it answers, every repository path and module they name exists, every results/
+path is one the workflow writes, and every relative link between them resolves (file and
+heading)."""
+
+import glob
+import re
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from pipeline.spec.layout import CELL_FILES, CLAIMS_TABLES, STUDY_NAMES
+
+README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+IDS = [str(p.relative_to(REPO)) for p in PAGES]
+MAX_README_LINES = 300  # what it is, two commands, concepts, layout, extending; the rest in docs/
+
+# A name is read as a repository path when its first part is one of these (the tracked top level).
+ROOTS = {
+    ".ci",
+    ".gitignore",
+    "Makefile",
+    "README.md",
+    "Snakefile",
+    "bench",
+    "docs",
+    "pipeline",
+    "profiles",
+    "pyproject.toml",
+    "requirements-test.txt",
+    "requirements.lock",
+    "requirements.txt",
+    "tests",
+    "workflow",
+}
+# bench/out/ holds the benchmarks' JSON, one file per benchmark run: written at run time, ignored
+# by git, and named by a template (`bench/out/<name>.json`), so there is nothing to look for.
+SKIPPED = ("bench/out/",)
+
+
+def run_outputs() -> set[str]:
+    """What a run writes directly under results/ (a clean checkout has none of it, so a results/
+    path is checked against this instead): the folders the rules and pipeline.spec.layout name,
+    the recipe study's default --out folder and the HTML report's file."""
+    rules = "\n".join(p.read_text() for p in [REPO / "Snakefile", *(REPO / "workflow" / "rules").glob("*.smk")])
+    layout = (REPO / "pipeline" / "spec" / "layout.py").read_text()
+    recipe = (REPO / "pipeline" / "bench" / "recipe.py").read_text()
+    found = set(re.findall(r"\{R\}/(\w+)", rules)) | set(re.findall(r"\{results\}/(\w+)", layout))
+    found |= set(re.findall(r'"--out", default="results/(\w+)', recipe))
+    return found | {"report.html"}  # snakemake --report results/report.html
+
+
+OUTPUTS = run_outputs()
+TABLES = {*STUDY_NAMES, *CLAIMS_TABLES, "main", "all", "cells"}  # the tables stage's files
+
+CODE_SPAN = re.compile(r"`((?:[^`\n]|\n(?!\n))+)`")  # a span may wrap, not cross a paragraph
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+TEMPLATE = re.compile(r"<[^<>]*>|\{[^{},]*\}|\*|…|\.\.\.")  # a placeholder: any name fits
+CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")  # {train,val}: each of them must exist
+
+
+def named_paths(text: str) -> list[str]:
+    """The repository and results/ paths a page names in code spans and code blocks."""
+    spans = CODE_SPAN.findall(FENCE.sub("", text)) + FENCE.findall(text)
+    found = []
+    for span in spans:
+        for token in span.split():
+            token = token.strip("()[],;:'\"").split("::")[0].rstrip(".,;:")
+            first = token.split("/")[0]
+            if (first in ROOTS or first == "results" and "/" in token) and not token.startswith(SKIPPED):
+                found.append(token)
+    return found
+
+
+def choices(path: str) -> list[str]:
+    """`a/{b,c}.md` as `a/b.md` and `a/c.md`."""
+    choice = CHOICE.search(path)
+    if not choice:
+        return [path]
+    return [p for c in choice[1].split(",") for p in choices(path[: choice.start()] + c + path[choice.end() :])]
+
+
+def exists(path: str) -> bool:
+    """A path, or a template (`<cell>`, `…`) that some path fits; `{a,b}`: each of them.
+    Under results/: a name the workflow writes there."""
+    for one in choices(path):
+        if one.startswith("results/"):
+            parts = one.split("/")[1:]
+            if parts[0] and not TEMPLATE.fullmatch(parts[0]) and parts[0] not in OUTPUTS:
+                return False
+            if parts[0] == "tables" and len(parts) > 1 and parts[1] and not TEMPLATE.match(parts[1]):
+                if parts[1].split(".")[0] not in TABLES:
+                    return False
+            if parts[0] == "cells" and len(parts) > 2 and parts[2]:
+                if not any(f.startswith(parts[2]) for f in [*CELL_FILES.values(), "tensorboard/"]):
+                    return False
+        elif not TEMPLATE.search(one):
+            if not (REPO / one).exists():
+                return False
+        elif not glob.glob(str(REPO / TEMPLATE.sub("*", one))):
+            return False
+    return True
+
+
+def named_modules(text: str) -> list[str]:
+    """`python -m pipeline.<stage>` (and `pipeline.bench <name>`) as the file each one runs."""
+    files = []
+    for module, bench in re.findall(r"python -m (pipeline(?:\.\w+)+)(?: (\w+))?", text):
+        path = module.replace(".", "/")
+        files.append(f"{path}/__main__.py" if (REPO / path).is_dir() else f"{path}.py")
+        if module == "pipeline.bench" and bench:
+            files.append(f"pipeline/bench/{bench}.py")
+    return files
+
+
+def anchors(page: Path) -> set[str]:
+    """The heading anchors GitHub gives a page: lower case, punctuation dropped, spaces to '-'."""
+    headings = re.findall(r"^#{1,6}\s+(.+?)\s*$", FENCE.sub("", page.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def broken_links(page: Path) -> list[str]:
+    broken = []
+    for target in LINK.findall(FENCE.sub("", page.read_text())):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists() or anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(target)
+    return broken
+
+
+def test_the_readme_is_a_short_manual():
+    text = README.read_text()
+    lines = text.splitlines()
+    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines, at most {MAX_README_LINES}"
+    quick = text[text.index("## Quick start") :]
+    quick = quick[: quick.index("\n## ", 1)]
+    assert "make demo" in quick and "make test" in quick
+    for page in PAGES[1:]:  # the README is the index of the pages
+        assert f"(docs/{page.name})" in text, f"README.md does not link docs/{page.name}"
+
+
+@pytest.mark.parametrize("page", PAGES[1:], ids=IDS[1:])
+def test_every_page_starts_with_what_it_answers(page):
+    assert re.search(r"answers:", page.read_text()[:600], re.I), f"{page.name}: no 'answers:' at its top"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=IDS)
+def test_every_path_a_page_names_exists(page):
+    missing = sorted({p for p in named_paths(page.read_text()) if not exists(p)})
+    assert not missing, f"{page.relative_to(REPO)} names paths that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=IDS)
+def test_every_named_test_and_module_exists(page):
+    """`tests/test_x.py::test_y`: the file has that test; `python -m pipeline.x`: the module exists."""
+    text = page.read_text()
+    missing = sorted({f for f in named_modules(text) if not (REPO / f).exists()})
+    for file, name in re.findall(r"(tests/\w+\.py)::(\w+)", text):
+        if not re.search(rf"^def {name}\(", (REPO / file).read_text(), re.M):
+            missing.append(f"{file}::{name}")
+    assert not missing, f"{page.relative_to(REPO)} names what does not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=IDS)
+def test_every_relative_link_resolves(page):
+    broken = broken_links(page)
+    assert not broken, f"{page.relative_to(REPO)} links to what does not exist: {broken}"
+
+
+def test_every_docs_page_the_code_names_exists():
+    """Comments, help texts and config files that send a reader to a page under docs/."""
+    missing = []
+    for root in ROOTS - {"README.md", "docs"}:
+        top = REPO / root
+        for path in [top] if top.is_file() else top.rglob("*"):
+            if path.is_file() and path.suffix in ("", ".py", ".smk", ".yaml", ".sh", ".toml", ".txt"):
+                for name in re.findall(r"docs/[\w./-]*\w", path.read_text(errors="replace")):
+                    if not (REPO / name).exists():
+                        missing.append(f"{path.relative_to(REPO)}: {name}")
+    assert not missing, missing
+
+
+def test_the_checks_can_fail(tmp_path):
+    """Each reader finds what is missing: a path, a template, a choice, a results/ name, a
+    module, a link and a heading."""
+    text = (
+        "`pipeline/nowhere.py` and `python -m x --config workflow/config/presets/<nope>-x.yaml` "
+        "`results/README.md` `results/tables/nowhere.md` `bench/out/<name>.json`\n"
+        "```\nbench/gpu_check.sh [--dry]\n```\n"
+    )
+    paths = named_paths(text)
+    assert paths == [
+        "pipeline/nowhere.py",
+        "workflow/config/presets/<nope>-x.yaml",
+        "results/README.md",
+        "results/tables/nowhere.md",
+        "bench/gpu_check.sh",
+    ]
+    assert [exists(p) for p in paths] == [False, False, False, False, True]
+    assert exists("workflow/config/presets/<paper-scale>.yaml") and exists("pipeline/data/{sources,loaders}.py")
+    assert not exists("pipeline/data/{sources,nowhere}.py")
+    assert exists("results/tables/<study>.{md,csv,tex}") and exists("results/cells/<cell>/probe.json")
+    assert not exists("results/cells/<cell>/nowhere.json") and not exists("results/data2/")
+    assert named_modules("`python -m pipeline.bench nowhere`, `python -m pipeline.nowhere --help`") == [
+        "pipeline/bench/__main__.py",
+        "pipeline/bench/nowhere.py",
+        "pipeline/nowhere.py",
+    ]
+    page = tmp_path / "page.md"
+    page.write_text("# A heading\n\n[a](#a-heading) [b](#nowhere) [c](nowhere.md) [d](https://example.org)\n")
+    assert broken_links(page) == ["#nowhere", "nowhere.md"]
