@@ -39,8 +39,9 @@ from pipeline.spec.sections import Synthetic
 
 # The slow CPU of this machine kind (AMD EPYC, AVX2, no AVX-512) ran the old base cell's 400
 # steps of 64 images (ResNet-18 width 16, 32 px, one thread beside another job, as the demo runs
-# its jobs) in 206 s and 229 s (README): ~218 s / 25,600 images. A candidate's slow-CPU time is
-# estimated from the images it trains on; valid for width 16 at 32 px only (others: not estimated).
+# its jobs) in 206 s and 229 s (measured for issue 30, commit 48a8f07): ~218 s / 25,600 images.
+# A candidate's slow-CPU time is estimated from the images it trains on; valid for width 16 at
+# 32 px only (others: not estimated).
 SLOW_CPU_S_PER_IMAGE = 218 / (400 * 64)
 BAR_TOP1, BAR_SECONDS = 60.0, 300.0  # every seed >= 60 % within 5 min on the slow CPU (issue 30)
 # issue 34: data on which untrained features stay far from the class (random init <= 35 %), and

@@ -25,7 +25,7 @@ M = TypeVar("M", bound=nn.Module)
 
 MAX_SPLITS = 8  # the official single-GPU demo's bn_splits
 # below this, prefer fewer, larger sub-batches: 2 of 32 learnt more reliably than 4 of 16 on the
-# demo's batch of 64 (python -m pipeline.bench recipe, README)
+# demo's batch of 64 (python -m pipeline.bench recipe, docs/embedded-data.md)
 MIN_IMAGES_PER_SPLIT = 32
 
 

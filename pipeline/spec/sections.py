@@ -25,7 +25,7 @@ INIT = "init"  # pretrain: with the seed, all an untrained (random-init) network
 def runtime(default, unless=None):
     """A RUNTIME key; ``unless(section)`` names the sections where it does change the result.
     Thread and worker counts change float rounding only (the order of summed terms, measured
-    in README "Rerunning"): the same experiment, as on a GPU run to run."""
+    in docs/methods.md, "A run resumes only from its own state"): the same experiment, as on a GPU run to run."""
     return field(default=default, metadata={"sets": RUNTIME, "unless": unless})
 
 
