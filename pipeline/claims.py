@@ -89,7 +89,8 @@ class Cells:
         self.claims, base = claims, to_dict(cfg.pretrain)
         self.cfg = cfg  # the transfer claim reads the main grid's detection settings
         self.pilot_seeds = range(
-            cfg.pretrain.seed + claims.seeds, cfg.pretrain.seed + claims.seeds + claims.pilot_seeds
+            claims.seed(cfg.pretrain.seed) + claims.seeds,
+            claims.seed(cfg.pretrain.seed) + claims.seeds + claims.pilot_seeds,
         )
         pilot = df.apply(seed_of, axis=1).isin(self.pilot_seeds) if not df.empty else pd.Series(dtype=bool)
         self.gs, self.pilot_gs = groups(df[~pilot]), groups(df[pilot])

@@ -28,6 +28,7 @@ CONFIG = {
     "pretrain": BASE,
     "probe": {"mode": "cached", "epochs": 100},
     "grid": {"seeds": 1},
+    "detect": {"task": "detection", "cells": ["base"]},  # no Mask R-CNN, no supervised: transfer undecidable
     "claims": CLAIMS,
 }
 # 200,000 training images: K = 16,384 is below a tenth of them, so the queue claim is decidable

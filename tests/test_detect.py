@@ -23,6 +23,7 @@ from pipeline.synthetic import run as generate
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
 TINY = {
+    "task": "detection",  # Faster R-CNN; tests/test_segmentation.py covers Mask R-CNN
     "epochs": 1,
     "batch_size": 4,
     "lr": 0.01,
@@ -503,7 +504,8 @@ def test_embedded_scenes_as_a_voc_devkit(det_dir, tmp_path):
         {"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
         for a in val.coco["annotations"]
     ]
-    m = detect.evaluate(val, truth, section("detect", {"voc_metric": "auto"}))
+    m = detect.evaluate(val, truth, section("detect", {"task": "detection", "voc_metric": "auto"}))
     assert m["AP50"] == m["AP"] == pytest.approx(100.0) and m["coco_style"]["AP"] == pytest.approx(100.0)
     assert m["protocol"].startswith("VOC 11point")
-    assert detect.evaluate(val, truth, section("detect", {"voc_metric": "area"}))["protocol"].startswith("VOC area")
+    area = detect.evaluate(val, truth, section("detect", {"task": "detection", "voc_metric": "area"}))
+    assert area["protocol"].startswith("VOC area")

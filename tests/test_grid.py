@@ -287,6 +287,23 @@ def test_claims_plan_every_cell_at_the_claims_seeds(tmp_path, preset, trained, n
     assert set(not_trained_claims(claims, claims_budget(typed))) == not_trained
 
 
+def test_a_confirmatory_claims_run_uses_only_fresh_seeds(tmp_path):
+    """claims.first_seed 10: the compared cells at seeds 10-12, the pilot at 13-15; no cell at
+    the base's seeds 0-2, whose runs an earlier study may have seen."""
+    overrides = [f"results={tmp_path}", "claims={first_seed: 10}"]
+    typed = typed_config(load_config(["workflow/config/presets/cifar10.yaml"], overrides))
+    seeds = {}
+    for cid, cell in claims_cells(typed).items():
+        seeds.setdefault(group_id(cid), set()).add(cell.pretrain.seed)
+    ids = {
+        role: group_id(cell_id(to_dict(typed.pretrain), {**to_dict(typed.pretrain), **o}))
+        for role, o in claims_overrides(typed.claims, typed.pretrain).items()
+    }
+    assert seeds[ids["reference"]] == seeds["method=random"] == {10, 11, 12, 13, 14, 15}
+    assert seeds[ids["long"]] == seeds[ids["memory_bank"]] == {10, 11, 12}
+    assert set().union(*seeds.values()) == set(range(10, 16))
+
+
 def test_a_folder_dataset_without_its_size_fails_the_claims_plan(tmp_path):
     cfg = load_config(["workflow/config/presets/imagenet-mocov2.yaml"], [f"results={tmp_path}"])
     cfg["dataset"]["train_images"] = None

@@ -35,7 +35,8 @@ def config(tmp_path) -> dict:
             "data": {"crop_size": 224},
             "pretrain": {"backbone": "resnet50", "width": 64, "cifar_stem": False, "epochs": 36, "batch_size": 256,
                          "K": 4096},
-            "detect": {"enabled": True, "cells": ["base"], "head": "fpn", "iterations": 900, "batch_size": 8,
+            "detect": {"enabled": True, "cells": ["base"], "task": "detection", "head": "fpn", "iterations": 900,
+                       "batch_size": 8,
                        "ranks": 2, "trials": 2},
         },
     )  # fmt: skip

@@ -80,6 +80,7 @@ def reference(cluster, ffcv_small, tmp_path_factory) -> dict:
         "--ntasks-per-node=1",
         "--cpus-per-task=1",
         "--partition=gpu",
+        "--wait=60",  # as the pretrain rule's srun: a rank that dies ends the others (no hang)
         "--export=ALL,SUBMITIT_EXECUTOR=slurm",
         sys.executable,
         "-m",

@@ -38,7 +38,7 @@ CONFIG = {
     "dataset": {"source": "synthetic", "synthetic": {"train_per_class": 500}},
     "pretrain": BASE,
     "probe": {"mode": "cached", "epochs": 100},
-    "detect": {"enabled": True, "epochs": 8},
+    "detect": {"enabled": True, "task": "detection", "epochs": 8},  # boxes only: Faster R-CNN
     "grid": {
         "one_at_a_time": {
             "K": [1024, 16384],

@@ -366,6 +366,7 @@ def test_paper_presets_hold_the_reference_settings():
         "epochs": 100,
         "long_epochs": 200,
         "seeds": 3,
+        "first_seed": None,
         "pilot_seeds": 3,
         "m": [0.0, 0.5, 0.9, 0.99, 0.999, 0.9999],
         "K": [16384, 65536],

@@ -140,8 +140,10 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
     queue policy and the memory bank; the reference trained ``claims.long_epochs``; random init
     (m = 0's direct measure); and the pilot: the reference and random init at the seeds after
     the compared ones (whether the reference learnt something, never compared)."""
-    short = {"epochs": claims.epochs}
-    pilot = {"seed": base.seed + claims.seeds}
+    first = claims.seed(base.seed)
+    start = {} if first == base.seed else {"seed": first}  # at the base's seed a cell's id has none
+    short = {"epochs": claims.epochs, **start}
+    pilot = {"seed": first + claims.seeds}
 
     def policy(name):  # the base's own policy (unset: FIFO) is the same cell as the base's
         return {} if name == base.queue_policy else {"queue_policy": name}
@@ -151,8 +153,8 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
         **{f"m={m}": {**short, "m": m} for m in claims.m},
         **{f"K={k},{p}": {**short, "K": k, **policy(p)} for k in claims.K for p in QUEUE_POLICIES},
         "memory_bank": {**short, "mechanism": "memory_bank"},
-        "long": {"epochs": claims.long_epochs},
-        "random": {"method": "random"},  # the grid's baseline cell: no training, any length
+        "long": {"epochs": claims.long_epochs, **start},
+        "random": {"method": "random", **start},  # the grid's baseline cell: no training, any length
         "pilot": {**short, **pilot},
         "pilot_random": {"method": "random", **pilot},
     }

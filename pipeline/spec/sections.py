@@ -190,12 +190,12 @@ class Voc:
 @dataclass(frozen=True, kw_only=True)
 class Detect:
     enabled: bool = marked(True, JOBS)
-    cells: tuple[str, ...] = marked(("base",), JOBS)  # or ("all",)
+    cells: tuple[str, ...] = marked(("base", "method=supervised"), JOBS)  # or ("all",)
     root: str | None = None  # COCO folder or VOCdevkit; None: the embedded scenes
     dataset: str = "auto"  # layout of root: auto | coco | voc
     voc: Voc = field(default_factory=Voc)
     head: str = "fpn"  # fpn | c4
-    task: str = "detection"  # detection: Faster R-CNN, box AP | segmentation: Mask R-CNN, box and mask AP
+    task: str = "segmentation"  # segmentation: Mask R-CNN, box and mask AP | detection: Faster R-CNN, box AP
     epochs: int = 4
     batch_size: int = 4
     lr: float = 0.02
@@ -295,12 +295,19 @@ class Claims:
 
     epochs: int = 9
     long_epochs: int = 18
-    seeds: int = 3
-    # seeds of the reference and random init beyond the compared ones (pretrain.seed + seeds ..):
+    seeds: int = 5
+    # the compared runs' seeds are first_seed, first_seed + 1, ... (None: pretrain.seed); another
+    # first_seed repeats the whole study on seeds no earlier run saw (a confirmatory run)
+    first_seed: int | None = None
+    # seeds of the reference and random init beyond the compared ones (first_seed + seeds ..):
     # whether the reference learnt something is read from them, never from the runs compared
     pilot_seeds: int = 3
     m: tuple = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999)
     K: tuple = (128, 256)  # each under FIFO and random replacement
+
+    def seed(self, base_seed: int) -> int:
+        """The first compared seed: ``first_seed``, else the base cell's."""
+        return base_seed if self.first_seed is None else self.first_seed
 
 
 @dataclass(frozen=True, kw_only=True)
