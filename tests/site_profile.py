@@ -78,9 +78,21 @@ def pin_resource(text: str, rule: str, key: str, value) -> str:
     return new
 
 
-def derive(dest: Path) -> Path:
-    """dest/config.yaml: profiles/slurm with the overrides above; returns dest (a profile folder)."""
+def one_process_pretraining(text: str) -> str:
+    """The pretrain rule without srun: one process in a one-core job, as the profile runs a rule
+    it gives no ``mpi`` (``tasks_per_node`` goes with it: the plugin reads it for srun jobs only)."""
+    new, n = re.subn(r"^    (?:mpi|tasks_per_node): [^\n]*\n", "", text.split("\n  pretrain:", 1)[1], flags=re.M)
+    if n != 2:
+        raise ValueError(f"profiles/slurm's pretrain rule has {n} of its mpi and tasks_per_node lines, expected 2")
+    return text.split("\n  pretrain:", 1)[0] + "\n  pretrain:" + new
+
+
+def derive(dest: Path, one_process: bool = False) -> Path:
+    """dest/config.yaml: profiles/slurm with the overrides above; returns dest (a profile folder).
+    ``one_process``: every pretraining one process (one_process_pretraining)."""
     text = SITE_PROFILE.read_text()
+    if one_process:
+        text = one_process_pretraining(text)
     for name, value in SITE_OVERRIDES.items():
         text = set_anchor(text, name, value)
     for key, value in LOCAL_SETTINGS.items():

@@ -1,5 +1,6 @@
-"""A grid of 30 tiny cells (3 seeds x 2 K x 5 m) through the site profile (tests/site_profile.py)
-on the local two-node SLURM cluster, with two faults during the run:
+"""A grid of 30 tiny cells (3 seeds x 2 K x 5 m) through the site profile (tests/site_profile.py;
+each pretraining one process, not srun) on the local two-node SLURM cluster, with two faults
+during the run:
 
 - one pretraining job cancelled mid-run (``scancel``: SIGTERM, the state is saved, the job ends
   CANCELLED): Snakemake's retry (restart-times) submits it again and it resumes;
@@ -164,14 +165,17 @@ def bring_back(node: str) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_grid_of_30_cells_survives_a_cancelled_job_and_a_lost_node(cluster, site_profile_dir, tmp_path):
+def test_grid_of_30_cells_survives_a_cancelled_job_and_a_lost_node(cluster, tmp_path):
+    # each pretraining one process in a one-core job: a job's cost here is its processes' start
+    # (Python, torch), and the 2-rank, 2-node geometry is test_slurm.py's site run
+    profile = site_profile.derive(tmp_path / "profile", one_process=True)
     bin_dir, calls_log = site_profile.sbatch_wrapper(tmp_path, sys.executable)
     config = tmp_path / "grid.yaml"
     config.write_text(json.dumps(GRID))
     results, output = tmp_path / "results", tmp_path / "snakemake.out"
     cmd = [
         *("timeout", "-s", "KILL", "840"),
-        *(snakemake_bin(), "--profile", site_profile_dir, "--configfile", TINY, config),
+        *(snakemake_bin(), "--profile", profile, "--configfile", TINY, config),
         *("--config", f"results={results}", "--slurm-logdir", tmp_path / "slurm_logs"),
     ]
     controller = cluster.procs["slurmctld"].pid
