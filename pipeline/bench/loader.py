@@ -32,6 +32,7 @@ from pipeline.data.loaders import Reading, Views
 from pipeline.spec.sections import Convert
 
 CLASSES = 10
+IMAGES_PER_TASK = 64  # images a pool worker writes per task
 
 
 def _save_image(job) -> None:
@@ -53,8 +54,14 @@ def make_images(folder: Path, n: int, size: int, quality: int, workers: int) -> 
     for name in NAMES[:CLASSES]:
         (folder / "images" / name).mkdir(parents=True, exist_ok=True)
     jobs = [(str(folder / "images"), i % CLASSES, i // CLASSES, size, quality) for i in range(n)]
-    with get_context("fork").Pool(workers) as pool:
-        pool.map(_save_image, jobs, chunksize=64)
+    if workers <= 1 or n <= workers * IMAGES_PER_TASK:  # a pool would not share the work out
+        for job in jobs:
+            _save_image(job)
+    else:
+        # spawn, not fork: the caller may have threads (torch's, FFCV's, a test runner's), and a
+        # forked worker hung once in the test suite, its pool never joined
+        with get_context("spawn").Pool(workers) as pool:
+            pool.map(_save_image, jobs, chunksize=IMAGES_PER_TASK)
     done.write_text(json.dumps({"images": n, "size": size, "quality": quality}))
     return folder / "images"
 
