@@ -47,3 +47,16 @@ def test_later_jobs_reuse_compiled_pipelines_and_a_changed_one_recompiles(ffcv_s
     assert (first["value"], second["value"]) == (1.0, 1.0)
     assert changed["value"] == 2.0  # a changed pipeline is compiled anew, not served from the cache
     assert changed["cache_misses"] == second["cache_misses"] + 1
+
+
+def test_cache_stats_sums_every_compiled_functions_hits_and_misses(monkeypatch):
+    """Two compiled functions: hits 2 + 1 (two signatures) and 0; misses 1 and 3: 3 hits, 4 misses."""
+    from types import SimpleNamespace
+
+    from pipeline.data import ffcv_runtime
+
+    def compiled(hits: dict, misses: dict):
+        return SimpleNamespace(stats=SimpleNamespace(cache_hits=hits, cache_misses=misses))
+
+    monkeypatch.setattr(ffcv_runtime, "COMPILED", [compiled({"a": 2, "b": 1}, {"a": 1}), compiled({}, {"c": 3})])
+    assert ffcv_runtime.cache_stats() == {"functions": 2, "cache_hits": 3, "cache_misses": 4}
