@@ -88,10 +88,8 @@ class Cells:
     def __init__(self, df: pd.DataFrame, cfg: Config, claims: Claims, results: Path):
         self.claims, base = claims, to_dict(cfg.pretrain)
         self.cfg = cfg  # the transfer claim reads the main grid's detection settings
-        self.pilot_seeds = range(
-            claims.seed(cfg.pretrain.seed) + claims.seeds,
-            claims.seed(cfg.pretrain.seed) + claims.seeds + claims.pilot_seeds,
-        )
+        pilot_start = claims.seed(cfg.pretrain.seed) + claims.seeds
+        self.pilot_seeds = range(pilot_start, pilot_start + claims.pilot_seeds)
         pilot = df.apply(seed_of, axis=1).isin(self.pilot_seeds) if not df.empty else pd.Series(dtype=bool)
         self.gs, self.pilot_gs = groups(df[~pilot]), groups(df[pilot])
         self.ids = {
