@@ -81,10 +81,11 @@ def pin_resource(text: str, rule: str, key: str, value) -> str:
 def one_process_pretraining(text: str) -> str:
     """The pretrain rule without srun: one process in a one-core job, as the profile runs a rule
     it gives no ``mpi`` (``tasks_per_node`` goes with it: the plugin reads it for srun jobs only)."""
-    new, n = re.subn(r"^    (?:mpi|tasks_per_node): [^\n]*\n", "", text.split("\n  pretrain:", 1)[1], flags=re.M)
+    head, rule, rest = text.partition("\n  pretrain:")
+    rest, n = re.subn(r"^    (?:mpi|tasks_per_node): [^\n]*\n", "", rest, flags=re.M)
     if n != 2:
         raise ValueError(f"profiles/slurm's pretrain rule has {n} of its mpi and tasks_per_node lines, expected 2")
-    return text.split("\n  pretrain:", 1)[0] + "\n  pretrain:" + new
+    return head + rule + rest
 
 
 def derive(dest: Path, one_process: bool = False) -> Path:
