@@ -57,7 +57,16 @@ from pipeline.report.studies import (
 from pipeline.report.writers import load_configs, markdown, results_folder, results_parser, write_table
 from pipeline.spec.claims_plan import PILOT_ROLES, Budget, needs
 from pipeline.spec.config import DEFAULT_CONFIG, ConfigError, to_dict, typed_config
-from pipeline.spec.grid import BASE_ID, cell_id, claims_cells, claims_overrides, detects, format_value, group_id
+from pipeline.spec.grid import (
+    BASE_ID,
+    cell_id,
+    claims_cells,
+    claims_overrides,
+    detects,
+    format_value,
+    grid_cells,
+    group_id,
+)
 from pipeline.spec.layout import QUEUE_POLICIES
 from pipeline.spec.sections import Claims, Config, Pretrain
 from pipeline.spec.training_set import training_set
@@ -85,9 +94,11 @@ class Cells:
     size of the experiment (steps, training images, classes). The pilot seeds' cells are kept
     apart: they decide whether the reference learnt something and are never compared."""
 
-    def __init__(self, df: pd.DataFrame, cfg: Config, claims: Claims, results: Path):
+    def __init__(self, df: pd.DataFrame, cfg: Config, claims: Claims, results: Path, grid: pd.DataFrame | None = None):
+        """``df``: the claims' cells; ``grid``: the main grid's, which only the transfer claim reads."""
         self.claims, base = claims, to_dict(cfg.pretrain)
         self.cfg = cfg  # the transfer claim reads the main grid's detection settings
+        self.grid_gs = groups(df.iloc[:0] if grid is None else grid)
         pilot_start = claims.seed(cfg.pretrain.seed) + claims.seeds
         self.pilot_seeds = range(pilot_start, pilot_start + claims.pilot_seeds)
         pilot = df.apply(seed_of, axis=1).isin(self.pilot_seeds) if not df.empty else pd.Series(dtype=bool)
@@ -276,7 +287,8 @@ def fifo_bound(c: Cells) -> Claim:
     roles = [f"K={k},{p}" for k in ks for p in QUEUE_POLICIES]
     text = (
         "FIFO bounds a negative's age at K/B steps; random replacement keeps older keys "
-        f"(run: K = {_ks(ks)}, each FIFO and random, {_epochs(c)})"
+        f"(run: K = {_ks(ks)}, each FIFO and random, {_epochs(c)}; "
+        f"a cell only this claim needs: {c.claims.invariant_seeds} seeds)"
     )
     needs = c.needs["fifo"].text
     verdict = gate(c, "fifo")
@@ -288,7 +300,9 @@ def fifo_bound(c: Cells) -> Claim:
         fifo, rand = (c.by_seed(f"K={k},{p}", "queue_age_max", failed_too=True) for p in QUEUE_POLICIES)
         fifo_ages += [age - span for age in fifo.values()]
         random_older += [age > span for age in rand.values()]
-        parts.append(f"K={k} (K/B={span}): max age FIFO {_range(fifo)}, random {_range(rand)} ({len(fifo)} seeds)")
+        parts.append(
+            f"K={k} (K/B={span}): max age FIFO {_range(fifo)} ({len(fifo)} seeds), random {_range(rand)} ({len(rand)} seeds)"
+        )
     if any(excess > 0 for excess in fifo_ages):
         verdict = CONTRADICTED  # a FIFO key older than K/B steps: the bound is broken
     elif min(len(fifo_ages), len(random_older)) < 2:
@@ -461,7 +475,7 @@ def transfer_gaps(cfg: Config) -> list[str]:
 def transfer_comparison(c: Cells, metric: str) -> Comparison:
     """MoCo's base cell − supervised in one AP metric, paired by seed; a failed seed on either
     side makes it inconclusive (counted, not averaged)."""
-    a, b = (g.cells if (g := c.gs.get(gid)) is not None else None for gid in (BASE_ID, SUPERVISED_ID))
+    a, b = (g.cells if (g := c.grid_gs.get(gid)) is not None else None for gid in (BASE_ID, SUPERVISED_ID))
     d = delta(value(a, metric), value(b, metric))
     label = METRICS[metric]
     if d is None:
@@ -483,11 +497,15 @@ def transfer(c: Cells) -> Claim:
         "segmentation, detect.cells covering base and method=supervised, grid.seeds ≥ 2; a "
         "supervised baseline trained as its reference was (grid.supervised) for the paper's comparison"
     )
-    cells = [cell for gid in (BASE_ID, SUPERVISED_ID) if (g := c.gs.get(gid)) is not None for cell in g.cells["cell"]]
+    cells = [
+        cell for gid in (BASE_ID, SUPERVISED_ID) if (g := c.grid_gs.get(gid)) is not None for cell in g.cells["cell"]
+    ]
     gaps = transfer_gaps(c.cfg)
     if gaps:
         return Claim(text, SEED_BLOG, needs, "", undecidable("a priori: needs " + "; ".join(gaps)), cells)
-    if any(g is None or value(g.cells, "mask_AP").status == "missing" for g in map(c.gs.get, (BASE_ID, SUPERVISED_ID))):
+    if any(
+        g is None or value(g.cells, "mask_AP").status == "missing" for g in map(c.grid_gs.get, (BASE_ID, SUPERVISED_ID))
+    ):
         return Claim(text, SEED_BLOG, needs, "snakemake (the main grid) computes them", NOT_RUN, cells)
     comparisons = [transfer_comparison(c, m) for m in DETECTION_METRICS + MASK_METRICS]
     return accuracy_claim(text, SEED_BLOG, needs, comparisons, cells)
@@ -579,11 +597,12 @@ def queue_table(c: Cells, prov) -> Table:
     return compare(table, c.group("reference"), c.ids["reference"])
 
 
-def claims_tables(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
-    """``cfg``: the config as the job's JSON states it (the tables' provenance names its keys)."""
+def claims_tables(df: pd.DataFrame, grid: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
+    """``df``: the claims' cells; ``grid``: the main grid's (the transfer claim); ``cfg``: the
+    config as the job's JSON states it (the tables' provenance names its keys)."""
     typed = typed_config(cfg)
     assert typed.claims is not None  # run() refuses a config without it, with the message
-    c = Cells(df, typed, typed.claims, results)
+    c = Cells(df, typed, typed.claims, results, grid)
     # the tables rest on pretraining and the probe; only the transfer claim reads detection
     prov = provenance_factory(df, {**cfg, "detect": {"enabled": False}}, results)
     mom = momentum(
@@ -600,8 +619,13 @@ def run(results: Path, cfg: dict) -> str:
     """Write the claims tables from whatever cells exist; returns them (Markdown)."""
     if not cfg.get("claims") or not cfg.get("pretrain"):
         raise ConfigError("the claims tables need the config's pretrain and claims sections")
-    expected = {cid: cell.stated(cfg["pretrain"]) for cid, cell in claims_cells(typed_config(cfg)).items()}
-    tables = claims_tables(collect(results, expected), cfg, results)
+    typed = typed_config(cfg)
+    expected = {cid: cell.stated(cfg["pretrain"]) for cid, cell in claims_cells(typed).items()}
+    # only this config's cells: another claims run's seeds in the same folder (another
+    # first_seed) must never enter a verdict fixed before them; the main grid's apart (transfer)
+    df = collect(results, expected)
+    grid = df[df["cell"].isin(grid_cells(typed).keys())]
+    tables = claims_tables(df[df["cell"].isin(expected.keys())], grid, cfg, results)
     for t in tables:
         write_table(t, results / "tables")
     return "\n".join(markdown(t) for t in tables)

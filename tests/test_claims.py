@@ -20,7 +20,7 @@ from pipeline.spec.grid import cell_id, claims_cells, grid_cells, group_id
 
 # 10 classes x 5,000 images = 50,000 training images; batch 256: 195 steps per epoch, 2,925 in 15
 CLAIMS = {
-    **{"epochs": 15, "long_epochs": 30, "seeds": 3, "pilot_seeds": 2},
+    **{"epochs": 15, "long_epochs": 30, "seeds": 3, "pilot_seeds": 2, "invariant_seeds": 2},
     **{"m": [0.0, 0.5, 0.9, 0.99, 0.999, 0.9999], "K": [4096, 16384]},
 }
 CONFIG = {
@@ -135,12 +135,17 @@ def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
     # claims.seeds = 3 of each cell a decidable claim needs, paired by seed; the reference and
     # random init also at the pilot seeds 3 and 4. No run of m = 0.999 or 0.9999: only "m = 0.9999
     # is too slow" needs them, and 2,925 steps are not 5 of its half-lives (34,656)
+    # The cells only the FIFO bound needs get claims.invariant_seeds = 2: random replacement at
+    # both K, and K = 16,384 FIFO (the queue-size claim that would compare it is undecidable:
+    # 16,384 > a tenth of 50,000 images)
     seeds = {g: sorted(cells[c].seed for c in cells if group_id(c) == g) for g in groups}
     pilot = ("epochs=15", "method=random")
-    assert seeds == {g: [0, 1, 2, 3, 4] if g in pilot else [0, 1, 2] for g in groups}
-    # with enough steps (200 epochs: 39,000 >= 34,656) they get 3 as well
+    invariant = ("epochs=15,queue_policy=random", "K=16384,epochs=15", "K=16384,epochs=15,queue_policy=random")
+    assert seeds == {g: [0, 1, 2, 3, 4] if g in pilot else [0, 1] if g in invariant else [0, 1, 2] for g in groups}
+    # with enough steps (200 epochs: 39,000 >= 34,656) m = 0.999 and 0.9999 get 3 as well: 9
+    # compared groups x 3, the 3 invariant ones x 2, the pilot's 2 roles x 2
     longer = claims_cells(typed_config({**CONFIG, "claims": {**CLAIMS, "epochs": 200, "long_epochs": 400}}))
-    assert len(longer) == 12 * 3 + 2 * 2
+    assert len(longer) == 9 * 3 + 3 * 2 + 2 * 2
     assert all(p.epochs == 15 for c, p in cells.items() if group_id(c) not in ("base", "method=random"))
 
 
@@ -192,7 +197,9 @@ def test_every_claim_judged_on_what_was_measured(tmp_path):
     }
     assert got["larger K"].startswith(NOT_DECIDABLE) and got["m = 0.9999"].startswith(NOT_DECIDABLE)
     fifo = rows["fifo"]["measured"]
-    assert "K=4096 (K/B=16): max age FIFO 16, random 97 (3 seeds)" in fifo and "max age FIFO 64, random 300" in fifo
+    # the random-replacement cells and K = 16,384 FIFO (only this claim needs them): claims.invariant_seeds
+    assert "K=4096 (K/B=16): max age FIFO 16 (3 seeds), random 97 (2 seeds)" in fifo
+    assert "K=16384 (K/B=64): max age FIFO 64 (2 seeds), random 300 (2 seeds)" in fifo
     # m = 0.5 − m = 0.99 by seed: -8, -7, -7: mean -7.33, std 0.577, half 4.303 * 0.577 / sqrt(3) = 1.43,
     # CI [-8.8, -5.9]: below 0 and reaching the claimed ~5 points
     assert "m=0.5,epochs=15 − epochs=15: Δ -7.3 ± 1.4 (n=3)" in rows["low m"]["measured"]
@@ -215,7 +222,8 @@ def test_every_claim_judged_on_what_was_measured(tmp_path):
     momentum = (tmp_path / "tables" / "claims_momentum.md").read_text()
     assert "| 0.0 | 0 | 16 | fail (3 of 3) |" in momentum
     assert "| 0.5 | 1 | 16 | 52.7 ± 24.9 (n=3) |" in momentum  # 52, 43, 63: std 10.02, half 4.303 * 10.02 / sqrt 3
-    assert "| 0.9999 | 6,931 | 16 | 50.0 ± 24.8 (n=3) |" in momentum
+    # m = 0.9999 is no claims cell at this budget (undecidable): a result in the folder is not read
+    assert "| 0.9999 | 6,931 | 16 | — |" in momentum
 
 
 def test_the_queue_claim_on_data_large_enough_to_decide_it(tmp_path):
@@ -329,6 +337,24 @@ def test_the_gate_never_reads_the_runs_it_judges(tmp_path):
     # memory bank − reference by seed: -15, +23, -15: mean -2.33, std 21.9, the CI includes 0
     assert rows["memory bank"]["verdict"] == INCONCLUSIVE
     assert not any(r["verdict"].startswith(NOT_DECIDABLE + " (pilot") for r in rows.values())
+
+
+def test_another_claims_runs_seeds_in_the_folder_are_never_judged(tmp_path):
+    # a confirmatory run (claims.first_seed 10) in the folder of an earlier one (seeds 0-2, pilot
+    # 3-4): the earlier cells, all pointing the other way, change nothing it reports
+    confirmatory = {**CONFIG, "claims": {**CLAIMS, "first_seed": 10}}
+    for role, (override, top1, failure, final) in ROLES.items():
+        for s in (10, 11, 12):
+            cell(tmp_path, seed_cell(override, s), top1[s - 10], failure, **final)
+    for s, (ref, rand) in enumerate(zip(PILOT["reference"], PILOT["random"]), start=13):
+        cell(tmp_path, seed_cell({"epochs": 15}, s), ref)
+        cell(tmp_path, seed_cell({"method": "random"}, s), rand)
+    write_claims(tmp_path, confirmatory)
+    alone = {k: (r["measured"], r["verdict"]) for k, r in rows_by_claim(tmp_path).items()}
+    assert alone["longer"][1] == HOLDS and alone["key encoder"][0].startswith("26 of 26")
+    full_results(tmp_path, long=([40.0, 30.0, 50.0], None, {}))  # the earlier run: longer loses
+    write_claims(tmp_path, confirmatory)
+    assert {k: (r["measured"], r["verdict"]) for k, r in rows_by_claim(tmp_path).items()} == alone
 
 
 def test_claims_cli_and_its_errors(tmp_path):

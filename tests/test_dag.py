@@ -148,11 +148,14 @@ def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost
         "probe": len(cells),
         "claims": 1,
     }
-    # every cell at claims.seeds; the reference and random init also at the pilot seeds; the
-    # claims this budget cannot decide train nothing, and the DAG says which before any job
-    assert typed.claims is not None
-    seeds = {g: sum(group_id(c) == g for c in cells) for g in map(group_id, cells)}
-    assert set(seeds.values()) <= {typed.claims.seeds, typed.claims.seeds + typed.claims.pilot_seeds}
+    # every cell at claims.seeds; the reference and random init also at the pilot seeds; random
+    # replacement (only the FIFO bound needs it) at claims.invariant_seeds; the claims this
+    # budget cannot decide train nothing, and the DAG says which before any job
+    c = typed.claims
+    assert c is not None
+    seeds = {g: sum(group_id(x) == g for x in cells) for g in map(group_id, cells)}
+    assert {n for g, n in seeds.items() if "queue_policy=random" in g} == {c.invariant_seeds}
+    assert set(seeds.values()) == {c.invariant_seeds, c.seeds, c.seeds + c.pilot_seeds}
     skipped = not_trained(typed.claims, claims_budget(typed))
     assert all(f"claims: not trained, this budget cannot decide {k}" in proc.stderr for k in skipped)
 

@@ -4,11 +4,11 @@ decide it (enough steps for the EMA, a queue small enough for the data), from th
 size (pipeline.spec.training_set) and the config alone.
 
 Standard library only: pipeline.spec.grid uses it while Snakemake builds the DAG, to run
-``claims.seeds`` seeds of the cells a decidable claim needs and none of the cells that only an
-undecidable claim would need. The accuracy claims also rest on pilot runs (the reference and
-random init at ``claims.pilot_seeds`` further seeds, never compared): whether the reference
-learnt something is read from them, not from the runs it judges. pipeline.claims states the
-same needs in the table.
+``claims.seeds`` seeds of the cells a decidable claim compares, ``claims.invariant_seeds`` of
+those only an invariant needs, and none of the cells that only an undecidable claim would need.
+The accuracy claims also rest on pilot runs (the reference and random init at
+``claims.pilot_seeds`` further seeds, never compared): whether the reference learnt something is
+read from them, not from the runs it judges. pipeline.claims states the same needs in the table.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def half_life(m: float) -> float:
 
 PILOT_ROLES = ("pilot", "pilot_random")  # the reference and random init at the pilot seeds
 ACCURACY_CLAIMS = ("low_m", "larger_K", "slow_m", "longer", "memory_bank")  # resting on the pilot
+# invariants hold when every run satisfies them: their own cells need only claims.invariant_seeds
+INVARIANT_CLAIMS = ("fifo",)
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,16 @@ def not_trained(claims: Claims, b: Budget) -> dict[str, str]:
 
 
 def role_seeds(claims: Claims, b: Budget, roles) -> dict[str, int]:
-    """Seeds of each role: ``claims.seeds`` where a claim this budget can decide needs it (the
-    pilot roles: ``claims.pilot_seeds``), 0 where only undecidable claims would need it."""
-    decidable = {r for n in needs(claims, b).values() if n.why_not is None for r in n.roles}
-    return {r: 0 if r not in decidable else claims.pilot_seeds if r in PILOT_ROLES else claims.seeds for r in roles}
+    """Seeds of each role: ``claims.seeds`` where a claim this budget can decide compares it (the
+    pilot roles: ``claims.pilot_seeds``), ``claims.invariant_seeds`` where only an invariant
+    needs it, 0 where only undecidable claims would need it."""
+    decidable = {key: n.roles for key, n in needs(claims, b).items() if n.why_not is None}
+    compared = {r for key, rs in decidable.items() if key not in INVARIANT_CLAIMS for r in rs}
+    invariant = {r for key, rs in decidable.items() if key in INVARIANT_CLAIMS for r in rs}
+
+    def seeds(role: str) -> int:
+        if role in compared:
+            return claims.pilot_seeds if role in PILOT_ROLES else claims.seeds
+        return claims.invariant_seeds if role in invariant else 0
+
+    return {r: seeds(r) for r in roles}
