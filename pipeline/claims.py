@@ -300,9 +300,8 @@ def fifo_bound(c: Cells) -> Claim:
         fifo, rand = (c.by_seed(f"K={k},{p}", "queue_age_max", failed_too=True) for p in QUEUE_POLICIES)
         fifo_ages += [age - span for age in fifo.values()]
         random_older += [age > span for age in rand.values()]
-        parts.append(
-            f"K={k} (K/B={span}): max age FIFO {_range(fifo)} ({len(fifo)} seeds), random {_range(rand)} ({len(rand)} seeds)"
-        )
+        ages = f"max age FIFO {_range(fifo)} ({len(fifo)} seeds), random {_range(rand)} ({len(rand)} seeds)"
+        parts.append(f"K={k} (K/B={span}): {ages}")
     if any(excess > 0 for excess in fifo_ages):
         verdict = CONTRADICTED  # a FIFO key older than K/B steps: the bound is broken
     elif min(len(fifo_ages), len(random_older)) < 2:

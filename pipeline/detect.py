@@ -38,7 +38,6 @@ import hashlib
 import io
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -87,11 +86,7 @@ C4_MASK_DIM = 256  # channels of C4's mask deconvolution (Detectron2's ROI_MASK_
 MASK_THRESHOLD = 0.5  # a predicted mask's pixels: probability above this (torchvision's, Detectron2's)
 
 
-def is_main() -> bool:
-    return os.environ.get("RANK", "0") == "0"  # with several ranks only rank 0 logs and writes
-
-
-log = stage_log("detect", when=is_main)
+log = stage_log("detect", when=distributed.is_main_process)
 
 
 class CocoBoxes(torch.utils.data.Dataset):
@@ -441,7 +436,7 @@ def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState) ->
         file=sys.stderr,
         mininterval=5,
         leave=False,
-        disable=not is_main(),
+        disable=not distributed.is_main_process(),
     )
     model.train()
     while epoch < epochs:
@@ -602,11 +597,6 @@ def per_rank_batch(dc: Detect, world_size: int) -> int:
     return dc.batch_size // world_size
 
 
-def ddp_device_ids(device: torch.device) -> list[int] | None:
-    """DDP's device_ids: the rank's one GPU; None on CPU (DDP rejects ids for CPU modules)."""
-    return [device.index] if device.type == "cuda" else None
-
-
 def normalisation(dc: Detect, synced: bool, world_size: int) -> str:
     """Which statistics normalise the fine-tuned detector's features, over how many images."""
     per_rank = dc.batch_size // world_size
@@ -661,17 +651,13 @@ def run(
     )
     start = time.time()
     watch.mark("setup")
-    model = (
-        nn.parallel.DistributedDataParallel(detector, device_ids=ddp_device_ids(device))
-        if env.world_size > 1
-        else detector
-    )
+    model = distributed.ddp(detector, device)
     state = checkpoint.StageState(
         state_dir, run_fingerprint(dc, ckpt_path, seed, train_split), env, log, dc.checkpoint_every
     )
     with watch.phase("fine_tune"):
         curve = train(model, loader, dc, state)
-    check_ranks_agree(detector)
+    distributed.check_ranks_agree(detector, "detector")
     metrics = None
     if env.is_main:  # one evaluation, on the full val split
         with watch.phase("evaluate"):
@@ -708,14 +694,6 @@ def run(
         distributed.barrier()
         distributed.shutdown()
     return metrics
-
-
-def check_ranks_agree(detector: nn.Module) -> None:
-    """DDP keeps every rank's weights equal; a rank that drifted would make the result depend
-    on which rank evaluates: fail instead."""
-    sums = distributed.gather_objects(sum(float(p.detach().double().sum()) for p in detector.parameters()))
-    if len(set(sums)) > 1:
-        raise RuntimeError(f"detector weights differ across ranks after fine-tuning: checksums {sums}")
 
 
 def summarize_trials(paths: list, out: Path) -> dict:

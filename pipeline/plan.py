@@ -276,22 +276,23 @@ def probe_throughput(p: Pretrain, resolution: int, table=THROUGHPUT) -> tuple[Th
 
 
 def probe_row(cid: str, p: Pretrain, cfg: Config, profile: dict, images: int, table) -> dict:
-    """One cell's linear probe, one GPU (pipeline.probe runs one process): the training set's
-    features once (both modes), then ``probe.epochs`` epochs of new views through the backbone
-    (augmented; cached trains on the stored features: no backbone pass). The validation features
-    and the kNN are left out (ImageNet: 50,000 images, 4% of one pass)."""
+    """One cell's linear probe on ``probe.ranks`` GPUs: the training set's features once on every
+    rank (both modes), then ``probe.epochs`` epochs of new views through the backbone, split over
+    the ranks (augmented; cached trains on the stored features: no backbone pass). The validation
+    features and the kNN are left out (ImageNet: 50,000 images, 4% of one pass)."""
     pc = cfg.probe
-    passes = 1 + (pc.epochs if pc.mode == "augmented" else 0)
+    views = pc.epochs if pc.mode == "augmented" else 0
+    passes = 1 + views
     res = profile_resources(profile, "probe")
-    row = {"cell": cid, "mode": pc.mode, "epochs": pc.epochs, "passes": passes, "images": images, "gpus": 1}
+    row = {"cell": cid, "mode": pc.mode, "epochs": pc.epochs, "passes": passes, "images": images, "gpus": pc.ranks}
     entry, img_per_s, note = probe_throughput(p, cfg.data.crop_size, table)
     limit = limits(res["runtime"], attempts_of(profile)) if "runtime" in res else None
     if entry is None:
         return time_check({**row, "gpu_hours": None, "gpu": None, "wall_h": None, "note": note}, None, limit)
-    gpu_hours = images * passes / img_per_s / 3600
-    row = {**row, "gpu_hours": gpu_hours, "gpu": entry.gpu, "source": entry.source, "img_per_s": img_per_s,
-           "wall_h": gpu_hours, "note": note}  # fmt: skip
-    return time_check(row, gpu_hours, limit)
+    wall = images * (1 + views / pc.ranks) / img_per_s / 3600
+    row = {**row, "gpu_hours": wall * pc.ranks, "gpu": entry.gpu, "source": entry.source, "img_per_s": img_per_s,
+           "wall_h": wall, "note": note}  # fmt: skip
+    return time_check(row, wall, limit)
 
 
 def detection_plan(cfg: Config, cells: dict[str, Cell], profile: dict, table=DETECTION) -> dict:
@@ -445,7 +446,9 @@ def render(plan: dict, profile_path: str) -> str:
     if probes:
         mode, epochs = probes[0]["mode"], probes[0]["epochs"]
         passes = f"the features + {epochs} epochs of new views" if mode == "augmented" else "the features only"
-        lines.append(f"  passes over the training set: {passes} (probe.mode {mode}); one GPU per job; "
+        ranks = probes[0]["gpus"]
+        per_job = "one GPU per job" if ranks == 1 else f"{ranks} GPUs per job, the views split over them"
+        lines.append(f"  passes over the training set: {passes} (probe.mode {mode}); {per_job}; "
                      "validation features and kNN not counted")  # fmt: skip
     lines += [
         "",

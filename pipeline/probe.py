@@ -10,6 +10,11 @@ once (centre view) and trains on them, much faster. Validation (and cached train
 come from the centre square of ``probe.crop_ratio`` of the shorter side: 0.875 is the
 references' Resize(256) + CenterCrop(224). The metrics say which protocol and mode produced them. The backbone is
 frozen entirely (BN statistics included, eval mode) and verified bit-identical afterwards.
+With ``probe.ranks`` > 1 (augmented mode; torchrun starts one process per GPU) the views are
+sharded over the ranks, each takes batch / ranks of every step and DDP averages the classifier's
+gradients: the protocol's global batch and lr. With ``standardize`` on GPUs its BN is synced
+(over the global batch); gloo on CPU has no SyncBN, so there each rank normalises its own share.
+Every rank extracts the features and scores val each epoch; rank 0 runs kNN and writes.
 
     python -m pipeline.probe --config workflow/config/config.yaml \\
         --checkpoint results/cells/base/pretrain/checkpoint.pt --data results/data/ffcv \\
@@ -50,7 +55,7 @@ PROTOCOLS = {
 MOCOV3_VIT_LR = 3.0  # the v3 reference probes its ViTs at lr 3 x bs/256 (its ResNets at 0.1)
 
 
-log = stage_log("probe")
+log = stage_log("probe", when=distributed.is_main_process)
 
 
 def load_frozen_backbone(path: Path) -> tuple[nn.Module, dict]:
@@ -105,7 +110,8 @@ def make_classifier(dim: int, num_classes: int, standardize: bool) -> nn.Module:
 
 
 class LinearProbe:
-    """SGD on a linear classifier; batches come from cached features or a frozen backbone."""
+    """SGD on a linear classifier; batches come from cached features or a frozen backbone.
+    Under several ranks the classifier trains inside DDP (``model``), SyncBN on GPUs."""
 
     def __init__(
         self,
@@ -114,10 +120,14 @@ class LinearProbe:
         s: dict,
         standardize: bool,
         steps_per_epoch: int,
-        device: torch.device | str = "cpu",
+        device: torch.device | None = None,
     ):
+        device = device or torch.device("cpu")
         self.s, self.steps = s, max(1, steps_per_epoch * s["epochs"])
         self.classifier = make_classifier(dim, num_classes, standardize).to(device)
+        if device.type == "cuda":  # no BN in the classifier, or one process: unchanged
+            self.classifier = nn.SyncBatchNorm.convert_sync_batchnorm(self.classifier)
+        self.model = distributed.ddp(self.classifier, device)
         self.opt = torch.optim.SGD(
             self.classifier.parameters(), lr=s["lr"], momentum=0.9, weight_decay=s["weight_decay"]
         )
@@ -126,8 +136,8 @@ class LinearProbe:
     def train_batch(self, feats: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         for group in self.opt.param_groups:
             group["lr"] = self.s["lr"] * decayed(self.s["schedule"], self.step / self.steps)
-        self.classifier.train()
-        loss = nn.functional.cross_entropy(self.classifier(feats), labels)
+        self.model.train()
+        loss = nn.functional.cross_entropy(self.model(feats), labels)
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
@@ -165,10 +175,13 @@ class CachedBatches:
         self.start = g.get_state()  # the next epoch's draw
 
 
-def augmented_views(data_dir: Path, d: Data, pc: Probe, batch_size: int, labelled, threads: cpus.Threads):
+def augmented_views(
+    data_dir: Path, d: Data, pc: Probe, batch_size: int, labelled, threads: cpus.Threads, sharded: bool = False
+):
     """The augmented probe's loader: RandomResizedCrop (scale 0.08-1, torchvision's default, as
     the references) + flip of each whole stored image, over the labelled images only (e.g.
-    STL-10's 5k of 105k): ceil(labelled / batch) steps an epoch, the steps its schedule has."""
+    STL-10's 5k of 105k): ceil(labelled / batch) steps an epoch, the steps its schedule has.
+    ``sharded``: this rank's share of each epoch's order (``batch_size``: per rank)."""
     return crop_loader(
         data_dir / "train.beton",
         batch_size,
@@ -179,6 +192,7 @@ def augmented_views(data_dir: Path, d: Data, pc: Probe, batch_size: int, labelle
         threads=threads.torch,
         loader=d.loader,
         indices=labelled,
+        distributed=sharded,
     )
 
 
@@ -223,12 +237,13 @@ def fit(probe: LinearProbe, batches, val_x, val_y, state: checkpoint.StageState)
         for feats, labels in batches(epoch, step):
             total += float(probe.train_batch(feats, labels)) * len(labels)
             seen, step = seen + len(labels), step + 1
-            stop = preempt.stop_agreed(step, 1)
+            stop = preempt.stop_agreed(step, state.env.world_size)
             if stop or state.due(step):
                 save()
             if stop:
                 preempt.requeue_and_exit(log)
-        curve.append(curve_point(probe, epoch, total / max(seen, 1), val_x, val_y))
+        loss_sum, count = distributed.sum_over_ranks(total, seen)  # every rank's share of the epoch
+        curve.append(curve_point(probe, epoch, loss_sum / max(count, 1), val_x, val_y))
         point = " ".join(f"{k}={v}" for k, v in curve[-1].items() if k != "epoch")
         log(f"epoch {epoch + 1}/{probe.s['epochs']} {point}")
         epoch, step, total, seen = epoch + 1, 0, 0.0, 0
@@ -241,13 +256,17 @@ def curve_point(probe, epoch, train_loss, val_x, val_y) -> dict:
     return {"epoch": epoch + 1, "train_loss": round(train_loss, 5), "val_top1": round(acc, 3)}
 
 
-def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, state_dir: Path | None = None) -> dict:
+def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, state_dir: Path | None = None) -> dict | None:
     """``cfg``: the stage's sections as the job's JSON gives them (recorded so in the metrics),
-    typed here once. ``state_dir``: where the resume state lives (None: none is kept)."""
+    typed here once. ``state_dir``: where the resume state lives (None: none is kept). Returns
+    the metrics (rank 0; the other ranks None)."""
     pc, d, watch = section("probe", cfg["probe"]), section("data", cfg["data"]), Stopwatch()
     torch.manual_seed(pc.seed)
+    env = distributed.init()  # one process, or probe.ranks under torchrun (one per GPU)
+    if env.world_size != pc.ranks:
+        raise ConfigError(f"probe.ranks={pc.ranks}, but {env.world_size} processes run this probe")
     backbone, ckpt = load_frozen_backbone(ckpt_path)
-    device = distributed.rank_device()
+    device = distributed.rank_device(env.local_rank)
     threads = cpus.use(pc.threads, device.type, d.workers)
     backbone.to(device)
     before = snapshot(backbone)
@@ -272,13 +291,17 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, state_dir: Path |
         batches: CachedBatches | AugmentedBatches = CachedBatches(train_x, train_y, s["batch_size"], pc.seed)
         steps = math.ceil(len(train_x) / s["batch_size"])
     else:
-        views = augmented_views(data_dir, d, pc, s["batch_size"], labelled.numpy(), threads)
+        per_rank = per_rank_batch(s["batch_size"], env.world_size)
+        views = augmented_views(data_dir, d, pc, per_rank, labelled.numpy(), threads, sharded=env.world_size > 1)
         batches, steps = AugmentedBatches(views, backbone, device), len(views)
     probe = LinearProbe(train_x.shape[1], len(classes), s, pc.standardize, steps, device)
     fingerprint = run_fingerprint(cfg, ckpt_path, data_dir)
-    state = checkpoint.StageState(state_dir, fingerprint, distributed.init(), log, pc.checkpoint_every)
+    state = checkpoint.StageState(state_dir, fingerprint, env, log, pc.checkpoint_every)
     with watch.phase("fit"):
         curve = fit(probe, batches, val_x, val_y, state)
+    distributed.check_ranks_agree(probe.classifier, "linear classifier")
+    if not env.is_main:  # rank 0 scores, runs kNN and writes
+        return finish(state, env, None)
     logits = probe.predict(val_x)
     acc, pred = topk_accuracy(logits, val_y), logits.argmax(1)
     per_class = {
@@ -298,6 +321,7 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, state_dir: Path |
         "per_class_top1": per_class,
         "curve": curve,
         "settings": s,
+        "ranks": env.world_size,
         "checkpoint": str(ckpt_path),
         "method": ckpt.get("method"),
         "arch": ckpt["arch"],
@@ -312,8 +336,23 @@ def run(cfg: dict, ckpt_path: Path, data_dir: Path, out: Path, state_dir: Path |
     for point in curve:
         board.add(point, step=point["epoch"])
     board.close()
+    return finish(state, env, metrics)
+
+
+def finish(state: checkpoint.StageState, env: distributed.DistEnv, metrics: dict | None) -> dict | None:
+    """Every rank: the resume state retired once the outputs exist, the process group closed."""
     state.retire()
+    if env.world_size > 1:
+        distributed.barrier()
+        distributed.shutdown()
     return metrics
+
+
+def per_rank_batch(batch_size: int, world_size: int) -> int:
+    """Views per rank and step: the protocol's batch split evenly over the ranks."""
+    if batch_size % world_size:
+        raise ConfigError(f"the probe's batch of {batch_size} is not a multiple of probe.ranks={world_size}")
+    return batch_size // world_size
 
 
 def run_fingerprint(cfg: dict, ckpt_path: Path, data_dir: Path) -> dict:
@@ -339,7 +378,8 @@ def main(argv=None) -> None:
         m = run(cfg, Path(args.checkpoint), Path(args.data), out, Path(args.state or out.with_suffix(".state")))
     except (ConfigError, checkpoint.CheckpointError, FileNotFoundError) as err:
         raise SystemExit(f"[probe] error: {err}") from None
-    log(f"top1={m['top1']} top5={m['top5']} knn={m['knn_top1']} ({m['mode']}, {m['protocol']})")
+    if m is not None:  # rank 0's
+        log(f"top1={m['top1']} top5={m['top5']} knn={m['knn_top1']} ({m['mode']}, {m['protocol']})")
 
 
 if __name__ == "__main__":

@@ -343,7 +343,7 @@ def test_another_claims_runs_seeds_in_the_folder_are_never_judged(tmp_path):
     # a confirmatory run (claims.first_seed 10) in the folder of an earlier one (seeds 0-2, pilot
     # 3-4): the earlier cells, all pointing the other way, change nothing it reports
     confirmatory = {**CONFIG, "claims": {**CLAIMS, "first_seed": 10}}
-    for role, (override, top1, failure, final) in ROLES.items():
+    for override, top1, failure, final in ROLES.values():
         for s in (10, 11, 12):
             cell(tmp_path, seed_cell(override, s), top1[s - 10], failure, **final)
     for s, (ref, rand) in enumerate(zip(PILOT["reference"], PILOT["random"]), start=13):

@@ -57,8 +57,8 @@ def test_syncbn_only_for_bn_over_several_gpu_ranks(norm, world_size, device):
 
 
 def test_ddp_gets_the_ranks_gpu_and_no_ids_on_cpu():
-    assert detect.ddp_device_ids(CUDA1) == [1]
-    assert detect.ddp_device_ids(torch.device("cpu")) is None
+    assert detect.distributed.ddp_device_ids(CUDA1) == [1]
+    assert detect.distributed.ddp_device_ids(torch.device("cpu")) is None
 
 
 def test_batch_is_split_evenly_over_the_ranks():

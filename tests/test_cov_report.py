@@ -62,7 +62,10 @@ def test_a_policy_whose_runs_logged_no_queue_age_is_not_judged(tmp_path):
     full_results(tmp_path, **{"K=4096,random": ([59.5, 49.5, 69.5], None, {"queue_age_max": None})})
     write_claims(tmp_path, {**CONFIG, "claims": {**CLAIMS, "K": [4096]}})
     row = rows_by_claim(tmp_path)["fifo"]
-    assert row["verdict"] == INCONCLUSIVE and row["measured"] == "K=4096 (K/B=16): max age FIFO 16 (3 seeds), random ? (0 seeds)"
+    assert (
+        row["verdict"] == INCONCLUSIVE
+        and row["measured"] == "K=4096 (K/B=16): max age FIFO 16 (3 seeds), random ? (0 seeds)"
+    )
 
 
 def test_random_replacement_that_never_keeps_an_older_key_contradicts_the_fifo_claim(tmp_path):

@@ -398,10 +398,10 @@ def test_cli_errors_exit_with_a_message(det_dir, ckpt_path, tmp_path):
 
 def test_ranks_that_drifted_apart_fail(ckpt_path, monkeypatch):
     detector = detect.build_detector(checkpoint.load(ckpt_path), section("detect", TINY), num_classes=11)
-    detect.check_ranks_agree(detector)  # one process: trivially equal
+    detect.distributed.check_ranks_agree(detector, "detector")  # one process: trivially equal
     monkeypatch.setattr(detect.distributed, "gather_objects", lambda x: [x, x + 1e-3])
     with pytest.raises(RuntimeError, match="detector weights differ across ranks"):
-        detect.check_ranks_agree(detector)
+        detect.distributed.check_ranks_agree(detector, "detector")
 
 
 @pytest.mark.timeout(600)

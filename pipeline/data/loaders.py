@@ -110,14 +110,18 @@ def crop_loader(
     threads: int | None = None,
     loader: str = "ffcv",
     indices=None,
+    distributed: bool = False,
 ):
     """Yields (image, label, index): one random resized crop + flip of each whole stored image
     (so a crop can reach its corners), drawn while decoding, in a random order; only the
-    samples ``indices`` (all if None), each once an epoch (no batch dropped). The augmented
-    probe's view: the references' RandomResizedCrop(224) + flip of the full image."""
+    samples ``indices`` (all if None), each once an epoch (no batch dropped; ``distributed``:
+    this rank's shard of the epoch, padded to equal shards). The augmented probe's view: the
+    references' RandomResizedCrop(224) + flip of the full image."""
     _check_choice(loader, "loader")
     views = Views(crop_size=crop_size, scale_min=scale_min, seed=seed)
-    reading = Reading(batch_size=batch_size, loader=loader, workers=workers, threads=threads, drop_last=False)
+    reading = Reading(
+        batch_size=batch_size, loader=loader, workers=workers, threads=threads, distributed=distributed, drop_last=False
+    )
     return _random_views(path, views, reading, count=1, indices=indices)
 
 

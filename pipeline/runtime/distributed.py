@@ -34,6 +34,11 @@ def _export_slurm_env() -> None:
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
+def is_main_process() -> bool:
+    """Rank 0, or the one process (before init too: torchrun sets RANK): it logs and writes."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def rank_device(local_rank: int = 0) -> torch.device:
     """This rank's GPU (its local rank's) when the job has GPUs, else the CPU."""
     return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
@@ -89,6 +94,32 @@ def average_bn_statistics(model: torch.nn.Module) -> None:
     for buf in bn_statistics(model).values():
         dist.all_reduce(buf)
         buf /= dist.get_world_size()
+
+
+def ddp_device_ids(device: torch.device) -> list[int] | None:
+    """DDP's device_ids: the rank's one GPU; None on CPU (DDP rejects ids for CPU modules)."""
+    return [device.index] if device.type == "cuda" else None
+
+
+def ddp(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``module`` under DistributedDataParallel when several ranks run (its gradients averaged
+    over them at each backward), else itself."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return module
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=ddp_device_ids(device))
+
+
+def check_ranks_agree(module: torch.nn.Module, what: str) -> None:
+    """DDP keeps every rank's weights equal; a rank that drifted would make the result depend
+    on which rank evaluates: fail instead."""
+    sums = gather_objects(sum(float(p.detach().double().sum()) for p in module.parameters()))
+    if len(set(sums)) > 1:
+        raise RuntimeError(f"{what} weights differ across ranks after training: checksums {sums}")
+
+
+def sum_over_ranks(*values: float) -> list[float]:
+    """Each of ``values`` summed over the ranks (themselves in one process)."""
+    return [sum(col) for col in zip(*gather_objects(values))]
 
 
 def barrier() -> None:

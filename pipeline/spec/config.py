@@ -385,6 +385,16 @@ def read_command_line_values(cfg: dict, schema: dict | None = None) -> dict:
     return read(cfg, schema)
 
 
+def check_probe(pc: Probe) -> None:
+    if pc.ranks > 1 and pc.mode != "augmented":
+        raise ConfigError(
+            f"probe.ranks={pc.ranks} needs probe.mode: augmented (the cached probe trains on "
+            "features extracted once: one process is all it needs)"
+        )
+    if pc.batch_size and pc.batch_size % pc.ranks:
+        raise ConfigError(f"probe.batch_size={pc.batch_size} is not a multiple of probe.ranks={pc.ranks}")
+
+
 def check_claims(claims: Claims) -> None:
     if claims.long_epochs <= claims.epochs:
         raise ConfigError(
@@ -404,6 +414,7 @@ def validate(cfg: dict, folders: bool = True) -> dict:
         check_dataset(typed.dataset)
     check_detect(typed.detect, typed.dataset, folders)
     check_pretrain(typed.pretrain)
+    check_probe(typed.probe)
     if typed.claims is not None:
         check_claims(typed.claims)
     return cfg
@@ -423,6 +434,8 @@ def validate_sections(cfg: dict, sections: list[str]) -> dict:
         check_pretrain(section("pretrain", cfg["pretrain"]))
     if "detect" in sections:
         check_detector(section("detect", cfg["detect"]))
+    if "probe" in sections:
+        check_probe(section("probe", cfg["probe"]))
     return cfg
 
 

@@ -165,6 +165,9 @@ class Probe:
         1.0  # centre crop of the evaluation view: side / shorter side (0.875: Resize(256)+CenterCrop(224))
     )
     seed: int = 0
+    # processes per probe, one per GPU (torchrun, DDP; augmented only): the views' shards and
+    # BN groups, so a result key, except at 1, as every probe before the key existed
+    ranks: int = runtime(1, unless=lambda pc: pc.ranks > 1)
     threads: int = runtime(1)
     checkpoint_every: int = runtime(0)  # resume state every N steps too; 0: at epoch ends only
 

@@ -1,13 +1,21 @@
 # Stages 3 and 4: linear probe (+ kNN) on the frozen encoder, detection transfer.
 from pipeline.spec.job_gpus import check_ranks_fit
 
-# GPUs per job from the config: the probe runs one process, detection detect.ranks (torchrun
-# starts them inside the job's one task). A profile may pin another gres under set-resources (a
-# CPU cluster: ""); one that cannot give detect.ranks GPUs stops the DAG build here.
-PROBE_GRES = "gpu:1"
+# GPUs per job from the config: probe.ranks and detect.ranks (torchrun starts them inside the
+# job's one task). A profile may pin another gres under set-resources (a CPU cluster: ""); one
+# that cannot give a job its ranks' GPUs stops the DAG build here.
+PROBE_GRES = f"gpu:{CFG.probe.ranks}"
 DETECT_GRES = f"gpu:{CFG.detect.ranks}"
+check_ranks_fit("probe", CFG.probe.ranks, "probe.ranks", profile_resources())
 if CFG.detect.enabled:
     check_ranks_fit("detect", CFG.detect.ranks, "detect.ranks", profile_resources())
+
+
+def python_module(ranks):
+    """How a stage's module starts: one process, or torchrun's one per GPU of the job (DDP)."""
+    if ranks == 1:
+        return "-m"
+    return f"-m torch.distributed.run --standalone --nproc-per-node {ranks} -m"
 
 
 rule probe:
@@ -33,8 +41,9 @@ rule probe:
         # the resume state, outside the outputs: a killed or requeued probe continues from it
         # (a function of resources, as the launch params: Snakemake does not compare it)
         state=lambda w, resources: f"{R}/state/{w.cell}/probe",
+        launch=lambda w, resources: python_module(CFG.probe.ranks),  # not compared: probe.ranks is in key
     shell:
-        "{params.py} -m pipeline.probe --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
+        "{params.py} {params.launch} pipeline.probe --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
         " --data {params.data:q} --out {output:q} --state {params.state:q} > {log:q} 2>&1"
 
 
@@ -60,12 +69,7 @@ rule detect:
         # how many trials and which cells do not change a trial: raising trials adds jobs only
         root=detection_root(),
         seed=lambda w: CFG.detect.seed + int(w.trial),
-        # several ranks: torchrun starts one process per GPU of the job (DDP, SyncBN with norm bn)
-        launch=lambda w: (
-            "-m torch.distributed.run --standalone --nproc-per-node {} -m".format(CFG.detect.ranks)
-            if CFG.detect.ranks > 1
-            else "-m"
-        ),
+        launch=python_module(CFG.detect.ranks),  # several ranks: DDP, SyncBN with norm bn
         state=lambda w, resources: f"{R}/state/{w.cell}/detect/trial{w.trial}",  # the resume state (not compared)
     shell:
         "{params.py} {params.launch} pipeline.detect --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
