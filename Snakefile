@@ -8,9 +8,9 @@
 #   snakemake claims                            # the seeds' claims as experiments (tables/claims.*)
 #   snakemake plan                              # the grid's GPU-hours and wall time before submitting
 #   snakemake --profile slurm                   # on a SLURM cluster
-from pipeline.spec.config import ConfigError, read_command_line_values, typed_config, validate
-from pipeline.spec.grid import claims_cells, grid_cells  # (not `expand`: that is Snakemake's)
-from pipeline.spec.target_jobs import rejoin_cells_in_cluster_jobs
+from pipeline.dag.config import ConfigError, read_command_line_values, typed_config, validate
+from pipeline.dag.grid import claims_cells, grid_cells  # (not `expand`: that is Snakemake's)
+from pipeline.dag.target_jobs import rejoin_cells_in_cluster_jobs
 
 
 configfile: "workflow/config/config.yaml"
@@ -20,7 +20,7 @@ configfile: "workflow/config/config.yaml"
 rejoin_cells_in_cluster_jobs()
 read_command_line_values(config)  # --config pretrain='{epochs: 50}': 50, not '50'
 # schema + cross-field rules, with the key and the allowed range on error; then typed once:
-# the rules read CFG (every default is pipeline.spec.sections'), and `config`, the dicts as given,
+# the rules read CFG (every default is pipeline.dag.sections'), and `config`, the dicts as given,
 # only where they write a job's JSON (its keys as the config states them)
 CFG = typed_config(validate(config, folders=False))  # the folders: when a job needs them (common.smk)
 CELLS = grid_cells(CFG)

@@ -30,6 +30,21 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline.dag.claims_plan import PILOT_ROLES, Budget, needs
+from pipeline.dag.config import DEFAULT_CONFIG, ConfigError, to_dict, typed_config
+from pipeline.dag.grid import (
+    BASE_ID,
+    cell_id,
+    claims_cells,
+    claims_overrides,
+    detects,
+    format_value,
+    grid_cells,
+    group_id,
+)
+from pipeline.dag.layout import QUEUE_POLICIES
+from pipeline.dag.sections import Claims, Config, Pretrain
+from pipeline.dag.training_set import training_set
 from pipeline.report import stats
 from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
 from pipeline.report.studies import (
@@ -55,21 +70,6 @@ from pipeline.report.studies import (
     with_environment,
 )
 from pipeline.report.writers import load_configs, markdown, results_folder, results_parser, write_table
-from pipeline.spec.claims_plan import PILOT_ROLES, Budget, needs
-from pipeline.spec.config import DEFAULT_CONFIG, ConfigError, to_dict, typed_config
-from pipeline.spec.grid import (
-    BASE_ID,
-    cell_id,
-    claims_cells,
-    claims_overrides,
-    detects,
-    format_value,
-    grid_cells,
-    group_id,
-)
-from pipeline.spec.layout import QUEUE_POLICIES
-from pipeline.spec.sections import Claims, Config, Pretrain
-from pipeline.spec.training_set import training_set
 
 NOT_RUN = "not run"
 METRIC = "top1"  # what "helps" and "loses" are measured in: the linear probe's top-1
@@ -90,7 +90,7 @@ class Claim:
 
 
 class Cells:
-    """The claims' cells by role (pipeline.spec.grid.claims_overrides), as groups of seeds, and the
+    """The claims' cells by role (pipeline.dag.grid.claims_overrides), as groups of seeds, and the
     size of the experiment (steps, training images, classes). The pilot seeds' cells are kept
     apart: they decide whether the reference learnt something and are never compared."""
 
@@ -253,7 +253,7 @@ def accuracy_claim(text, source, needs, comparisons: list[Comparison], cells) ->
 
 def gate(c: Cells, key: str) -> str | None:
     """The verdict claim ``key`` gets before its numbers: not decidable a priori (from the config:
-    pipeline.spec.claims_plan; its cells were not trained), not run, or not decidable by the
+    pipeline.dag.claims_plan; its cells were not trained), not run, or not decidable by the
     pilot runs (accuracy claims); None when the numbers decide it."""
     need = c.needs[key]
     if need.why_not:

@@ -31,10 +31,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from pipeline.dag.sections import Convert
 from pipeline.data.sources import KINDS, UNLABELED, Source, SourceError, open_source
 from pipeline.runtime.io import atomic_path, atomic_write_json
 from pipeline.runtime.stage_log import stage_log
-from pipeline.spec.sections import Convert
 
 # write_mode auto: raw pixels (no decoding cost when loading) while the whole split stays
 # below RAW_BUDGET bytes, i.e. comfortably in the page cache; above it FFCV's ImageNet recipe
@@ -527,7 +527,7 @@ def run(
 
 def validate_options(opts: dict) -> Convert:
     """The convert section checked against the schema (key and allowed values on error), typed."""
-    from pipeline.spec.config import ConfigError, load_schema, section, validate_schema
+    from pipeline.dag.config import ConfigError, load_schema, section, validate_schema
 
     try:
         validate_schema(opts, load_schema()["properties"]["convert"], prefix="convert")

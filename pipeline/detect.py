@@ -61,6 +61,8 @@ from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 from torchvision.transforms.functional import pil_to_tensor
 from tqdm import tqdm
 
+from pipeline.dag.config import VOC_HAS_NO_MASKS, ConfigError, load_stage_config, result_part, section, to_dict
+from pipeline.dag.sections import JOBS, RUNTIME, Detect
 from pipeline.data.augment import MEAN, STD
 from pipeline.data.detection import DetectionDataError, DetectionSplit, load_splits
 from pipeline.data.loaders import sample_seed
@@ -72,8 +74,6 @@ from pipeline.runtime import checkpoint, cpus, distributed, preempt
 from pipeline.runtime.io import atomic_write_json
 from pipeline.runtime.stage_log import stage_log
 from pipeline.runtime.stopwatch import Stopwatch
-from pipeline.spec.config import VOC_HAS_NO_MASKS, ConfigError, load_stage_config, result_part, section, to_dict
-from pipeline.spec.sections import JOBS, RUNTIME, Detect
 
 SECTIONS = ["detect"]
 AP_KEYS = ["AP", "AP50", "AP75", "APs", "APm", "APl"]  # the order of COCOeval.stats

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
+from pipeline.dag.layout import VITS, is_resnet, is_vit
 from pipeline.runtime import checkpoint
 from pipeline.runtime.io import atomic_path, atomic_write_json
-from pipeline.spec.layout import VITS, is_resnet, is_vit
 
 TIMM_NAMES = {name: f"{name}_patch16_224" for name in VITS}  # e.g. vit_small_patch16_224
 

@@ -31,8 +31,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from pipeline.dag.sections import Launch
 from pipeline.runtime.stage_log import stage_log
-from pipeline.spec.sections import Launch
 
 FINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
 RANK_WAIT_S = 120  # a rank other than 0 that stopped for a requeue waits this long to be killed
@@ -168,9 +168,9 @@ def print_logs(folder: Path, job_id: str) -> None:
 
 def check_pretrain_args(argv: list[str]) -> None:
     """Fail here, before anything is queued, on a bad config or a missing dataset."""
+    from pipeline.dag.config import ConfigError, load_typed_stage_config
     from pipeline.data.loaders import is_converted
     from pipeline.pretrain import SECTIONS, build_parser
-    from pipeline.spec.config import ConfigError, load_typed_stage_config
 
     args = build_parser().parse_args(argv)  # the stage's own parser: a wrong flag fails here, not in the job
     try:

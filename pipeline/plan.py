@@ -11,7 +11,7 @@ set-resources) in its first attempt or in all of them (a killed job resumes on i
 same for each cell's linear probe (forward-only images/s derived from the training figures:
 PROBE_FORWARDS) and for detection transfer where a figure exists; then the totals and the wall
 time at the profile's ``jobs`` limit. Neither the dataset's folder nor detection's need exist:
-without its conversion report the training set's size is the config's (pipeline.spec.training_set).
+without its conversion report the training set's size is the config's (pipeline.dag.training_set).
 
 Standard library, yaml and the config code only: it never imports torch (a test holds it so).
 """
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.spec.claims_plan import not_trained
-from pipeline.spec.config import (
+from pipeline.dag.claims_plan import not_trained
+from pipeline.dag.config import (
     DEFAULT_CONFIG,
     ConfigError,
     check_detector,
@@ -42,10 +42,10 @@ from pipeline.spec.config import (
     typed_config,
     validate_schema,
 )
-from pipeline.spec.grid import Cell, cell_resources, claims_budget, claims_cells, detects, grid_cells
-from pipeline.spec.job_gpus import gres_gpus
-from pipeline.spec.sections import Config, Pretrain
-from pipeline.spec.training_set import IMAGENET_TRAIN, training_set
+from pipeline.dag.grid import Cell, cell_resources, claims_budget, claims_cells, detects, grid_cells
+from pipeline.dag.job_gpus import gres_gpus
+from pipeline.dag.sections import Config, Pretrain
+from pipeline.dag.training_set import IMAGENET_TRAIN, training_set
 
 DEFAULT_PROFILE = "profiles/slurm"
 
@@ -217,7 +217,7 @@ def gpus_of(resources: dict) -> int:
 
 
 def detection_cells(cfg: Config, cells: dict[str, Cell]) -> list[str]:
-    """The cells with detection transfer (the rules' choice: pipeline.spec.grid.detects)."""
+    """The cells with detection transfer (the rules' choice: pipeline.dag.grid.detects)."""
     return [cid for cid, cell in cells.items() if detects(cfg.detect, cid, cell.pretrain)]
 
 

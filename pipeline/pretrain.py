@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from pipeline.dag.config import ConfigError, load_stage_config, pretrain_warnings, result_config, section
+from pipeline.dag.sections import Data, Pretrain
 from pipeline.data.augment import view_recipes
 from pipeline.data.loaders import Reading, Views, data_identity, eval_loader, is_converted, two_view_loader
 from pipeline.eval.features import features_of
@@ -46,8 +48,6 @@ from pipeline.runtime.board import Board, board_dir
 from pipeline.runtime.io import atomic_write_json, atomic_write_text
 from pipeline.runtime.stage_log import stage_log
 from pipeline.runtime.stopwatch import Stopwatch
-from pipeline.spec.config import ConfigError, load_stage_config, pretrain_warnings, result_config, section
-from pipeline.spec.sections import Data, Pretrain
 
 SECTIONS = ["data", "pretrain"]
 LOG_COLUMNS = [
@@ -82,7 +82,7 @@ def seed_everything(seed: int) -> None:
 
 def run_fingerprint(cfg: dict, data_dir: Path, world_size: int) -> dict:
     """Everything that determines a run, and nothing that differs between a job and its requeue
-    (no time, host or absolute path): its sections' result keys (pipeline.spec.config.result_config;
+    (no time, host or absolute path): its sections' result keys (pipeline.dag.config.result_config;
     the seed among them), the world size (it sets the per-rank batch, the BN groups and the
     crops) and its training data by content (pipeline.data.loaders.data_identity: not the
     conversion's timing, path or workers) and the .beton's size."""

@@ -32,6 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.dag.config import ConfigError, load_stage_config, result_config, section
+from pipeline.dag.layout import is_resnet
+from pipeline.dag.sections import Data, Probe
 from pipeline.data.augment import normalize
 from pipeline.data.loaders import batches_from, crop_loader, data_identity
 from pipeline.eval.features import extract
@@ -43,9 +46,6 @@ from pipeline.runtime.board import Board, board_dir
 from pipeline.runtime.io import atomic_write_json
 from pipeline.runtime.stage_log import stage_log
 from pipeline.runtime.stopwatch import Stopwatch
-from pipeline.spec.config import ConfigError, load_stage_config, result_config, section
-from pipeline.spec.layout import is_resnet
-from pipeline.spec.sections import Data, Probe
 
 SECTIONS = ["data", "probe"]
 PROTOCOLS = {

@@ -44,10 +44,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from pipeline.dag.config import ConfigError, build, to_dict
+from pipeline.dag.sections import SYNTHETIC_CLASSES, Synthetic
 from pipeline.eval import masks as masks_io
 from pipeline.runtime.io import atomic_save_png, atomic_write_json
-from pipeline.spec.config import ConfigError, build, to_dict
-from pipeline.spec.sections import SYNTHETIC_CLASSES, Synthetic
 
 CLASSES = SYNTHETIC_CLASSES  # in label order
 SPLIT_IDS = {"train": 0, "val": 1}

@@ -18,11 +18,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from pipeline.dag.config import ConfigError, typed_config
+from pipeline.dag.grid import grid_cells
 from pipeline.report.studies import collect, studies
 from pipeline.report.writers import load_configs, markdown, results_folder, results_parser, write_table
 from pipeline.runtime.io import atomic_write_text
-from pipeline.spec.config import ConfigError, typed_config
-from pipeline.spec.grid import grid_cells
 
 
 def expected_cells(cfg: dict) -> dict[str, dict]:

@@ -28,7 +28,7 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def synthetic_small(tmp_path_factory) -> Path:
     """A small embedded dataset (ImageFolder + COCO detection scenes), generated once."""
-    from pipeline.spec.sections import Synthetic
+    from pipeline.dag.sections import Synthetic
     from pipeline.synthetic import run as generate
 
     out = tmp_path_factory.mktemp("synthetic")
@@ -41,7 +41,7 @@ def synthetic_small(tmp_path_factory) -> Path:
 def ffcv_small(synthetic_small, tmp_path_factory) -> Path:
     """train/val .beton of the small dataset."""
     from pipeline.convert import run as convert
-    from pipeline.spec.sections import Convert
+    from pipeline.dag.sections import Convert
 
     out = tmp_path_factory.mktemp("ffcv")
     for split in ("train", "val"):

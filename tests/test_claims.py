@@ -13,10 +13,10 @@ from test_tables import BASE, fake_cell
 
 from pipeline.claims import NOT_RUN, Cells, pilot_gate
 from pipeline.claims import run as write_claims
+from pipeline.dag.config import ConfigError, load_yaml, merge, typed_config, validate
+from pipeline.dag.grid import cell_id, claims_cells, grid_cells, group_id
 from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
 from pipeline.report.studies import collect
-from pipeline.spec.config import ConfigError, load_yaml, merge, typed_config, validate
-from pipeline.spec.grid import cell_id, claims_cells, grid_cells, group_id
 
 # 10 classes x 5,000 images = 50,000 training images; batch 256: 195 steps per epoch, 2,925 in 15
 CLAIMS = {

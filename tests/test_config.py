@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline.spec.config import (
+from pipeline.dag.config import (
     DEFAULT_CONFIG,
     ConfigError,
     load_stage_config,
@@ -14,7 +14,7 @@ from pipeline.spec.config import (
     typed_config,
     validate,
 )
-from pipeline.spec.grid import cell_params
+from pipeline.dag.grid import cell_params
 
 
 @pytest.fixture()
@@ -77,7 +77,7 @@ def test_yaml_inf_and_nan_are_refused(cfg, tmp_path):
 
 def test_every_integer_key_has_a_bound():
     """A 1e12-sized integer is a typo wherever it goes: each integer key of the schema has a maximum."""
-    from pipeline.spec.config import load_schema
+    from pipeline.dag.config import load_schema
 
     unbounded = []
 
@@ -197,7 +197,7 @@ def test_fpn_needs_one_anchor_size_per_level(cfg):
 
 
 def test_a_queue_as_large_as_the_training_set_is_a_warning_beside_the_memory_bank_rule():
-    from pipeline.spec.config import pretrain_warnings
+    from pipeline.dag.config import pretrain_warnings
 
     p = section("pretrain", {"method": "moco", "variant": "v2", "K": 4096, "batch_size": 256})
     assert "K=4096 >= 4000 training images" in pretrain_warnings(p, 4000)[0]

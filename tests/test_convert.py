@@ -20,8 +20,8 @@ from PIL import Image
 
 from pipeline.convert import ConversionError, SplitDataset, image_fields, main, write_beton
 from pipeline.convert import run as convert
+from pipeline.dag.sections import Convert
 from pipeline.data.sources import decode_file, open_source
-from pipeline.spec.sections import Convert
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RAW = Convert(write_mode="raw", workers=1)
@@ -240,7 +240,7 @@ def write_failing(tmp_path, hard):
 HELD_CONVERT = """
 import signal, sys
 from pipeline import convert as c
-from pipeline.spec.sections import Convert
+from pipeline.dag.sections import Convert
 get = c.SplitDataset.__getitem__
 def held(self, i):  # the writer stops halfway (sample 100 of 200) and says so
     if i == 100:
@@ -496,7 +496,7 @@ def test_split_with_no_readable_image_names_the_split(tmp_path):
 
 def test_auto_write_mode_beyond_the_raw_budget_is_proportion():
     from pipeline.convert import RAW_BUDGET, resolve_write_mode
-    from pipeline.spec.sections import Convert
+    from pipeline.dag.sections import Convert
 
     assert resolve_write_mode(Convert(), 1 << 20) == ("raw", "auto: raw pixels take 1 MiB <= 4096 MiB")
     assert resolve_write_mode(Convert(), RAW_BUDGET + 1) == (

@@ -37,7 +37,7 @@ def views_of_epoch(beton, epoch=1):
 def jpg_beton(synthetic_small, tmp_path_factory):
     """A split stored as JPEG: the decoder's decoding branch."""
     from pipeline.convert import run as convert
-    from pipeline.spec.sections import Convert
+    from pipeline.dag.sections import Convert
 
     out = tmp_path_factory.mktemp("jpg") / "train.beton"
     convert(synthetic_small / "cls" / "train", out, Convert(max_resolution=32, write_mode="jpg", workers=1))

@@ -44,7 +44,7 @@ def test_uncompressed_rle_decodes():
 
 
 def test_the_repair_refuses_dag_settings_without_target_jobs():
-    from pipeline.spec.target_jobs import check_snakemake
+    from pipeline.dag.target_jobs import check_snakemake
 
     @dataclasses.dataclass
     class NoTargetJobs:  # a stand-in for DAGSettings that lost the field
@@ -59,8 +59,8 @@ def test_the_repair_refuses_dag_settings_without_target_jobs():
 
 
 def test_train_cached_fits_a_probe_on_cached_features():
+    from pipeline.dag.config import section
     from pipeline.probe import LinearProbe, settings, train_cached
-    from pipeline.spec.config import section
 
     torch.manual_seed(0)
     pc = section("probe", {"epochs": 2, "batch_size": 8})

@@ -15,12 +15,12 @@ from torch import nn
 
 from pipeline import detect, probe
 from pipeline.convert import run as convert
+from pipeline.dag.config import ConfigError, section
+from pipeline.dag.sections import Convert
 from pipeline.data.detection import DetectionDataError, DetectionSplit, coco_split, load_splits, voc_split, write_voc
 from pipeline.nets.models import build_backbone
 from pipeline.runtime import checkpoint
 from pipeline.runtime.distributed import DistEnv
-from pipeline.spec.config import ConfigError, section
-from pipeline.spec.sections import Convert
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
 CUDA1 = torch.device("cuda", 1)  # a device object only: nothing runs on it

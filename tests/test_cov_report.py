@@ -10,9 +10,7 @@ from test_claims import CLAIMS, CONFIG, ROLES, full_results, rows_by_claim, seed
 from pipeline import claims, environment, plan, tables
 from pipeline.claims import NOT_RUN
 from pipeline.claims import run as write_claims
-from pipeline.report import figures, studies
-from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, Estimate
-from pipeline.spec.config import (
+from pipeline.dag.config import (
     ConfigError,
     check_detector,
     check_pretrain,
@@ -24,8 +22,10 @@ from pipeline.spec.config import (
     validate,
     validate_sections,
 )
-from pipeline.spec.grid import Cell, claims_cells, parse_cell_id
-from pipeline.spec.training_set import training_set
+from pipeline.dag.grid import Cell, claims_cells, parse_cell_id
+from pipeline.dag.training_set import training_set
+from pipeline.report import figures, studies
+from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, Estimate
 from tests.test_environment import TINY_LOCK, TINY_LOCK_SHA256
 
 

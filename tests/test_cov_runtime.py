@@ -15,8 +15,8 @@ from test_distributed import P, _init, free_port
 from test_fast_path import BASE
 
 from pipeline import launch
+from pipeline.dag.config import section
 from pipeline.runtime import checkpoint, preempt
-from pipeline.spec.config import section
 
 CPU = torch.device("cpu")
 
@@ -464,7 +464,7 @@ def test_pretrain_compile_wraps_the_network(ffcv_small, tmp_path):
 
 
 def test_a_batch_larger_than_the_training_set_is_refused(ffcv_small, tmp_path):
-    from pipeline.spec.config import ConfigError
+    from pipeline.dag.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"pretrain.batch_size=128 exceeds the training set \(80 images\)"):
         trainer(ffcv_small, tmp_path, batch_size=128)  # ffcv_small: 10 classes x 8 training images

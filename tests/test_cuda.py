@@ -8,11 +8,11 @@ import torch
 from conftest import require
 from test_fast_path import FAMILIES, trainer_for
 
+from pipeline.dag.config import section
 from pipeline.nets.fast_path import FastPath
 from pipeline.nets.methods import build_model
 from pipeline.nets.optim import build_optimizer
 from pipeline.runtime import checkpoint
-from pipeline.spec.config import section
 
 pytestmark = pytest.mark.cuda
 P = {
@@ -78,9 +78,9 @@ def test_detection_fine_tunes_on_the_gpu(tmp_path):
     import json
 
     from pipeline import detect
+    from pipeline.dag.sections import Synthetic
     from pipeline.nets.models import build_backbone
     from pipeline.runtime import checkpoint
-    from pipeline.spec.sections import Synthetic
     from pipeline.synthetic import run as generate
 
     generate(

@@ -56,7 +56,7 @@ def test_only_the_chosen_cells_run(tmp_path):
 
 
 def test_command_line_values_are_read_against_the_schema():
-    from pipeline.spec.config import read_command_line_values
+    from pipeline.dag.config import read_command_line_values
 
     cfg = {
         "pretrain": {"epochs": "50", "m": "0.9", "backbone": "resnet18", "shuffle_bn": "false"},
@@ -73,9 +73,9 @@ def test_command_line_values_are_read_against_the_schema():
 
 # --- one registry per list ----------------------------------------------------------------------
 def test_backbone_names_have_one_source():
+    from pipeline.dag import grid, layout
+    from pipeline.dag.config import load_schema
     from pipeline.nets import models
-    from pipeline.spec import grid, layout
-    from pipeline.spec.config import load_schema
 
     names = [*layout.RESNETS, *layout.VITS]
     assert list(layout.BACKBONE_LABELS) == names
@@ -127,9 +127,9 @@ def test_a_different_existing_profile_is_left_alone(tmp_path):
 
 # --- `snakemake claims`: its own cells, the default target unchanged ---------------------------
 def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost(tmp_path):
-    from pipeline.spec.claims_plan import not_trained
-    from pipeline.spec.config import DEFAULT_CONFIG, load_yaml, typed_config, validate
-    from pipeline.spec.grid import claims_budget, claims_cells, group_id
+    from pipeline.dag.claims_plan import not_trained
+    from pipeline.dag.config import DEFAULT_CONFIG, load_yaml, typed_config, validate
+    from pipeline.dag.grid import claims_budget, claims_cells, group_id
 
     default = jobs_planned(dry_run(tmp_path).stdout)
     assert default["probe"] == 9 and "claims" not in default  # the demo's base, random init, supervised: 3 seeds
@@ -170,9 +170,9 @@ def test_a_config_whose_claims_cannot_run_fails_that_target_alone(tmp_path):
 
 
 def test_queue_policies_have_one_source():
+    from pipeline.dag.config import load_schema
+    from pipeline.dag.layout import QUEUE_POLICIES
     from pipeline.moco.queue import POLICIES
-    from pipeline.spec.config import load_schema
-    from pipeline.spec.layout import QUEUE_POLICIES
 
     assert (
         load_schema()["$defs"]["pretrain"]["properties"]["queue_policy"]["enum"]
@@ -182,8 +182,8 @@ def test_queue_policies_have_one_source():
 
 
 def test_grid_axes_and_the_cell_id_pattern_have_one_source():
-    from pipeline.spec.config import load_schema
-    from pipeline.spec.grid import AXES
+    from pipeline.dag.config import load_schema
+    from pipeline.dag.grid import AXES
 
     schema = load_schema()
     assert schema["$defs"]["sweep"]["propertyNames"]["enum"] == AXES  # in the order cell ids list them

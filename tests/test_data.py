@@ -10,9 +10,9 @@ import torch
 from test_convert import make_cifar, make_imagefolder, make_stl10
 
 from pipeline.convert import run as convert
+from pipeline.dag.sections import Convert
 from pipeline.data import augment
 from pipeline.data.loaders import LOADERS, Reading, Views, converted_source, eval_loader, two_view_loader
-from pipeline.spec.sections import Convert
 
 
 @pytest.fixture(scope="module")

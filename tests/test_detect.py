@@ -14,11 +14,11 @@ from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, TwoMLPH
 from torchvision.ops import FrozenBatchNorm2d
 
 from pipeline import detect
+from pipeline.dag.config import section
+from pipeline.dag.sections import Synthetic, Voc
 from pipeline.data.detection import VOC_CLASSES, DetectionSplit, load_splits, write_voc
 from pipeline.nets.models import build_backbone
 from pipeline.runtime import checkpoint
-from pipeline.spec.config import section
-from pipeline.spec.sections import Synthetic, Voc
 from pipeline.synthetic import run as generate
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}

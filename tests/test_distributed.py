@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pipeline.dag.config import section
 from pipeline.moco.distributed import shuffle_across_ranks, unshuffle_across_ranks
 from pipeline.nets.methods import build_model
 from pipeline.nets.optim import build_optimizer
-from pipeline.spec.config import section
 
 B, STEPS = 4, 3
 P = {

@@ -4,10 +4,9 @@ import re
 
 import pytest
 
-from pipeline.plan import load_config
-from pipeline.spec.claims_plan import not_trained as not_trained_claims
-from pipeline.spec.config import ConfigError, section, to_dict, typed_config
-from pipeline.spec.grid import (
+from pipeline.dag.claims_plan import not_trained as not_trained_claims
+from pipeline.dag.config import ConfigError, section, to_dict, typed_config
+from pipeline.dag.grid import (
     cell_id,
     cell_resources,
     claims_budget,
@@ -17,7 +16,8 @@ from pipeline.spec.grid import (
     group_id,
     parse_cell_id,
 )
-from pipeline.spec.sections import Resources
+from pipeline.dag.sections import Resources
+from pipeline.plan import load_config
 
 BASE = {
     "method": "moco",
@@ -209,7 +209,7 @@ def test_a_cluster_jobs_target_keeps_its_cell_id():
     from snakemake.target_jobs import parse_target_jobs_cli_args
     from snakemake_interface_executor_plugins.utils import TargetSpec, encode_target_jobs_cli_args
 
-    from pipeline.spec.target_jobs import rejoin_target_wildcards
+    from pipeline.dag.target_jobs import rejoin_target_wildcards
 
     sent = [
         TargetSpec("detect", {"cell": "K=128,m=0.9,seed=1", "trial": "0"}),
@@ -227,7 +227,7 @@ def test_the_repair_wraps_snakemakes_dag_once():
     import snakemake.api  # noqa: F401  (snakemake.dag alone is a circular import)
     from snakemake import dag
 
-    from pipeline.spec.target_jobs import rejoin_cells_in_cluster_jobs
+    from pipeline.dag.target_jobs import rejoin_cells_in_cluster_jobs
 
     rejoin_cells_in_cluster_jobs()
     own = dag.DAG.__init__.wrapped
@@ -247,7 +247,7 @@ def test_the_repair_refuses_a_snakemake_it_does_not_fit(version, init, why):
     from snakemake import dag
     from snakemake.settings.types import DAGSettings
 
-    from pipeline.spec.target_jobs import check_snakemake
+    from pipeline.dag.target_jobs import check_snakemake
 
     check_snakemake("9.27.1", getattr(dag.DAG.__init__, "wrapped", dag.DAG.__init__), DAGSettings)  # this one fits
     with pytest.raises(RuntimeError, match=f"cannot repair.*{re.escape(why)}.*would run another cell"):

@@ -4,8 +4,8 @@ naming both keys; a profile without GPU gres (a CPU cluster) runs the ranks on C
 import pytest
 from conftest import hard_run, snakemake_bin
 
-from pipeline.spec.config import ConfigError
-from pipeline.spec.job_gpus import check_ranks_fit, gres_gpus
+from pipeline.dag.config import ConfigError
+from pipeline.dag.job_gpus import check_ranks_fit, gres_gpus
 
 
 @pytest.mark.parametrize(

@@ -9,15 +9,15 @@ import torch
 from torch.nn import functional as F
 
 from pipeline import pretrain, probe, tables
+from pipeline.dag import method_registry
+from pipeline.dag.config import ConfigError, load_schema, pretrain_cell, section, typed_config
+from pipeline.dag.grid import grid_cells
+from pipeline.dag.layout import cell_file
+from pipeline.dag.method_registry import MethodSpec, method_spec, register
+from pipeline.dag.sections import Pretrain
 from pipeline.moco.method import Method
 from pipeline.nets.models import Encoder, feature_dim, projection_head
 from pipeline.nets.optim import optimizer_name
-from pipeline.spec import method_registry
-from pipeline.spec.config import ConfigError, load_schema, pretrain_cell, section, typed_config
-from pipeline.spec.grid import grid_cells
-from pipeline.spec.layout import cell_file
-from pipeline.spec.method_registry import MethodSpec, method_spec, register
-from pipeline.spec.sections import Pretrain
 
 
 class Toy(Method):

@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from pipeline.dag.config import section
 from pipeline.data.augment import normalize
 from pipeline.data.loaders import eval_loader
 from pipeline.moco.v3 import ctr_loss, momentum_at
 from pipeline.nets.methods import build_model
 from pipeline.nets.models import build_backbone
 from pipeline.nets.optim import build_optimizer
-from pipeline.spec.config import section
 
 BASE = {
     "method": "moco",

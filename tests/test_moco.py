@@ -8,10 +8,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from pipeline.dag.config import section
 from pipeline.moco import KeyQueue, MoCo, momentum_update
 from pipeline.moco.builder import info_nce
 from pipeline.nets.models import Encoder, build_backbone, projection_head
-from pipeline.spec.config import section
 
 
 def tiny_encoder(dim=16):

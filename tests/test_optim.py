@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline.dag.sections import Pretrain
 from pipeline.nets.optim import LARS, build_optimizer, decayed
-from pipeline.spec.sections import Pretrain
 
 
 def steps(params_and_grads, n, **hyper):

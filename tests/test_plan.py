@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from pipeline.dag.config import ConfigError, merge, typed_config
+from pipeline.dag.training_set import training_set
 from pipeline.plan import DetectionSpeed, Throughput, load_config, make_plan, minutes, render
-from pipeline.spec.config import ConfigError, merge, typed_config
-from pipeline.spec.training_set import training_set
 from tests.conftest import REPO, require, run, snakemake_bin
 
 # Figures of made-up GPUs with round numbers, so that every expectation below is mental arithmetic.

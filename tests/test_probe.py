@@ -10,6 +10,7 @@ from test_convert import make_stl10
 
 from pipeline import probe
 from pipeline.convert import run as convert
+from pipeline.dag.sections import Convert
 from pipeline.data.augment import normalize
 from pipeline.data.loaders import LOADERS, crop_loader
 from pipeline.eval.features import extract
@@ -17,7 +18,6 @@ from pipeline.eval.knn import knn_accuracy
 from pipeline.nets.models import build_backbone
 from pipeline.probe import assert_unchanged, run, snapshot
 from pipeline.runtime import checkpoint
-from pipeline.spec.sections import Convert
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
 

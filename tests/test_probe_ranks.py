@@ -14,9 +14,9 @@ from conftest import REPO
 from test_distributed import _init, free_port
 from test_probe import random_checkpoint  # noqa: F401  (a fixture)
 
+from pipeline.dag.config import ConfigError, validate_sections
 from pipeline.data.loaders import LOADERS, batches_from, crop_loader
 from pipeline.probe import LinearProbe, run
-from pipeline.spec.config import ConfigError, validate_sections
 
 DIM, CLASSES, BATCH, STEPS = 6, 3, 8, 4
 SETTINGS = {"lr": 0.5, "batch_size": BATCH, "schedule": "cosine", "weight_decay": 1e-4, "epochs": 1}

@@ -13,8 +13,8 @@ import pytest
 from conftest import REPO, run, snakemake_bin
 from test_tables import fake_cell
 
-from pipeline.spec.config import load_yaml, merge, typed_config
-from pipeline.spec.grid import grid_cells
+from pipeline.dag.config import load_yaml, merge, typed_config
+from pipeline.dag.grid import grid_cells
 
 TINY = "workflow/config/presets/tiny.yaml"
 CFG = merge(load_yaml(REPO / "workflow/config/config.yaml"), load_yaml(REPO / TINY))

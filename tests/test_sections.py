@@ -1,12 +1,12 @@
-"""Typed config sections (pipeline.spec.sections): every default defined once, in the dataclass;
+"""Typed config sections (pipeline.dag.sections): every default defined once, in the dataclass;
 the schema, config.yaml and the dataclasses agree key for key and value for value."""
 
 import dataclasses
 
 import pytest
 
-from pipeline.spec import sections
-from pipeline.spec.config import (
+from pipeline.dag import sections
+from pipeline.dag.config import (
     DEFAULT_CONFIG,
     SECTION_TYPES,
     ConfigError,

@@ -13,10 +13,10 @@ from test_detect import ARCH, TINY, ckpt_path, det_dir, voc_root  # noqa: F401 (
 from torchvision.models.detection import roi_heads
 
 from pipeline import detect
+from pipeline.dag.config import ConfigError, section
 from pipeline.data.detection import DetectionSplit, load_splits
 from pipeline.eval.masks import to_rle
 from pipeline.runtime import checkpoint
-from pipeline.spec.config import ConfigError, section
 
 SEGMENT = {**TINY, "task": "segmentation"}
 

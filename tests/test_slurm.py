@@ -33,7 +33,7 @@ import torch
 import yaml
 from conftest import REPO, hard_run, snakemake_bin
 
-from pipeline.spec.config import merge
+from pipeline.dag.config import merge
 
 pytestmark = pytest.mark.slurm
 

@@ -23,10 +23,10 @@ from conftest import REPO, run, snakemake_bin
 from test_rerun import TINY, cell_jobs, planned_jobs, snakemake
 from test_resume import CFG, assert_same_run
 
+from pipeline.dag.config import result_config
+from pipeline.dag.layout import folder_state
 from pipeline.data.loaders import data_identity
 from pipeline.pretrain import run_fingerprint
-from pipeline.spec.config import result_config
-from pipeline.spec.layout import folder_state
 
 NEW_LR = 0.07  # CFG's lr is 0.05
 NEW = copy.deepcopy(CFG)

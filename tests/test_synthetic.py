@@ -4,7 +4,7 @@ import hashlib
 import json
 from dataclasses import replace
 
-from pipeline.spec.sections import Synthetic
+from pipeline.dag.sections import Synthetic
 from pipeline.synthetic import CLASSES
 from pipeline.synthetic import run as generate
 

@@ -13,12 +13,12 @@ import sys
 import pytest
 from conftest import REPO, require, run
 
+from pipeline.dag.config import merge
+from pipeline.dag.grid import parse_cell_id
+from pipeline.dag.layout import STUDY_NAMES
 from pipeline.detect import summarize_trials
 from pipeline.pretrain import LOG_COLUMNS, rows_to_csv
 from pipeline.report.writers import latex
-from pipeline.spec.config import merge
-from pipeline.spec.grid import parse_cell_id
-from pipeline.spec.layout import STUDY_NAMES
 from pipeline.tables import run as write_tables
 
 BASE = {
@@ -539,7 +539,7 @@ def test_empty_results(tmp_path):
 
 
 def test_half_life_of_the_momentum():
-    from pipeline.spec.claims_plan import half_life
+    from pipeline.dag.claims_plan import half_life
 
     assert half_life(0.5) == 1.0 and half_life(0) == 0.0 and half_life(1) == float("inf")
     assert half_life(0.999) == pytest.approx(692.8, abs=0.1) and half_life(0.9) == pytest.approx(6.579, abs=1e-3)

@@ -220,8 +220,8 @@ def test_workflow_without_ffcv(tmp_path):
 def test_submitit_launcher_accepts_what_the_loader_reads(tmp_path):
     """The launcher checks the converted train split before queueing: the torchvision loader
     needs only the report (no .beton exists without FFCV), the FFCV loader the .beton."""
+    from pipeline.dag.config import DEFAULT_CONFIG, load_yaml
     from pipeline.launch import check_pretrain_args
-    from pipeline.spec.config import DEFAULT_CONFIG, load_yaml
 
     defaults = load_yaml(DEFAULT_CONFIG)
     (tmp_path / "train.json").write_text("{}")  # a report-only conversion
@@ -272,7 +272,7 @@ PRESETS = {  # preset -> the config files it is used with, as its header documen
 
 
 def preset_config(name: str) -> dict:
-    from pipeline.spec.config import DEFAULT_CONFIG, load_yaml, merge
+    from pipeline.dag.config import DEFAULT_CONFIG, load_yaml, merge
 
     cfg = load_yaml(DEFAULT_CONFIG)
     for part in PRESETS[name]:
@@ -286,7 +286,7 @@ def test_every_preset_is_covered():
 
 
 def test_demo_long_is_the_demo_at_the_longer_schedule(tmp_path):
-    from pipeline.spec.config import DEFAULT_CONFIG, load_yaml
+    from pipeline.dag.config import DEFAULT_CONFIG, load_yaml
 
     long = load_yaml(REPO / "workflow" / "config" / "presets" / "demo-long.yaml")
     assert long == {"pretrain": {"epochs": 25}, "detect": {"epochs": 8}}
@@ -572,9 +572,9 @@ def test_supervised_baseline_trains_with_its_own_recipe():
     """The paper presets' supervised cell: torchvision's recipe (grid.supervised), under the
     id method=supervised; lr 0.1 until epoch 30, 0.01 until 60, then 0.001. The demo's keeps
     the base cell's recipe (MoCo's views)."""
+    from pipeline.dag.config import DEFAULT_CONFIG, load_yaml, typed_config
+    from pipeline.dag.grid import cell_params, cell_resources, grid_cells
     from pipeline.nets.optim import lr_at
-    from pipeline.spec.config import DEFAULT_CONFIG, load_yaml, typed_config
-    from pipeline.spec.grid import cell_params, cell_resources, grid_cells
 
     cfg = typed_config(preset_config("imagenet-mocov2"))
     cell = grid_cells(cfg)["method=supervised"]
@@ -594,8 +594,8 @@ def test_supervised_baseline_trains_with_its_own_recipe():
 def test_mocov1_momentum_ablation_sits_at_K_4096():
     """The paper's Table 1 (He et al. 2020): m in {0, 0.9, 0.99, 0.999, 0.9999} at K = 4,096;
     no momentum cell at the base K = 65,536, and the momentum table is built around K=4096."""
-    from pipeline.spec.config import typed_config
-    from pipeline.spec.grid import grid_cells, group_id, momentum_reference
+    from pipeline.dag.config import typed_config
+    from pipeline.dag.grid import grid_cells, group_id, momentum_reference
 
     cells = {cid: c.pretrain for cid, c in grid_cells(typed_config(preset_config("imagenet-mocov1"))).items()}
     at_4096 = {p.m for p in cells.values() if p.K == 4096 and p.method == "moco" and p.mechanism == "moco"}

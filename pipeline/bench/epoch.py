@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from pipeline.bench.timing import cpu, interleaved, write
+from pipeline.dag.config import DEFAULT_CONFIG, load_yaml, merge, validate_sections
 from pipeline.runtime import distributed
-from pipeline.spec.config import DEFAULT_CONFIG, load_yaml, merge, validate_sections
 
 TARGET = 1.25  # real epoch / model steps
 

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from pipeline.bench.timing import write
+from pipeline.dag.sections import Convert
 from pipeline.data.loaders import Reading, Views
-from pipeline.spec.sections import Convert
 
 CLASSES = 10
 IMAGES_PER_TASK = 64  # images a pool worker writes per task

@@ -32,10 +32,10 @@ from pathlib import Path
 
 from pipeline.bench.epoch import base_cell_config
 from pipeline.bench.timing import cpu
+from pipeline.dag.config import build, merge
+from pipeline.dag.sections import Synthetic
 from pipeline.runtime.io import atomic_write_text
 from pipeline.runtime.stage_log import stage_log
-from pipeline.spec.config import build, merge
-from pipeline.spec.sections import Synthetic
 
 # The slow CPU of this machine kind (AMD EPYC, AVX2, no AVX-512) ran the old base cell's 400
 # steps of 64 images (ResNet-18 width 16, 32 px, one thread beside another job, as the demo runs
@@ -160,10 +160,10 @@ def held_out_scores(checkpoint_path: Path, data_dir: Path, crop_size: int) -> di
     part of train.beton, fitted on the rest."""
     import torch
 
+    from pipeline.dag.config import DEFAULT_CONFIG, load_yaml, section
     from pipeline.eval.features import extract
     from pipeline.eval.knn import knn_accuracy
     from pipeline.probe import LinearProbe, load_frozen_backbone, settings, topk_accuracy, train_cached
-    from pipeline.spec.config import DEFAULT_CONFIG, load_yaml, section
 
     pc = section("probe", load_yaml(DEFAULT_CONFIG)["probe"])  # the probe stage's protocol
     torch.manual_seed(pc.seed)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pipeline.bench.dag import dry_run
 from pipeline.bench.timing import interleaved, write
-from pipeline.spec.config import REPO
+from pipeline.dag.config import REPO
 
 # K x m of every grid; seeds make up the count (a paper grid's shape: seeds x K x m)
 GRID_K = [256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192]

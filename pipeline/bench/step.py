@@ -24,13 +24,13 @@ import torch
 from torch import nn
 
 from pipeline.bench.timing import OUT_DIR, interleaved, write
+from pipeline.dag.config import section
+from pipeline.dag.sections import Pretrain
 from pipeline.moco import MoCo
 from pipeline.moco.split_bn import max_splits
 from pipeline.nets.fast_path import FastPath
 from pipeline.nets.methods import build_model
 from pipeline.nets.optim import build_optimizer
-from pipeline.spec.config import section
-from pipeline.spec.sections import Pretrain
 
 FLOORS = {"moco_v2": 4 / 3, "moco_v3": 8 / 3}
 

@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.spec.sections import Voc
+from pipeline.dag.sections import Voc
 
 VOC_CLASSES = (
     "aeroplane",

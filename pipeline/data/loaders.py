@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.spec.sections import Data, Pretrain
+from pipeline.dag.sections import Data, Pretrain
 
 LOADERS = ("ffcv", "torchvision")
 RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop (as torchvision's default)

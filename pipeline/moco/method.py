@@ -1,7 +1,7 @@
 """What the training loop asks of every pretraining method (MoCo v1/v2/v3, end-to-end, memory
 bank, supervised). Each method implements the hooks that apply to it beside its own code, so
 the loop (pipeline.pretrain) never inspects a model: a new method is its own file plus its
-entry in pipeline.spec.method_registry.
+entry in pipeline.dag.method_registry.
 """
 
 from __future__ import annotations

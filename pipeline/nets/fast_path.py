@@ -13,7 +13,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from pipeline.spec.layout import is_resnet
+from pipeline.dag.layout import is_resnet
 
 M = TypeVar("M", bound=nn.Module)
 

@@ -1,5 +1,5 @@
 """Which model a pretraining cell trains: MoCo v1/v2/v3, end-to-end, memory bank, supervised;
-each method's builder is named in pipeline.spec.method_registry.
+each method's builder is named in pipeline.dag.method_registry.
 
 Every model has ``encoder_q.backbone`` (what transfers) and
 ``forward(x1, x2, index, labels) -> (loss, logits, target)``.
@@ -10,15 +10,15 @@ from __future__ import annotations
 from torch import nn
 from torch.nn import functional as F
 
+from pipeline.dag.config import ConfigError
+from pipeline.dag.layout import VITS, is_resnet
+from pipeline.dag.sections import Pretrain
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd, MemoryBank
 from pipeline.moco.method import Method
 from pipeline.moco.split_bn import default_splits, has_batch_norm, max_splits, split_batch_norm
 from pipeline.moco.v3 import MoCoV3
 from pipeline.nets.models import Encoder, bn_mlp, build_backbone, feature_dim, projection_head
-from pipeline.spec.config import ConfigError
-from pipeline.spec.layout import VITS, is_resnet
-from pipeline.spec.sections import Pretrain
 
 
 def arch_of(p: Pretrain, image_size: int | None = None) -> dict:
@@ -84,7 +84,7 @@ def bn_guard_text(model: nn.Module, world_size: int) -> str:
 
 
 def build_model(p: Pretrain, image_size: int, num_classes: int, num_samples: int, world_size: int = 1) -> Method:
-    """The model of the cell's method (pipeline.spec.method_registry: its builder) on a new backbone."""
+    """The model of the cell's method (pipeline.dag.method_registry: its builder) on a new backbone."""
     # MoCo v3's ResNet starts each residual branch at zero (zero_init_residual, as its reference);
     # its ViT keeps the random patch projection (unset: MoCo only, a supervised ViT trains it)
     v3_resnet = p.is_moco and p.variant == "v3" and is_resnet(p.backbone)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
-from pipeline.spec.layout import VITS
+from pipeline.dag.layout import VITS
 
 if TYPE_CHECKING:
     from timm.models.vision_transformer import VisionTransformer  # imported when a ViT is built

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from pipeline.spec.sections import Pretrain
+from pipeline.dag.sections import Pretrain
 
 
 class LARS(torch.optim.Optimizer):

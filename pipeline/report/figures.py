@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline.dag.grid import format_value
+from pipeline.dag.layout import FIGURE_FORMATS, FIGURES, cell_file
+from pipeline.dag.method_registry import is_moco
 from pipeline.report.studies import MECHANISMS, groups, mechanism_groups, shuffle_bn_groups, value
 from pipeline.runtime.io import atomic_path
-from pipeline.spec.grid import format_value
-from pipeline.spec.layout import FIGURE_FORMATS, FIGURES, cell_file
-from pipeline.spec.method_registry import is_moco
 
 
 def pyplot():

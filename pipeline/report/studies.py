@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline.dag.claims_plan import half_life
+from pipeline.dag.config import ConfigError, merge, section
+from pipeline.dag.grid import AXES, BASE_ID, format_value, group_id, momentum_reference, parse_cell_id
+from pipeline.dag.layout import BACKBONE_LABELS, cell_file, is_resnet, is_vit
+from pipeline.dag.method_registry import is_moco, method_label, row_order
+from pipeline.dag.sections import SYNTHETIC_CLASSES, Pretrain
 from pipeline.report import stats
 from pipeline.runtime.provenance import environment_note
-from pipeline.spec.claims_plan import half_life
-from pipeline.spec.config import ConfigError, merge, section
-from pipeline.spec.grid import AXES, BASE_ID, format_value, group_id, momentum_reference, parse_cell_id
-from pipeline.spec.layout import BACKBONE_LABELS, cell_file, is_resnet, is_vit
-from pipeline.spec.method_registry import is_moco, method_label, row_order
-from pipeline.spec.sections import SYNTHETIC_CLASSES, Pretrain
 
 METRICS = {
     "inst_acc": "instance accuracy",

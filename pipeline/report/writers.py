@@ -11,10 +11,10 @@ import json
 import sys
 from pathlib import Path
 
+from pipeline.dag.config import load_yaml, merge
+from pipeline.dag.layout import TABLE_FORMATS
 from pipeline.report.studies import METRIC_GROUPS, METRICS, Delta, Row, Table, Value
 from pipeline.runtime.io import atomic_write_text
-from pipeline.spec.config import load_yaml, merge
-from pipeline.spec.layout import TABLE_FORMATS
 
 MISSING = "—"
 FAIL = "fail"

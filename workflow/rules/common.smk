@@ -5,13 +5,13 @@ import os
 import shlex
 import sys
 
-# only pipeline.spec modules: building the DAG imports no torch
-from pipeline.spec.claims_plan import not_trained
-from pipeline.spec.config import check_dataset, check_detect_root, load_schema, result_config, result_part
-from pipeline.spec.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, detects as cell_detects
-from pipeline.spec.grid import claims_budget
-from pipeline.spec.sections import JOBS, RUNTIME
-from pipeline.spec.layout import (
+# only pipeline.dag modules: building the DAG imports no torch
+from pipeline.dag.claims_plan import not_trained
+from pipeline.dag.config import check_dataset, check_detect_root, load_schema, result_config, result_part
+from pipeline.dag.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, detects as cell_detects
+from pipeline.dag.grid import claims_budget
+from pipeline.dag.sections import JOBS, RUNTIME
+from pipeline.dag.layout import (
     CLAIMS_TABLES,
     FIGURES,
     STUDY_NAMES,
@@ -32,7 +32,7 @@ CONDA_ENV = "../envs/moco.yaml"
 def job_config(sections_of, drop=(RUNTIME,)):
     """A rule's config params, from ``sections_of(wildcards)`` (section name -> the dict the
     config states, from ``config``: the job's JSON holds the keys given, no more): ``key``,
-    the sections' result keys (pipeline.spec.config.result_config), which Snakemake compares to
+    the sections' result keys (pipeline.dag.config.result_config), which Snakemake compares to
     decide a rerun; ``cfg``, the whole sections, which the job reads. ``cfg`` is a function of
     ``threads`` because Snakemake does not compare such params (they are "derived"): a change
     of threads, workers or monitor frequency reruns nothing."""
@@ -43,7 +43,7 @@ def job_config(sections_of, drop=(RUNTIME,)):
 
 
 def params_of(cell):
-    """The cell (pipeline.spec.grid.Cell): its typed pretrain section and its override."""
+    """The cell (pipeline.dag.grid.Cell): its typed pretrain section and its override."""
     return CELLS[cell] if cell in CELLS else cell_params(CFG, cell)
 
 
@@ -53,7 +53,7 @@ def cell_pretrain(cell):
 
 
 def detects(cell):
-    """Detection transfer for this cell? (pipeline.spec.grid.detects)"""
+    """Detection transfer for this cell? (pipeline.dag.grid.detects)"""
     return cell_detects(CFG.detect, cell, params_of(cell).pretrain)
 
 
@@ -119,7 +119,7 @@ def detection_root():
 
 def cell_resources(cell):
     """Job size of one cell's pretraining, scaled with its epochs, backbone and batch
-    (grid.resources; pipeline.spec.grid.cell_resources): {"runtime": minutes, "nodes": n}."""
+    (grid.resources; pipeline.dag.grid.cell_resources): {"runtime": minutes, "nodes": n}."""
     return grid_cell_resources(params_of(cell).pretrain, CFG.grid.resources)
 
 

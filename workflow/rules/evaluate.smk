@@ -1,5 +1,5 @@
 # Stages 3 and 4: linear probe (+ kNN) on the frozen encoder, detection transfer.
-from pipeline.spec.job_gpus import check_ranks_fit
+from pipeline.dag.job_gpus import check_ranks_fit
 
 # GPUs per job from the config: probe.ranks and detect.ranks (torchrun starts them inside the
 # job's one task). A profile may pin another gres under set-resources (a CPU cluster: ""); one

@@ -35,7 +35,7 @@ rule tables:
         "{params.py} -m pipeline.tables {params.results:q} --config {params.cfg:q} > {log:q} 2>&1"
 
 
-# `snakemake claims`: the cells the seeds' claims need (pipeline.spec.grid.claims_cells, their
+# `snakemake claims`: the cells the seeds' claims need (pipeline.dag.grid.claims_cells, their
 # pretraining and probe; no detection) -> tables/claims.* first in the report. Not in the default target.
 rule claims:
     input:

@@ -18,8 +18,8 @@ import jsonschema
 import yaml
 
 from pipeline import REPO
-from pipeline.spec.method_registry import METHODS, method_spec, resolve
-from pipeline.spec.sections import (
+from pipeline.dag.method_registry import METHODS, method_spec, resolve
+from pipeline.dag.sections import (
     INIT,
     RUNTIME,
     Claims,
@@ -42,7 +42,7 @@ class ConfigError(ValueError):
     """A config value is invalid; the message names the key and what is allowed."""
 
 
-# --- typed sections (pipeline.spec.sections) ------------------------------------------------------
+# --- typed sections (pipeline.dag.sections) ------------------------------------------------------
 SECTION_TYPES = {
     "dataset": Dataset,
     "convert": Convert,
@@ -128,7 +128,7 @@ def typed_sections(cfg: dict) -> dict:
 
 
 def result_part(name: str, values: dict, drop: tuple[str, ...] = (RUNTIME,), untrained: bool = False) -> dict:
-    """Section ``name``'s keys that determine its stage's result (pipeline.spec.sections: a field's
+    """Section ``name``'s keys that determine its stage's result (pipeline.dag.sections: a field's
     "sets"): all but the RUNTIME keys (and the kinds in ``drop``); of a pretraining that trains
     nothing (the random-init baseline, ``untrained``), only the INIT keys."""
     typed = section(name, values)
@@ -169,7 +169,7 @@ def pretrain_cell(base: Pretrain, override: dict, where: str = "pretrain", num_s
 def load_schema() -> dict:
     """The config's JSON schema, read once per process (every grid cell is validated against
     it while the DAG is built); callers must not modify it. Its pretrain.method enum is the
-    method registry's names (pipeline.spec.method_registry), read anew once a method is registered."""
+    method registry's names (pipeline.dag.method_registry), read anew once a method is registered."""
     return _schema(tuple(METHODS))
 
 
@@ -254,7 +254,7 @@ def check_pretrain(p: Pretrain, where: str = "pretrain", num_samples: int | None
 
 
 def check_moco(p: Pretrain, where: str, num_samples: int | None) -> None:
-    """MoCo's cross-field rules (pipeline.spec.method_registry: the moco method's ``check``)."""
+    """MoCo's cross-field rules (pipeline.dag.method_registry: the moco method's ``check``)."""
     if p.is_vit and p.variant != "v3":
         raise ConfigError(f"{where}: backbone {p.backbone} needs variant v3 (the ViT adaptation)")
     if p.variant == "v3" and p.mechanism != "moco":

@@ -72,7 +72,7 @@ def check_snakemake(version: str, dag_init, dag_settings) -> None:
         problems.append("its DAG settings have no target_jobs")
     if problems:
         raise RuntimeError(
-            "pipeline.spec.target_jobs cannot repair this Snakemake's --target-jobs parsing ("
+            "pipeline.dag.target_jobs cannot repair this Snakemake's --target-jobs parsing ("
             + "; ".join(problems)
             + "): cluster jobs of cells with commas in their id would run another cell. "
             f"Install snakemake {SNAKEMAKE_MAJOR}.x (requirements.txt) or adapt the repair."

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.spec.config import ConfigError
-from pipeline.spec.sections import SYNTHETIC_CLASSES, Config, Dataset
+from pipeline.dag.config import ConfigError
+from pipeline.dag.sections import SYNTHETIC_CLASSES, Config, Dataset
 
 IMAGENET_TRAIN = 1_281_167  # ImageNet-1k (ILSVRC-2012) training images
 # torchvision's datasets: (training images, classes, what)

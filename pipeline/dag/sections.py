@@ -3,7 +3,7 @@
 Standard library only: Snakemake imports this while it builds the DAG (no torch, no pandas).
 The field names are the schema's keys (workflow/config/config.schema.yaml; a test holds them
 equal) and the defaults are config.yaml's values (a test holds those equal too). Lists are
-tuples here, so that a section cannot change once built; pipeline.spec.config builds the sections
+tuples here, so that a section cannot change once built; pipeline.dag.config builds the sections
 from validated dicts and turns them back into dicts.
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.spec.layout import is_vit
-from pipeline.spec.method_registry import MethodSpec, method_spec
+from pipeline.dag.layout import is_vit
+from pipeline.dag.method_registry import MethodSpec, method_spec
 
 # What a key sets (field metadata "sets"); unmarked keys determine their stage's result.
 # A rule's params, which Snakemake compares to decide a rerun, and a pretraining run's
-# fingerprint, which decides a resume, hold the result keys only (pipeline.spec.config.result_part).
+# fingerprint, which decides a resume, hold the result keys only (pipeline.dag.config.result_part).
 RUNTIME = "runtime"  # resources, logging or monitoring: never changes a result's meaning
 JOBS = "jobs"  # which jobs exist (e.g. detect.trials), not what one of them computes
 INIT = "init"  # pretrain: with the seed, all an untrained (random-init) network depends on
@@ -87,7 +87,7 @@ class Data:
 class Pretrain:
     """One pretraining cell (the base cell of the grid)."""
 
-    method: str = marked("moco", INIT)  # a name of pipeline.spec.method_registry: moco | supervised | random
+    method: str = marked("moco", INIT)  # a name of pipeline.dag.method_registry: moco | supervised | random
     variant: str = "v2"
     mechanism: str = "moco"  # how negatives are produced: moco | end_to_end | memory_bank
     backbone: str = marked("resnet18", INIT)
@@ -127,7 +127,7 @@ class Pretrain:
     seed: int = marked(0, INIT)
     threads: int = runtime(1)
 
-    # what the method registry (pipeline.spec.method_registry) and the backbone list say of this cell
+    # what the method registry (pipeline.dag.method_registry) and the backbone list say of this cell
     @property
     def spec(self) -> MethodSpec:
         return method_spec(self.method)
@@ -249,7 +249,7 @@ class Launch:
 
 @dataclass(frozen=True, kw_only=True)
 class Resources:
-    """grid.resources: the size of each cell's pretraining job (pipeline.spec.grid.cell_resources)."""
+    """grid.resources: the size of each cell's pretraining job (pipeline.dag.grid.cell_resources)."""
 
     minutes_per_epoch: float = 1
     overhead_minutes: float = 10
@@ -318,7 +318,7 @@ class Claims:
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-    """The whole workflow config, typed once (pipeline.spec.config.typed_config); the rules read it."""
+    """The whole workflow config, typed once (pipeline.dag.config.typed_config); the rules read it."""
 
     results: str = "results"
     dataset: Dataset = field(default_factory=Dataset)

@@ -3,7 +3,7 @@ built (before anything is submitted). Standard library only: the Snakefile impor
 
 from __future__ import annotations
 
-from pipeline.spec.config import ConfigError
+from pipeline.dag.config import ConfigError
 
 
 def gres_gpus(gres) -> int | None:

@@ -1,9 +1,9 @@
 """What each claim of ``snakemake claims`` needs from its experiment, known before anything runs:
-which cells (by role, pipeline.spec.grid.claims_overrides) and whether the configured budget can
+which cells (by role, pipeline.dag.grid.claims_overrides) and whether the configured budget can
 decide it (enough steps for the EMA, a queue small enough for the data), from the training set's
-size (pipeline.spec.training_set) and the config alone.
+size (pipeline.dag.training_set) and the config alone.
 
-Standard library only: pipeline.spec.grid uses it while Snakemake builds the DAG, to run
+Standard library only: pipeline.dag.grid uses it while Snakemake builds the DAG, to run
 ``claims.seeds`` seeds of the cells a decidable claim compares, ``claims.invariant_seeds`` of
 those only an invariant needs, and none of the cells that only an undecidable claim would need.
 The accuracy claims also rest on pilot runs (the reference and random init at
@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.spec.layout import QUEUE_POLICIES
-from pipeline.spec.sections import Claims
+from pipeline.dag.layout import QUEUE_POLICIES
+from pipeline.dag.sections import Claims
 
 # "several EMA half-lives": after 5 the key encoder keeps 2^-5 = 3 % of its initial weights
 HALF_LIVES = 5
@@ -95,7 +95,7 @@ def queue_turnover(b: Budget, ks: list[int]) -> tuple[str, str | None]:
 
 @dataclass(frozen=True)
 class Need:
-    roles: tuple[str, ...]  # the cells it needs (pipeline.spec.grid.claims_overrides' roles)
+    roles: tuple[str, ...]  # the cells it needs (pipeline.dag.grid.claims_overrides' roles)
     text: str  # what the experiment must satisfy
     why_not: str | None  # why this budget cannot decide it (None: it can, as far as the config tells)
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import yaml
 
-from pipeline.spec.claims_plan import Budget, role_seeds
-from pipeline.spec.config import ConfigError, merge, pretrain_cell, to_dict
-from pipeline.spec.layout import QUEUE_POLICIES, is_resnet
-from pipeline.spec.sections import SYNTHETIC_CLASSES, Claims, Config, Detect, Grid, Pretrain, Resources
-from pipeline.spec.training_set import training_set
+from pipeline.dag.claims_plan import Budget, role_seeds
+from pipeline.dag.config import ConfigError, merge, pretrain_cell, to_dict
+from pipeline.dag.layout import QUEUE_POLICIES, is_resnet
+from pipeline.dag.sections import SYNTHETIC_CLASSES, Claims, Config, Detect, Grid, Pretrain, Resources
+from pipeline.dag.training_set import training_set
 
 AXES = [
     "method",
@@ -162,7 +162,7 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
 
 def claims_budget(cfg: Config) -> Budget:
     """The claims' experiment size from the config and the training set's size (known before
-    any job; pipeline.spec.training_set raises where it is not)."""
+    any job; pipeline.dag.training_set raises where it is not)."""
     assert cfg.claims is not None
     data = training_set(cfg)
     return Budget(data.images, data.classes, cfg.pretrain.batch_size, cfg.claims.epochs)
@@ -171,7 +171,7 @@ def claims_budget(cfg: Config) -> Budget:
 def claims_cells(cfg: Config) -> dict[str, Cell]:
     """The claims study's cells: id -> the cell (validated); ``claims.seeds`` of each cell a
     claim this budget can decide needs, none of those only undecidable claims would need
-    (pipeline.spec.claims_plan.not_trained says which and why)."""
+    (pipeline.dag.claims_plan.not_trained says which and why)."""
     base, claims = cfg.pretrain, cfg.claims
     if claims is None:
         raise ConfigError("the config has no 'claims' section (workflow/config/config.yaml has one)")

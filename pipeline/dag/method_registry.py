@@ -7,7 +7,7 @@ imported when a model is built (pipeline.nets.methods.build_model).
 
 Adding a method: its model in a file of its own (a pipeline.moco.method.Method, with a builder
 ``build(p, backbone, num_classes, num_samples, world_size) -> Method``) and one ``register``
-call below (+ a pipeline.spec.sections.Pretrain field for each new key). tests/test_method_registry.py
+call below (+ a pipeline.dag.sections.Pretrain field for each new key). tests/test_method_registry.py
 registers one from the test file and takes it through the grid, a pretraining, the tables and
 the figures.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipeline.spec.sections import Pretrain
+    from pipeline.dag.sections import Pretrain
 
 
 def no_queue(p: Pretrain) -> bool:
@@ -41,7 +41,7 @@ def recipe_optimizer(p: Pretrain) -> str:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    name: str  # pretrain.method's value (the schema's enum: pipeline.spec.config.load_schema)
+    name: str  # pretrain.method's value (the schema's enum: pipeline.dag.config.load_schema)
     label: str  # its rows' label in the method and detection tables
     order: int  # where its rows stand in those tables (lower first; 10 apart, room between)
     # "module:function" building its model from the section and a backbone; "" for a method
@@ -52,7 +52,7 @@ class MethodSpec:
     has_queue: Callable[[Pretrain], bool] = no_queue  # negatives from a queue (K, queue_policy apply)
     optimizer: Callable[[Pretrain], str] = recipe_optimizer  # its optimiser under ``optimizer: auto``
     # "module:function" of its cross-field rules, ``check(p, where, num_samples)`` raising
-    # pipeline.spec.config.ConfigError; "": none beyond every cell's
+    # pipeline.dag.config.ConfigError; "": none beyond every cell's
     check: str = ""
 
     def build_function(self) -> Callable:
@@ -106,7 +106,7 @@ register(
         "pipeline.nets.methods:build_moco",
         moco=True,
         has_queue=moco_queue,
-        check="pipeline.spec.config:check_moco",
+        check="pipeline.dag.config:check_moco",
     )
 )
 register(MethodSpec("supervised", "supervised", 20, "pipeline.nets.methods:build_supervised"))
