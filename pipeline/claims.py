@@ -46,12 +46,12 @@ from pipeline.dag.layout import QUEUE_POLICIES
 from pipeline.dag.sections import Claims, Config, Pretrain
 from pipeline.dag.training_set import training_set
 from pipeline.report import stats
+from pipeline.report.records import QUEUE_METRICS
 from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
 from pipeline.report.studies import (
     DETECTION_METRICS,
     MASK_METRICS,
     METRICS,
-    QUEUE_METRICS,
     SUPERVISED_ID,
     Group,
     Row,

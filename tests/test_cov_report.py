@@ -216,7 +216,7 @@ def test_labels_and_sentences():
     sentence = studies.direction_sentence("MoCo", "random init", studies.Delta(below, 3, 0), "top-1")
     assert sentence.endswith("MoCo is below random init on this data (95 % CI [-4.0, -2.0] excludes 0).")
     cfg = {"dataset": {"source": "cifar10", "root": "/data/cifar"}}
-    assert studies.dataset_text(cfg, None) == "cifar10 (/data/cifar)"
+    assert studies.dataset_text(studies.Stated.of(cfg).dataset, None) == "cifar10 (/data/cifar)"
 
 
 # --- figures -----------------------------------------------------------------------------------

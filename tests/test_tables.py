@@ -401,12 +401,13 @@ def test_the_main_table_says_how_the_supervised_baseline_trained(results, tmp_pa
 
 
 def test_detection_records_from_before_the_footnote_still_name_norm_batch_and_protocol():
-    from pipeline.report.studies import detection_protocol, detection_setup
+    from pipeline.report.records import DetectRecord, from_json
 
     old = {"AP": 40.6, "norm": "frozen_bn", "sync_bn": False, "config": {"detect": {"batch_size": 4}}}
-    assert detection_setup(old) == "frozen_bn, batch 4"
-    assert detection_protocol(old) == "COCO box AP (pycocotools)"
-    assert detection_setup({}) is None and detection_protocol({}) is None
+    record = from_json(DetectRecord, {**old, "a key of a newer version": 1})
+    assert record is not None and record.AP == 40.6 and record.each_trial() == [record]
+    assert record.setup == "frozen_bn, batch 4" and record.scored_as == "COCO box AP (pycocotools)"
+    assert from_json(DetectRecord, {}) is None
 
 
 def test_mechanisms_over_k(results):

@@ -23,7 +23,6 @@ import pandas as pd
 
 from pipeline.dag.grid import format_value
 from pipeline.dag.layout import FIGURE_FORMATS, FIGURES, cell_file
-from pipeline.dag.method_registry import is_moco
 from pipeline.report.studies import MECHANISMS, groups, mechanism_groups, shuffle_bn_groups, value
 from pipeline.runtime.io import atomic_path
 
@@ -114,7 +113,7 @@ def accuracy_vs_k(gs):
 
 def accuracy_vs_m(gs):
     fig, ax = pyplot().subplots(figsize=(5, 3.5))
-    sel = {g.params.get("m"): g for g in gs.values() if is_moco(g.get("method")) and set(g.diff) <= {"m"}}
+    sel = {g.stated("m"): g for g in gs.values() if g.is_moco and set(g.diff) <= {"m"}}
     ms = sorted(m for m in sel if m is not None)
     xs = list(range(len(ms)))  # the paper's m (0 ... 0.9999) are evenly spaced on this axis
     fails = _plot_values(ax, xs, [value(sel[m].cells, "top1") for m in ms], color="C0", label="linear")

@@ -11,20 +11,30 @@ Markdown, CSV and LaTeX.
 from __future__ import annotations
 
 import functools
-import json
 import math
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from pipeline.dag.claims_plan import half_life
 from pipeline.dag.config import ConfigError, merge, section
 from pipeline.dag.grid import AXES, BASE_ID, format_value, group_id, momentum_reference, parse_cell_id
-from pipeline.dag.layout import BACKBONE_LABELS, cell_file, is_resnet, is_vit
+from pipeline.dag.layout import BACKBONE_LABELS, is_resnet, is_vit
 from pipeline.dag.method_registry import is_moco, method_label, row_order
-from pipeline.dag.sections import SYNTHETIC_CLASSES, Pretrain
+from pipeline.dag.sections import SYNTHETIC_CLASSES, Dataset, Detect, Pretrain, Probe
 from pipeline.report import stats
+from pipeline.report.records import (
+    TRANSFER_KEYS,
+    CellOutputs,
+    ConversionReport,
+    ProbeRecord,
+    Summary,
+    from_json,
+    read_json,
+)
 from pipeline.runtime.provenance import environment_note
 
 METRICS = {
@@ -46,13 +56,9 @@ METRICS = {
     "negative_drift_max": "negatives' drift, max (%)",
 }
 DECIMALS = {"drift": 2, "negative_drift_mean": 3, "negative_drift_max": 3}  # drifts are small; the rest: 1
-# read from the last epoch of a cell's pretraining log (summary.json "final")
-QUEUE_METRICS = ["queue_age_p99", "queue_age_max", "negative_drift_mean", "negative_drift_max"]
 ABLATION_METRICS = ["top1", "knn_top1", "AP50", "AP", "AP75"]
 DETECTION_METRICS = ["AP50", "AP", "AP75"]
-DETECTION_KEYS = ["AP50", "AP", "AP75", "APs", "APm", "APl"]
 MASK_METRICS = [f"mask_{k}" for k in DETECTION_METRICS]  # Mask R-CNN's (detect.task: segmentation)
-TRANSFER_KEYS = DETECTION_KEYS + [f"mask_{k}" for k in DETECTION_KEYS]  # a detect.json's AP keys
 SAMPLES = "_samples"  # column suffix: a metric's values per trial within the cell
 PAPER_M = [0, 0.5, 0.9, 0.99, 0.999, 0.9999]  # the MoCo paper's momentum rows, and the seeds' m = 0.5
 MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": "MoCo"}
@@ -65,13 +71,6 @@ BN_LEAK_METRICS = ["inst_acc", "top1", "knn_top1"]
 
 
 # --- per-cell metrics -----------------------------------------------------------------------
-def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
-        return None
-
-
 def _params(cell: str, on_disk: dict | None, expected: dict, base: dict | None) -> dict:
     if on_disk:
         return on_disk
@@ -87,65 +86,47 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
         parse_cell_id(cell)
     except ConfigError:
         return None  # not a cell folder
-
-    def output(what):
-        return _read(Path(cell_file(results, cell, what))) or {}
-
-    cfg = output("config")
-    params = _params(cell, cfg.get("pretrain"), expected, base)
-    summary, probe, det = output("summary"), output("probe"), output("detect")
-    # diverged, or collapsed to a chance-level pretext loss (pretrain.failure)
-    failed = bool(summary.get("diverged") or summary.get("failure"))
-    done = bool(probe or det)
-    final = summary.get("final") or {}
+    out = CellOutputs.read(results, cell)
+    params = _params(cell, out.stated_pretrain, expected, base)
+    summary, probe, det = out.summary or Summary(), out.probe or ProbeRecord(), out.detect
+    final = summary.last_epoch
     row = {
         "cell": cell,
         "group": group_id(cell),
-        "status": "fail" if failed else ("ok" if done else "missing"),
-        **{a: params.get(a) for a in AXES},
+        # diverged, or collapsed to a chance-level pretext loss (pipeline.pretrain)
+        "status": "fail" if summary.failed else ("ok" if out.probe or det else "missing"),
+        **{a: params[a] if a in params else None for a in AXES},
         "params": params,
-        "epochs_run": summary.get("epochs_run"),
-        "loss": final.get("loss"),
-        "inst_acc": final.get("inst_acc"),
+        "epochs_run": summary.epochs_run,
+        "loss": final.loss,
+        "inst_acc": final.inst_acc,
         # ||theta_k - theta_q|| / ||theta_q|| at the end, in percent (tables show one decimal)
-        "drift": None if final.get("drift") in (None, "") else 100 * float(final["drift"]),
-        "bn_guard": summary.get("bn_guard"),
-        "probe_mode": probe.get("mode"),
-        "failure": summary.get("failure") or ("diverged" if summary.get("diverged") else None),
-        "key_encoder": summary.get("key_encoder"),
+        "drift": final.drift_percent,
+        "bn_guard": summary.bn_guard,
+        "probe_mode": probe.mode,
+        "failure": summary.failed,
+        "key_encoder": summary.key_encoder,
         # where its pretraining and its probe ran (pipeline.runtime.provenance); None: not recorded
-        "provenance": [r.get("provenance") for r in (summary, probe) if r],
-        **{k: final.get(k) for k in QUEUE_METRICS},
+        "provenance": [r.provenance for r in (out.summary, out.probe) if r is not None],
+        **final.queue(),
+        "top1": probe.top1,
+        "top5": probe.top5,
+        "knn_top1": probe.knn_top1,
+        **{k: det and det.metric(k) for k in TRANSFER_KEYS},
+        "det_setup": det and det.setup,
+        "det_protocol": det and det.scored_as,
     }
-    row.update({k: probe.get(k) for k in ("top1", "top5", "knn_top1")})
-    row.update({k: det.get(k) for k in TRANSFER_KEYS})
-    row.update(det_setup=detection_setup(det), det_protocol=detection_protocol(det))
     # each detection trial is one sample of the cell's group (the paper's mean over 5 VOC trials)
-    trials = det.get("trials") or ([det] if det else [])
-    row.update({f"{k}{SAMPLES}": [t[k] for t in trials if t.get(k) is not None] for k in TRANSFER_KEYS})
+    trials = det.each_trial() if det else []
+    row.update({f"{k}{SAMPLES}": [v for t in trials if (v := t.metric(k)) is not None] for k in TRANSFER_KEYS})
     return row
-
-
-def detection_setup(det: dict) -> str | None:
-    """Normalisation and batch of a cell's detection fine-tuning (records written before it was
-    stored: the norm and the batch of the config they record)."""
-    if not det or det.get("normalisation"):
-        return det.get("normalisation") if det else None
-    batch = ((det.get("config") or {}).get("detect") or {}).get("batch_size")
-    norm = det.get("norm") and f"{det['norm']}{' (SyncBN)' if det.get('sync_bn') else ''}"
-    return norm and norm + (f", batch {batch}" if batch else "")
-
-
-def detection_protocol(det: dict) -> str | None:
-    """How a cell's detection was scored; records without it predate the VOC metric: pycocotools."""
-    return (det.get("protocol") or "COCO box AP (pycocotools)") if det else None
 
 
 def collect(results: Path, expected: dict[str, dict] | None = None) -> pd.DataFrame:
     """One row per cell: those found under results/cells and those the grid expects."""
     expected = expected or {}
     found = sorted(p.name for p in (results / "cells").glob("*") if p.is_dir())
-    base = expected.get(BASE_ID) or (_read(Path(cell_file(results, BASE_ID, "config"))) or {}).get("pretrain")
+    base = expected[BASE_ID] if BASE_ID in expected else CellOutputs.read(results, BASE_ID).stated_pretrain
     rows = [cell_row(results, c, expected, base) for c in dict.fromkeys([*expected, *found])]
     df = pd.DataFrame([r for r in rows if r is not None])
     if df.empty:
@@ -185,7 +166,7 @@ class Value:
 
 
 def seed_of(cell: pd.Series) -> int:
-    s = cell.get("seed")
+    s = cell["seed"] if "seed" in cell else None
     return 0 if s is None or (isinstance(s, float) and math.isnan(s)) else int(s)
 
 
@@ -198,8 +179,8 @@ def value(cells: pd.DataFrame | None, metric: str) -> Value:
     failed = frozenset(seed_of(c) for _, c in cells[cells["status"] == "fail"].iterrows())
     by_seed, missing = {}, 0
     for _, c in cells[cells["status"] != "fail"].iterrows():
-        samples = c.get(metric + SAMPLES) if metric + SAMPLES in cells else [c.get(metric)]
-        samples = [float(v) for v in samples if v is not None and not pd.isna(v)]
+        found = c[metric + SAMPLES] if metric + SAMPLES in cells else [c[metric] if metric in cells else None]
+        samples = [float(v) for v in found if v is not None and not pd.isna(v)]
         if samples:
             by_seed[seed_of(c)] = sum(samples) / len(samples)
         else:
@@ -238,14 +219,26 @@ class Group:
     params: dict
     cells: pd.DataFrame
 
-    def get(self, axis):
-        return self.params.get(axis)
+    def stated(self, key: str):
+        """A parameter as the group's config states it; None where it states none (its
+        ``pretrain`` gives the value it ran with)."""
+        return self.params[key] if key in self.params else None
+
+    @property
+    def is_moco(self) -> bool:
+        """A MoCo variant, as its config states the method (stating none: no)."""
+        return is_moco(self.stated("method"))
 
     @functools.cached_property
     def pretrain(self) -> Pretrain:
         """The group's parameters (a cell's config.json, as stated) typed, keys it does not
         set at their defaults."""
         return section("pretrain", self.params)
+
+
+def find(groups: Mapping[Any, Group], key: Hashable) -> Group | None:
+    """The group under ``key`` (an id, or a study's own key), None where there is none."""
+    return groups.get(key)
 
 
 def groups(df: pd.DataFrame) -> dict[str, Group]:
@@ -281,7 +274,7 @@ class Table:
 
     def decimals(self) -> list[int]:
         """Decimals shown for each value column."""
-        return [DECIMALS.get(m, 1) for m in self.metrics]
+        return [DECIMALS[m] if m in DECIMALS else 1 for m in self.metrics]
 
 
 METRIC_GROUPS = {
@@ -337,7 +330,7 @@ def compare(table: Table, ref: Group | None, label: str, metric: str = "top1") -
 
 def differs(g: Group, reference: dict) -> set[str]:
     """The axes (seed aside) in which a group differs from a reference cell's differences."""
-    return {a for a in {*g.diff, *reference} if g.diff.get(a) != reference.get(a)}
+    return {a for a in {*g.diff, *reference} if a not in g.diff or a not in reference or g.diff[a] != reference[a]}
 
 
 def one_axis(
@@ -353,9 +346,9 @@ def one_axis(
     """The reference cell (the base unless given) and the MoCo cells that differ from it in
     ``axis`` only, one row per value."""
     ref = parse_cell_id(reference)
-    sel = {g.params.get(axis): g for g in gs.values() if is_moco(g.get("method")) and differs(g, ref) <= {axis}}
+    sel = {g.stated(axis): g for g in gs.values() if g.is_moco and differs(g, ref) <= {axis}}
     values = sorted({*sel, *fixed}, key=_sort_key)
-    rows = [_row([format_value(v)], sel.get(v), metrics) for v in values]
+    rows = [_row([format_value(v)], find(sel, v), metrics) for v in values]
     table = _metric_table(
         name or f"ablation_{axis}",
         title or f"Ablation over {axis}",
@@ -364,7 +357,7 @@ def one_axis(
         metrics,
         prov([g for g in sel.values()], vary={axis}),
     )
-    return compare(table, gs.get(reference), reference)
+    return compare(table, find(gs, reference), reference)
 
 
 def momentum(
@@ -375,13 +368,8 @@ def momentum(
     around the base cell, or around ``reference`` (the claims' shorter cell)."""
     title = "Ablation over the momentum m" + ("" if reference == BASE_ID else f" (around {reference})")
     table = one_axis(gs, "m", prov, name=name, title=title, fixed=PAPER_M, metrics=list(metrics), reference=reference)
-    base = gs.get(reference)
-    span = (
-        base
-        and base.params.get("K")
-        and base.params.get("batch_size")
-        and base.params["K"] // base.params["batch_size"]
-    )  # K is a multiple of the batch
+    base = find(gs, reference)
+    span = base and base.stated("K") and base.stated("batch_size") and base.stated("K") // base.stated("batch_size")
     table.keys = ["m", "EMA half-life (steps)", "queue span K/B (steps)"]
     for row in table.rows:
         life = half_life(float(row.keys[0]))
@@ -392,7 +380,7 @@ def momentum(
 
 def shuffle_bn_groups(gs: dict[str, Group]) -> dict[bool, Group]:
     """shuffle_bn -> the base group and the MoCo group differing from it in shuffle_bn only."""
-    return {g.pretrain.shuffle_bn: g for g in gs.values() if is_moco(g.get("method")) and set(g.diff) <= {"shuffle_bn"}}
+    return {g.pretrain.shuffle_bn: g for g in gs.values() if g.is_moco and set(g.diff) <= {"shuffle_bn"}}
 
 
 def bn_leak(gs: dict[str, Group], prov) -> Table:
@@ -401,7 +389,7 @@ def bn_leak(gs: dict[str, Group], prov) -> Table:
     sel = shuffle_bn_groups(gs)
     rows = []
     for on in (True, False):
-        g = sel.get(on)
+        g = find(sel, on)
         guard = "" if g is None else next((str(x) for x in g.cells["bn_guard"] if isinstance(x, str)), "")
         rows.append(_row([format_value(on), guard], g, BN_LEAK_METRICS))
     table = _metric_table(
@@ -412,7 +400,7 @@ def bn_leak(gs: dict[str, Group], prov) -> Table:
         BN_LEAK_METRICS,
         prov(list(sel.values()), vary={"shuffle_bn"}),
     )
-    return compare(table, sel.get(True), "guard on")
+    return compare(table, find(sel, True), "guard on")
 
 
 def _sort_key(v):
@@ -429,7 +417,7 @@ def mechanism_groups(gs: dict[str, Group]) -> dict[tuple[str, int], Group]:
     from the base in mechanism, K and batch size only."""
     out: dict[tuple[str, int], Group] = {}
     for g in sorted(gs.values(), key=lambda g: len(g.diff)):
-        if is_moco(g.get("method")) and g.get("variant") != "v3" and set(g.diff) <= {"mechanism", "K", "batch_size"}:
+        if g.is_moco and g.stated("variant") != "v3" and set(g.diff) <= {"mechanism", "K", "batch_size"}:
             out.setdefault((g.pretrain.mechanism, dictionary_size(g.pretrain)), g)
     return out
 
@@ -477,13 +465,19 @@ def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
             picked.append(Group(fixed, parse_cell_id(fixed), merge(base, parse_cell_id(fixed)), None))
 
     def key(g):
-        return (row_order(g.pretrain.method), g.id != BASE_ID, str(g.get("variant")), str(g.get("backbone")), g.id)
+        return (
+            row_order(g.pretrain.method),
+            g.id != BASE_ID,
+            str(g.stated("variant")),
+            str(g.stated("backbone")),
+            g.id,
+        )
 
     rows = []
     for g in sorted(picked, key=key):
-        method = g.diff.get("method") or g.get("method") or "moco"
+        method = g.diff["method"] if "method" in g.diff else g.stated("method") or "moco"
         label = "MoCo (base cell)" if g.id == BASE_ID else method_label(method)
-        variant = (g.get("variant") or "") if is_moco(method) else ""
+        variant = (g.stated("variant") or "") if is_moco(method) else ""
         other = ", ".join(
             f"{a}={format_value(v)}" for a, v in g.diff.items() if a not in ("method", "variant", "backbone")
         )
@@ -492,13 +486,15 @@ def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
 
 
 def backbone_label(p: dict) -> str:
-    if not p.get("backbone"):
+    """A backbone as the tables name it, from a cell's stated parameters."""
+    backbone, width, patch = (p[k] if k in p else None for k in ("backbone", "width", "patch_size"))
+    if not backbone:
         return ""
-    name = BACKBONE_LABELS.get(p["backbone"], p["backbone"])
-    if is_resnet(p["backbone"]) and p.get("width") and p["width"] != 64:
-        name += f" (width {p['width']})"
-    if is_vit(p["backbone"]) and p.get("patch_size"):
-        name += f"/{p['patch_size']}"
+    name = BACKBONE_LABELS[backbone] if backbone in BACKBONE_LABELS else backbone
+    if is_resnet(backbone) and width and width != 64:
+        name += f" (width {width})"
+    if is_vit(backbone) and patch:
+        name += f"/{patch}"
     return name
 
 
@@ -541,7 +537,7 @@ def methods(gs, prov, supervised_recipe: dict | None = None) -> Table:
     table = _methods_like(gs, prov, "methods", "MoCo vs supervised vs random init", metrics)
     if SUPERVISED_ID in gs:
         table.notes.append(supervised_note(supervised_recipe or {}))
-    compare(table, gs.get(RANDOM_ID), RANDOM_LABEL)
+    compare(table, find(gs, RANDOM_ID), RANDOM_LABEL)
     base = next((r for r in table.rows if r.cells and BASE_ID in r.cells), None)
     if base is not None:
         table.notes.append(direction_sentence("MoCo (base cell)", RANDOM_LABEL, base.delta, METRICS["top1"]))
@@ -568,7 +564,7 @@ def direction_sentence(row: str, ref: str, d: Delta | None, metric: str) -> str:
 
 def detection(gs, prov) -> Table:
     table = _methods_like(gs, prov, "detection", "Transfer to detection (Faster R-CNN)", DETECTION_METRICS)
-    return transfer_notes(compare(table, gs.get(RANDOM_ID), RANDOM_LABEL, metric="AP50"), gs)
+    return transfer_notes(compare(table, find(gs, RANDOM_ID), RANDOM_LABEL, metric="AP50"), gs)
 
 
 def segmentation(gs, prov) -> Table:
@@ -576,7 +572,7 @@ def segmentation(gs, prov) -> Table:
     COCO table, each row's paired Δ in mask AP50 against random init."""
     title = "Transfer to instance segmentation (Mask R-CNN)"
     table = _methods_like(gs, prov, "segmentation", title, DETECTION_METRICS + MASK_METRICS)
-    return transfer_notes(compare(table, gs.get(RANDOM_ID), RANDOM_LABEL, metric="mask_AP50"), gs)
+    return transfer_notes(compare(table, find(gs, RANDOM_ID), RANDOM_LABEL, metric="mask_AP50"), gs)
 
 
 def transfer_notes(table: Table, gs: dict[str, Group]) -> Table:
@@ -594,7 +590,7 @@ def per_row_note(table: Table, gs: dict[str, Group], column: str) -> str | None:
     by_row = {}
     for row in table.rows:
         found = cells[cells["cell"].isin(row.cells)] if row.cells and column in cells else pd.DataFrame()
-        values = sorted({v for v in found.get(column, []) if isinstance(v, str)})
+        values = sorted({v for v in (found[column] if column in found else []) if isinstance(v, str)})
         if values:
             by_row[" ".join(k for k in row.keys if k)] = "; ".join(values)
     if len(set(by_row.values())) == 1:
@@ -609,26 +605,46 @@ def every_cell(gs, prov) -> Table:
     table = _metric_table(
         "grid", "Every cell of the grid", ["cell"], rows, ABLATION_METRICS, prov(order, vary=set(AXES))
     )
-    return compare(table, gs.get(BASE_ID), BASE_ID)
+    return compare(table, find(gs, BASE_ID), BASE_ID)
 
 
 # --- provenance ------------------------------------------------------------------------------
-def dataset_text(cfg: dict, results: Path) -> str:
-    ds = cfg.get("dataset")
-    if ds and ds.get("source") == "synthetic":
-        s = section("dataset", ds).synthetic
+@dataclass(frozen=True)
+class Stated:
+    """The sections a table job's config states, typed (None: not given, e.g. python -m
+    pipeline.tables without --config); ``pretrain`` as stated: the provenance names its keys."""
+
+    dataset: Dataset | None = None
+    probe: Probe | None = None
+    detect: Detect | None = None
+    pretrain: dict | None = None
+    supervised: dict | None = None  # grid.supervised
+
+    @classmethod
+    def of(cls, cfg: dict) -> Stated:
+        given = {k: v for k, v in cfg.items() if v is not None}
+        grid = given["grid"] if "grid" in given else {}
+        return cls(
+            dataset=section("dataset", given["dataset"]) if "dataset" in given else None,
+            probe=section("probe", given["probe"]) if "probe" in given else None,
+            detect=section("detect", given["detect"]) if "detect" in given else None,
+            pretrain=given["pretrain"] if "pretrain" in given else None,
+            supervised=grid["supervised"] if "supervised" in grid else None,
+        )
+
+
+def dataset_text(ds: Dataset | None, results: Path) -> str:
+    if ds and ds.source == "synthetic":
+        s = ds.synthetic
         return (
             f"embedded synthetic shapes ({len(SYNTHETIC_CLASSES)} classes, {s.train_per_class} train / "
             f"{s.val_per_class} val images per class, {s.image_size} px)"
         )
-    if ds and ds.get("root"):
-        return f"{ds['source']} ({ds['root']})"
-    report = _read(results / "data" / "ffcv" / "train.json")
+    if ds and ds.root:
+        return f"{ds.source} ({ds.root})"
+    report = from_json(ConversionReport, read_json(results / "data" / "ffcv" / "train.json"))
     if report:
-        return (
-            f"{report.get('source', '?')} ({report.get('num_samples', '?')} train images, "
-            f"{len(report.get('classes', []))} classes)"
-        )
+        return f"{report.source} ({report.num_samples} train images, {len(report.classes)} classes)"
     return "unknown (no dataset config or conversion report)"
 
 
@@ -636,30 +652,27 @@ def _epochs(n) -> str:
     return f"{n} epoch" + ("" if n == 1 else "s")
 
 
-def protocol_text(cfg: dict, df: pd.DataFrame, results: Path) -> str:
-    probe = cfg.get("probe")
-    if probe is None:  # python -m pipeline.tables without --config: the probe's own record
-        for cell in df["cell"] if "cell" in df else []:
-            probe = ((_read(Path(cell_file(results, cell, "probe"))) or {}).get("config") or {}).get("probe")
-            if probe:
-                break
-    probe = probe or {}
-    how = ", ".join(
-        x
-        for x in (
-            probe.get("protocol") and f"{probe['protocol']} protocol",
-            probe.get("mode"),
-            probe.get("epochs") and _epochs(probe["epochs"]),
-        )
-        if x
-    )
-    text = (
-        f"linear probe on frozen features{f' ({how})' if how else ''}; "
-        f"kNN top-1 (k={probe.get('knn_k', 200)}, T={probe.get('knn_t', 0.07)})"
-    )
-    if cfg.get("detect") is None:  # no config given: what every detection record shares
+def recorded_probe(df: pd.DataFrame, results: Path) -> Probe | None:
+    """The probe settings the first cell's probe.json records (one this version can read)."""
+    for cell in df["cell"] if "cell" in df else []:
+        record = CellOutputs.read(results, cell).probe
+        try:
+            if record and record.probe_config:
+                return section("probe", record.probe_config)
+        except ConfigError:
+            continue  # written by a version with other probe keys
+    return None
+
+
+def protocol_text(stated: Stated, df: pd.DataFrame, results: Path) -> str:
+    # python -m pipeline.tables without --config: the probe's own record
+    probe = stated.probe or recorded_probe(df, results)
+    how = f" ({probe.protocol} protocol, {probe.mode}, {_epochs(probe.epochs)})" if probe else ""
+    knn = probe or Probe()
+    text = f"linear probe on frozen features{how}; kNN top-1 (k={knn.knn_k}, T={knn.knn_t})"
+    det = stated.detect
+    if det is None:  # no config given: what every detection record shares
         return text + "; detection: Faster R-CNN fine-tuned, box AP"
-    det = section("detect", cfg["detect"])
     if det.enabled:
         length = f"{det.iterations} iterations" if det.iterations else _epochs(det.epochs)
         how = ", ".join(x for x in (length, det.norm, det.trials > 1 and f"mean of {det.trials} trials") if x)
@@ -678,8 +691,9 @@ def _one_or_per_row(values, fmt=str) -> str:
 
 def provenance_factory(df: pd.DataFrame, cfg: dict, results: Path):
     """prov(groups, vary) -> the sentence every table carries: dataset, backbone, epochs, protocol."""
-    dataset, protocol = dataset_text(cfg, results), protocol_text(cfg, df, results)
-    base = cfg.get("pretrain")
+    stated = Stated.of(cfg)
+    dataset, protocol = dataset_text(stated.dataset, results), protocol_text(stated, df, results)
+    base = stated.pretrain
     if base is None and (df["cell"] == BASE_ID).any():
         base = df.loc[df["cell"] == BASE_ID, "params"].iloc[0]
 
@@ -706,7 +720,7 @@ def studies(df: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
     gs = groups(df)
     prov = provenance_factory(df, cfg, results)
     out = [
-        methods(gs, prov, (cfg.get("grid") or {}).get("supervised")),
+        methods(gs, prov, Stated.of(cfg).supervised),
         one_axis(gs, "K", prov, title="Ablation over the queue size K"),
         momentum(gs, prov, reference=momentum_reference(gs)),
         one_axis(gs, "epochs", prov, title="Ablation over the pretraining epochs"),
