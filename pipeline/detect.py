@@ -69,7 +69,7 @@ from pipeline.data.loaders import sample_seed
 from pipeline.eval import masks as masks_io
 from pipeline.eval import voc_eval
 from pipeline.nets.models import build_backbone, group_norm
-from pipeline.nets.optim import decayed
+from pipeline.nets.optim import Schedule
 from pipeline.runtime import checkpoint, cpus, distributed, preempt
 from pipeline.runtime.io import atomic_write_json
 from pipeline.runtime.stage_log import stage_log
@@ -328,14 +328,12 @@ def verify_backbone(detector: FasterRCNN, state: dict, source: str = "checkpoint
         )
 
 
-def lr_factor(step: int, total: int, warmup: int, schedule: str = "cosine", lr_steps=()) -> float:
-    """Linear warmup, then cosine decay to zero, or (step) x0.1 at each of lr_steps (iterations,
-    as Detectron2's SOLVER.STEPS)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "step":
-        return decayed("step", step, drops=lr_steps)
-    return decayed("cosine", step - warmup, max(1, total - warmup))
+def fine_tune_schedule(dc: Detect, total: int) -> Schedule:
+    """``detect.warmup_iters`` of linear warmup (at most a quarter of the ``total`` iterations:
+    random heads give huge first gradients, NaN at 2x lr), then cosine to zero, or x0.1 at each
+    of ``lr_steps`` (iterations, as Detectron2's SOLVER.STEPS)."""
+    warmup = max(1, min(dc.warmup_iters, total // 4))
+    return Schedule(total, dc.schedule, warmup, tuple(float(s) for s in dc.lr_steps or ()))
 
 
 def iterations(dc: Detect, steps_per_epoch: int) -> int:
@@ -402,15 +400,12 @@ def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState) ->
     steps = len(loader)  # of a whole epoch: the sampler starts at 0
     total = iterations(dc, steps)
     epochs = math.ceil(total / steps)  # the last one cut short at `total` iterations
-    warmup = max(1, min(100, total // 4))  # random heads give huge first gradients (NaN at 2x lr)
-    schedule, lr_steps = dc.schedule, dc.lr_steps or ()
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, schedule, lr_steps))
+    schedule = fine_tune_schedule(dc, total)
     epoch, step, losses, curve = 0, 0, [], []
     resumed = state.load()
     if resumed is not None:
         detector.load_state_dict(resumed["detector"])
         opt.load_state_dict(resumed["optimizer"])
-        sched.load_state_dict(resumed["schedule"])
         epoch, step, mine = resumed["epoch"], resumed["step_in_epoch"], resumed["rank"]
         losses, curve = list(mine["losses"]), list(mine["curve"])
         with torch.no_grad():  # this rank's own BN statistics (unsynchronised BN on CPU ranks)
@@ -426,7 +421,6 @@ def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState) ->
             {"losses": losses, "curve": curve, "bn": bn},
             detector=detector.state_dict(),
             optimizer=opt.state_dict(),
-            schedule=sched.state_dict(),
         )
 
     bar = tqdm(
@@ -446,6 +440,8 @@ def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState) ->
             if done == total:
                 break
             images, targets = to_device(images, targets, device)
+            for group in opt.param_groups:
+                group["lr"] = dc.lr * schedule.factor(done)
             loss = sum(model(images, targets).values())
             if not torch.isfinite(loss):
                 raise FloatingPointError(
@@ -454,7 +450,6 @@ def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState) ->
             opt.zero_grad()
             loss.backward()
             opt.step()
-            sched.step()
             losses.append(float(loss.detach()))
             bar.update()
             done, step = done + 1, step + 1

@@ -42,7 +42,7 @@ from pipeline.moco.split_bn import max_splits
 from pipeline.nets.fast_path import FastPath
 from pipeline.nets.methods import arch_of, bn_guard_text, build_model
 from pipeline.nets.models import build_backbone
-from pipeline.nets.optim import build_optimizer, lr_at
+from pipeline.nets.optim import build_optimizer, pretrain_schedule
 from pipeline.runtime import checkpoint, cpus, distributed, preempt, provenance
 from pipeline.runtime.board import Board, board_dir
 from pipeline.runtime.io import atomic_write_json, atomic_write_text
@@ -324,8 +324,9 @@ class Trainer:
 
     def train_step(self, v1, v2, labels, index) -> None:
         p, steps = self.p, len(self.loader)
-        progress = (self.epoch * steps + self.step_in_epoch) / max(steps * p.epochs, 1)
-        self.stats.lr = lr_at(p, progress, p.epochs)
+        step = self.epoch * steps + self.step_in_epoch
+        progress = step / max(steps * p.epochs, 1)
+        self.stats.lr = p.lr * pretrain_schedule(p, steps).factor(step)
         for group in self.optimizer.param_groups:
             group["lr"] = self.stats.lr
         self.model.on_step(progress)  # e.g. MoCo v3's momentum schedule

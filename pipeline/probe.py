@@ -40,7 +40,7 @@ from pipeline.data.loaders import batches_from, crop_loader, data_identity
 from pipeline.eval.features import extract
 from pipeline.eval.knn import knn_accuracy
 from pipeline.nets.models import build_backbone
-from pipeline.nets.optim import decayed
+from pipeline.nets.optim import STEP_DROPS, Schedule, share_of
 from pipeline.runtime import checkpoint, cpus, distributed, preempt, provenance
 from pipeline.runtime.board import Board, board_dir
 from pipeline.runtime.io import atomic_write_json
@@ -124,6 +124,8 @@ class LinearProbe:
     ):
         device = device or torch.device("cpu")
         self.s, self.steps = s, max(1, steps_per_epoch * s["epochs"])
+        # no warmup (the references' probes have none); step: x0.1 at 60 % and 80 %
+        self.schedule = Schedule(self.steps, s["schedule"], drops=share_of(self.steps, STEP_DROPS))
         self.classifier = make_classifier(dim, num_classes, standardize).to(device)
         if device.type == "cuda":  # no BN in the classifier, or one process: unchanged
             self.classifier = nn.SyncBatchNorm.convert_sync_batchnorm(self.classifier)
@@ -135,7 +137,7 @@ class LinearProbe:
 
     def train_batch(self, feats: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         for group in self.opt.param_groups:
-            group["lr"] = self.s["lr"] * decayed(self.s["schedule"], self.step / self.steps)
+            group["lr"] = self.s["lr"] * self.schedule.factor(self.step)
         self.model.train()
         loss = nn.functional.cross_entropy(self.model(feats), labels)
         self.opt.zero_grad()

@@ -288,19 +288,20 @@ def test_unknown_optimizer_is_named():
 
 
 @pytest.mark.parametrize(
-    "schedule, progress, expected",
-    [
-        ({"warmup_epochs": 10}, 0.05, 0.5),  # epoch 5 of a 10-epoch linear warmup
-        ({"schedule": "step"}, 0.5, 1.0),  # before MoCo's drops at 60% and 80%
-        ({"schedule": "step"}, 0.7, 0.1),
-        ({"schedule": "step"}, 0.9, 0.01),
-        ({"schedule": "step", "lr_step_epochs": [30, 60]}, 0.5, 0.1),  # epoch 50 of 100: one drop
+    "schedule, step, expected",
+    [  # 100 epochs of 10 steps
+        ({"warmup_epochs": 10}, 49, 0.5),  # step 49 of a 100-step linear warmup: (49 + 1) / 100
+        ({"schedule": "step"}, 500, 1.0),  # before MoCo's drops at 60% and 80%
+        ({"schedule": "step"}, 700, 0.1),
+        ({"schedule": "step"}, 900, 0.01),
+        ({"schedule": "step", "lr_step_epochs": [30, 60]}, 500, 0.1),  # epoch 50 of 100: one drop
     ],
 )
-def test_learning_rate_warmup_and_steps(schedule, progress, expected):
-    from pipeline.nets.optim import lr_at
+def test_learning_rate_warmup_and_steps(schedule, step, expected):
+    from pipeline.nets.optim import pretrain_schedule
 
-    assert lr_at(section("pretrain", {"lr": 1.0, **schedule}), progress, 100) == pytest.approx(expected)
+    p = section("pretrain", {"lr": 1.0, "epochs": 100, **schedule})
+    assert pretrain_schedule(p, steps_per_epoch=10).factor(step) == pytest.approx(expected)
 
 
 # --- pipeline.nets.models -----------------------------------------------------------------------------

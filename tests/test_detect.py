@@ -487,11 +487,15 @@ def test_multi_scale_training_and_single_scale_test(ckpt_path):
 
 
 def test_step_schedule_drops_at_the_reference_iterations():
-    f = lambda step: detect.lr_factor(step, 24000, 100, "step", [18000, 22000])  # noqa: E731
+    voc = section("detect", {"schedule": "step", "lr_steps": [18000, 22000], "iterations": 24000})
+    f = detect.fine_tune_schedule(voc, 24000).factor
     assert f(0) == pytest.approx(0.01) and f(99) == 1.0  # linear warmup over 100 iterations
     assert f(17999) == 1.0 and f(18000) == pytest.approx(0.1) and f(21999) == pytest.approx(0.1)
     assert f(22000) == pytest.approx(0.01) and f(23999) == pytest.approx(0.01)
-    assert detect.lr_factor(12000, 24000, 100) == pytest.approx(0.5, abs=0.01)  # cosine: half way
+    cosine = detect.fine_tune_schedule(section("detect", {}), 24000)
+    assert cosine.factor(12050) == pytest.approx(0.5, abs=1e-12)  # half way through the 23,900 after warmup
+    short = detect.fine_tune_schedule(section("detect", {"warmup_iters": 500}), 40)  # a quarter of 40 at most
+    assert short.warmup == 10 and short.factor(0) == pytest.approx(0.1)
 
 
 def test_embedded_scenes_as_a_voc_devkit(det_dir, tmp_path):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from pipeline.dag.sections import Pretrain
-from pipeline.nets.optim import LARS, build_optimizer, decayed
+from pipeline.nets.optim import LARS, STEP_DROPS, Schedule, build_optimizer, share_of
 
 
 def steps(params_and_grads, n, **hyper):
@@ -95,12 +95,18 @@ def test_lars_matches_timm_without_weight_decay():
         torch.testing.assert_close(a, b, msg=name)
 
 
-def test_one_decay_schedule_by_hand():
-    """Every stage's decay after warmup (pretraining, the probe, detection): cosine is
-    ½(1 + cos πt): 1 at the start, ½ half way, 0 at the end; step drops ×0.1 at each drop passed."""
-    assert decayed("cosine", 0) == 1.0
-    assert decayed("cosine", 500, 1000) == pytest.approx(0.5, abs=1e-15)
-    assert decayed("cosine", 0.25) == pytest.approx((1 + 2**-0.5) / 2)
-    assert decayed("cosine", 1000, 1000) == pytest.approx(0.0, abs=1e-15)
-    assert [decayed("step", t) for t in (0.0, 0.59, 0.6, 0.79, 0.8, 1.0)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
-    assert [decayed("step", it, drops=(18000, 22000)) for it in (17999, 18000, 22000)] == pytest.approx([1, 0.1, 0.01])
+def test_one_schedule_by_hand():
+    """Every stage's schedule (pretraining, the probe, detection), in steps: cosine is
+    ½(1 + cos πt) of the steps after warmup: 1 at the start, ½ half way, 0 at the end; step
+    drops ×0.1 at each drop passed; warmup gives step s (s + 1) / warmup."""
+    cosine = Schedule(1000)
+    assert cosine.factor(0) == 1.0 and cosine.factor(1000) == pytest.approx(0.0, abs=1e-15)
+    assert cosine.factor(500) == pytest.approx(0.5, abs=1e-15)
+    assert cosine.factor(250) == pytest.approx((1 + 2**-0.5) / 2)
+    warm = Schedule(1100, warmup=100)  # the cosine over the 1,000 steps after the warmup's 100
+    assert [warm.factor(s) for s in (0, 49, 99)] == pytest.approx([0.01, 0.5, 1.0])
+    assert warm.factor(100) == 1.0 and warm.factor(600) == pytest.approx(0.5, abs=1e-15)
+    step = Schedule(24000, "step", 100, (18000, 22000))  # Detectron2's VOC schedule
+    assert [step.factor(s) for s in (99, 17999, 18000, 21999, 22000)] == pytest.approx([1, 1, 0.1, 0.1, 0.01])
+    moco = Schedule(200, "step", drops=share_of(200, STEP_DROPS))  # MoCo's drops at 120 and 160 of 200
+    assert [moco.factor(s) for s in (119, 120, 159, 160, 199)] == pytest.approx([1, 0.1, 0.1, 0.01, 0.01])

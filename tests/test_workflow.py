@@ -574,14 +574,15 @@ def test_supervised_baseline_trains_with_its_own_recipe():
     the base cell's recipe (MoCo's views)."""
     from pipeline.dag.config import DEFAULT_CONFIG, load_yaml, typed_config
     from pipeline.dag.grid import cell_params, cell_resources, grid_cells
-    from pipeline.nets.optim import lr_at
+    from pipeline.nets.optim import pretrain_schedule
 
     cfg = typed_config(preset_config("imagenet-mocov2"))
     cell = grid_cells(cfg)["method=supervised"]
     assert cell == cell_params(cfg, "method=supervised")
     p = cell.pretrain
     assert (p.epochs, p.lr, p.aug, p.crop_scale_min, p.weight_decay) == (90, 0.1, "none", 0.08, 0.0001)
-    assert [lr_at(p, e / 90, 90) for e in (0, 29.9, 30, 59.9, 60, 89.9)] == pytest.approx(
+    schedule = pretrain_schedule(p, steps_per_epoch=10)  # epoch e starts at step 10 e
+    assert [p.lr * schedule.factor(s) for s in (0, 299, 300, 599, 600, 899)] == pytest.approx(
         [0.1, 0.1, 0.01, 0.01, 0.001, 0.001]
     )
     assert cell_resources(p, cfg.grid.resources)["runtime"] == 30 + 4 * 90 * 2.5

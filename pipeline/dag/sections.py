@@ -212,6 +212,7 @@ class Detect:
     roi_per_image: int = 128  # RoIs sampled per image for the box head's loss
     schedule: str = "cosine"  # cosine | step (x0.1 at each of lr_steps)
     lr_steps: tuple[int, ...] | None = None
+    warmup_iters: int = 100  # linear warmup, at most a quarter of the iterations
     iterations: int | None = None  # None: epochs x iterations per epoch
     train_sizes: tuple[int, ...] | None = None  # multi-scale training sides; None: image_size
     voc_metric: str = "auto"  # 11point | area | auto (11point on a 2007 test set)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -62,25 +63,41 @@ def build_optimizer(p: Pretrain, params) -> torch.optim.Optimizer:
     raise ValueError(f"unknown optimizer '{name}' (sgd, lars, adamw)")
 
 
-def lr_at(p: Pretrain, progress: float, epochs: float) -> float:
-    """Learning rate at a fraction of training: linear warmup, then cosine or step decay."""
-    warm = p.warmup_epochs / max(epochs, 1e-9)
-    if progress < warm:
-        return p.lr * progress / warm
-    if p.schedule == "cosine":
-        return p.lr * decayed("cosine", (progress - warm) / max(1.0 - warm, 1e-9))
-    # x0.1 at each of lr_step_epochs (torchvision's 30/60 of 90), else at STEP_DROPS
-    drops = [e / max(epochs, 1e-9) for e in p.lr_step_epochs] if p.lr_step_epochs else STEP_DROPS
-    return p.lr * decayed("step", progress, drops=drops)
-
-
 STEP_DROPS = (0.6, 0.8)  # fractions of training where the step schedule drops x0.1 (MoCo's 120/160 of 200)
 
 
-def decayed(schedule: str, done: float, total: float = 1.0, drops: Sequence[float] = STEP_DROPS) -> float:
-    """The factor on the base learning rate after warmup, for every stage's schedule: ``cosine``
-    from 1 at ``done`` 0 to 0 at ``done == total``, or ``step``: x0.1 at each of ``drops`` passed
-    (in done's unit: a fraction of training, or a detector's iterations)."""
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * done / total))
-    return 0.1 ** sum(done >= d for d in drops)
+@dataclass(frozen=True)
+class Schedule:
+    """The learning-rate factor of every stage (pretraining, probe, detection) at each
+    optimisation step, in steps throughout: a linear warmup over the first ``warmup`` steps (step
+    s at (s + 1) / warmup: no step is wasted at lr 0), then ``cosine`` from 1 to 0 at ``total``,
+    or ``step``: x0.1 at each of ``drops``. The stages convert their epochs and fractions once."""
+
+    total: int
+    kind: str = "cosine"  # cosine | step
+    warmup: float = 0
+    drops: tuple[float, ...] = ()
+
+    def factor(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        if self.kind == "cosine":
+            done = (step - self.warmup) / max(self.total - self.warmup, 1)
+            return 0.5 * (1.0 + math.cos(math.pi * done))
+        return 0.1 ** sum(step >= d for d in self.drops)
+
+
+def share_of(total: int, fractions: Sequence[float]) -> tuple[float, ...]:
+    """Fractions of training as steps of a ``total``-step run."""
+    return tuple(f * total for f in fractions)
+
+
+def pretrain_schedule(p: Pretrain, steps_per_epoch: int) -> Schedule:
+    """Pretraining's schedule: ``warmup_epochs``, then cosine, or x0.1 at each of
+    ``lr_step_epochs`` (torchvision's 30/60 of 90), else at STEP_DROPS."""
+    total = steps_per_epoch * p.epochs
+    if p.lr_step_epochs:
+        drops = tuple(float(e * steps_per_epoch) for e in p.lr_step_epochs)
+    else:
+        drops = share_of(total, STEP_DROPS)
+    return Schedule(total, p.schedule, p.warmup_epochs * steps_per_epoch, drops)
