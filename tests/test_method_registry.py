@@ -41,7 +41,7 @@ def build_toy(p, backbone, num_classes, num_samples, world_size):
 
 
 # between MoCo's rows (10) and the supervised baseline's (20)
-TOY = MethodSpec("toy", "toy method", 15, f"{__name__}:build_toy")
+TOY = MethodSpec("toy", "toy method", 15, lambda: build_toy)
 
 
 @pytest.fixture

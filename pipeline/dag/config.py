@@ -18,7 +18,7 @@ import jsonschema
 import yaml
 
 from pipeline import REPO
-from pipeline.dag.method_registry import METHODS, method_spec, resolve
+from pipeline.dag.method_registry import METHODS, method_spec
 from pipeline.dag.sections import (
     INIT,
     RUNTIME,
@@ -249,8 +249,8 @@ def check_pretrain(p: Pretrain, where: str = "pretrain", num_samples: int | None
     drops = list(p.lr_step_epochs or [])
     if drops != sorted(set(drops)) or (drops and drops[-1] >= p.epochs):
         raise ConfigError(f"{where}: lr_step_epochs={drops} must increase and stay below epochs={p.epochs}")
-    if p.spec.check:
-        resolve(p.spec.check)(p, where, num_samples)
+    if p.spec.check is not None:
+        p.spec.check(p, where, num_samples)
 
 
 def check_moco(p: Pretrain, where: str, num_samples: int | None) -> None:

@@ -2,8 +2,8 @@
 optimiser, the tables and the figures ask of it.
 
 Standard library only: building the DAG reads it (the schema's method enum, which cells have a
-queue) and imports no torch. Each method's model is named by the import path of its builder,
-imported when a model is built (pipeline.nets.methods.build_model).
+queue) and imports no torch. Each method's builder is reached through a function that imports
+it when a model is built (pipeline.nets.methods.build_model), so editors follow it as code.
 
 Adding a method: its model in a file of its own (a pipeline.moco.method.Method, with a builder
 ``build(p, backbone, num_classes, num_samples, world_size) -> Method``) and one ``register``
@@ -14,7 +14,6 @@ the figures.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -44,27 +43,22 @@ class MethodSpec:
     name: str  # pretrain.method's value (the schema's enum: pipeline.dag.config.load_schema)
     label: str  # its rows' label in the method and detection tables
     order: int  # where its rows stand in those tables (lower first; 10 apart, room between)
-    # "module:function" building its model from the section and a backbone; "" for a method
-    # that trains nothing (pipeline.pretrain stores the random backbone)
-    builder: str
+    # returns the function building its model from the section and a backbone (a function that
+    # imports it: the model's module needs torch, the DAG does not); None for a method that
+    # trains nothing (pipeline.pretrain stores the random backbone)
+    builder: Callable[[], Callable] | None
     moco: bool = False  # a MoCo variant: the MoCo studies (ablations, figures, claims) take its cells
     trains: bool = True  # False: the random-init baseline (only the INIT keys matter)
     has_queue: Callable[[Pretrain], bool] = no_queue  # negatives from a queue (K, queue_policy apply)
     optimizer: Callable[[Pretrain], str] = recipe_optimizer  # its optimiser under ``optimizer: auto``
-    # "module:function" of its cross-field rules, ``check(p, where, num_samples)`` raising
-    # pipeline.dag.config.ConfigError; "": none beyond every cell's
-    check: str = ""
+    # its cross-field rules, ``check(p, where, num_samples)`` raising ConfigError; None: none
+    # beyond every cell's
+    check: Callable[[Pretrain, str, int | None], None] | None = None
 
     def build_function(self) -> Callable:
-        if not self.builder:
+        if self.builder is None:
             raise ValueError(f"method '{self.name}' trains nothing: it has no model to build")
-        return resolve(self.builder)
-
-
-def resolve(path: str) -> Callable:
-    """The function named by ``module:function``, imported now."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+        return self.builder()
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -98,16 +92,24 @@ def row_order(name: str | None) -> int:
     return METHODS[name].order if name in METHODS else max(s.order for s in METHODS.values()) + 1
 
 
-register(
-    MethodSpec(
-        "moco",
-        "MoCo",
-        10,
-        "pipeline.nets.methods:build_moco",
-        moco=True,
-        has_queue=moco_queue,
-        check="pipeline.dag.config:check_moco",
-    )
-)
-register(MethodSpec("supervised", "supervised", 20, "pipeline.nets.methods:build_supervised"))
-register(MethodSpec("random", "random init", 30, "", trains=False))
+def moco_builder() -> Callable:
+    from pipeline.nets.methods import build_moco
+
+    return build_moco
+
+
+def supervised_builder() -> Callable:
+    from pipeline.nets.methods import build_supervised
+
+    return build_supervised
+
+
+def moco_rules(p: Pretrain, where: str, num_samples: int | None) -> None:
+    from pipeline.dag.config import check_moco  # here: pipeline.dag.config imports this module
+
+    check_moco(p, where, num_samples)
+
+
+register(MethodSpec("moco", "MoCo", 10, moco_builder, moco=True, has_queue=moco_queue, check=moco_rules))
+register(MethodSpec("supervised", "supervised", 20, supervised_builder))
+register(MethodSpec("random", "random init", 30, None, trains=False))
