@@ -422,25 +422,26 @@ def render(plan: dict, profile_path: str) -> str:
     ref = {s: f"[{i}]" for i, s in enumerate(sorted(sources), 1)}
     study = " of the claims study" if plan["study"] == "claims" else ""
     head = f"{'images x {}':>20} {'GPUs':>5} {'GPU-hours':>14} {'wall h':>8} {'limit h':>8}  figure"
+    w = max([24, *(len(r["cell"]) for r in rows)])  # the cell column: its longest id
     lines = [
         f"Cost plan{study}: {len(rows)} cells, profile {profile_path} (jobs: {plan['jobs']}, restart-times: {n - 1})",
         f"Training images: {plan['images']:,} ({plan['images_from']})",
         *[f"Not trained, this budget cannot decide it: {key} ({why})" for key, why in plan["not_trained"].items()],
         "",
-        f"{'pretraining':<24} " + head.replace("{}", "epochs"),
+        f"{'pretraining':<{w}} " + head.replace("{}", "epochs"),
     ]
     for r in rows:
         figure = " ".join(x for x in (ref.get(r.get("source"), ""), r["note"]) if x) or "—"
         lines.append(
-            f"{r['cell']:<24} {r['images']:>11,} x {r['epochs']:<6} {r['gpus']:>5} "
+            f"{r['cell']:<{w}} {r['images']:>11,} x {r['epochs']:<6} {r['gpus']:>5} "
             f"{_hours(r['gpu_hours'], r['gpu']):>14} {_hours(r['wall_h']):>8} {_limit(r):>8}  {figure}{_flag(r, n)}"
         )
     missing = plan["not_estimated"]
-    lines += ["", f"{'linear probe':<24} " + head.replace("{}", "passes")]
+    lines += ["", f"{'linear probe':<{w}} " + head.replace("{}", "passes")]
     for r in probes:
         figure = " ".join(x for x in (ref.get(r.get("source"), ""), r["note"]) if x)
         lines.append(
-            f"{r['cell']:<24} {r['images']:>11,} x {r['passes']:<6} {r['gpus']:>5} "
+            f"{r['cell']:<{w}} {r['images']:>11,} x {r['passes']:<6} {r['gpus']:>5} "
             f"{_hours(r['gpu_hours'], r['gpu']):>14} {_hours(r['wall_h']):>8} {_limit(r):>8}  {figure}{_flag(r, n)}"
         )
     if probes:
