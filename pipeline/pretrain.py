@@ -34,7 +34,7 @@ from tqdm import tqdm
 from pipeline.dag.config import ConfigError, load_stage_config, pretrain_warnings, result_config, section
 from pipeline.dag.sections import Data, Pretrain
 from pipeline.data.augment import view_recipes
-from pipeline.data.loaders import Reading, Views, data_identity, eval_loader, is_converted, two_view_loader
+from pipeline.data.loaders import Centre, Reading, Views, data_identity, eval_loader, is_converted, two_view_loader
 from pipeline.eval.features import features_of
 from pipeline.eval.knn import knn_accuracy
 from pipeline.moco.ema_check import EmaRecord
@@ -308,13 +308,14 @@ class Trainer:
         whole shorter side (crop_ratio 1): this stage does not see probe.crop_ratio, so that no
         probe setting reruns a pretraining; the kNN reported beside the probe uses it."""
         if split not in self.eval_loaders:
-            self.eval_loaders[split] = eval_loader(
-                self.data_dir / f"{split}.beton",
-                512,
-                self.d.crop_size,
+            reading = Reading(
+                batch_size=512,
+                loader=self.d.loader,
                 workers=self.threads.loader,
                 threads=self.threads.torch,
-                loader=self.d.loader,
+            )
+            self.eval_loaders[split] = eval_loader(
+                self.data_dir / f"{split}.beton", Centre(crop_size=self.d.crop_size), reading
             )
         return self.eval_loaders[split]
 

@@ -36,7 +36,7 @@ from pipeline.dag.config import ConfigError, load_stage_config, result_config, s
 from pipeline.dag.layout import is_resnet
 from pipeline.dag.sections import Data, Probe
 from pipeline.data.augment import normalize
-from pipeline.data.loaders import batches_from, crop_loader, data_identity
+from pipeline.data.loaders import Reading, Views, batches_from, crop_loader, data_identity
 from pipeline.eval.features import extract
 from pipeline.eval.knn import knn_accuracy
 from pipeline.nets.models import build_backbone
@@ -184,18 +184,15 @@ def augmented_views(
     the references) + flip of each whole stored image, over the labelled images only (e.g.
     STL-10's 5k of 105k): ceil(labelled / batch) steps an epoch, the steps its schedule has.
     ``sharded``: this rank's share of each epoch's order (``batch_size``: per rank)."""
-    return crop_loader(
-        data_dir / "train.beton",
-        batch_size,
-        d.crop_size,
-        scale_min=0.08,
-        workers=threads.loader,
-        seed=pc.seed,
-        threads=threads.torch,
+    views = Views(crop_size=d.crop_size, scale_min=0.08, seed=pc.seed)
+    reading = Reading(
+        batch_size=batch_size,
         loader=d.loader,
-        indices=labelled,
+        workers=threads.loader,
+        threads=threads.torch,
         distributed=sharded,
     )
+    return crop_loader(data_dir / "train.beton", views, reading, indices=labelled)
 
 
 class AugmentedBatches:

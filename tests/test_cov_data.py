@@ -98,11 +98,11 @@ def test_crop_generator_hook_is_the_seeded_crop():
 
 # --- loaders: bad choices name the value ------------------------------------------------------
 def test_bad_order_and_crop_are_named(ffcv_small):
-    from pipeline.data.loaders import eval_loader
+    from pipeline.data.loaders import Centre, eval_loader
 
     beton = ffcv_small / "val.beton"
     with pytest.raises(ValueError, match="order must be 'sequential' or 'random', not 'shuffled'"):
-        eval_loader(beton, 4, 16, order="shuffled")
+        eval_loader(beton, Centre(crop_size=16, order="shuffled"), Reading(batch_size=4))
     with pytest.raises(ValueError, match="crop must be 'loader' or 'device', not 'gpu'"):
         two_view_loader(beton, Views(crop_size=16, crop="gpu"), Reading(batch_size=4))
 

@@ -12,7 +12,7 @@ from test_convert import make_cifar, make_imagefolder, make_stl10
 from pipeline.convert import run as convert
 from pipeline.dag.sections import Convert
 from pipeline.data import augment
-from pipeline.data.loaders import LOADERS, Reading, Views, converted_source, eval_loader, two_view_loader
+from pipeline.data.loaders import LOADERS, Centre, Reading, Views, converted_source, eval_loader, two_view_loader
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,9 @@ def eval_views(ffcv_small):
     out = {}
     for kind in LOADERS:
         views = {}
-        for x, y, i in eval_loader(ffcv_small / "train.beton", 16, 32, workers=1, loader=kind):
+        for x, y, i in eval_loader(
+            ffcv_small / "train.beton", Centre(crop_size=32), Reading(batch_size=16, workers=1, loader=kind)
+        ):
             views.update({int(k): (img.clone(), int(lab)) for k, img, lab in zip(i, x, y)})
         out[kind] = views
     return out
@@ -107,7 +109,13 @@ def test_torchvision_loader_without_beton(tmp_path):
     )
     x, y = truth["train"]
     images, labels, idx = next(
-        iter(eval_loader(tmp_path / "c" / "train.beton", 10, 32, workers=0, loader="torchvision"))
+        iter(
+            eval_loader(
+                tmp_path / "c" / "train.beton",
+                Centre(crop_size=32),
+                Reading(batch_size=10, workers=0, loader="torchvision"),
+            )
+        )
     )
     assert torch.equal(images, torch.from_numpy(x).permute(0, 3, 1, 2)) and labels.tolist() == y
     assert idx.tolist() == list(range(10))
@@ -149,9 +157,9 @@ def test_factory_errors(tmp_path):
     with pytest.raises(ValueError, match="data.loader"):
         two_view_loader(tmp_path / "x.beton", Views(crop_size=32), Reading(batch_size=8, loader="dali"))
     with pytest.raises(FileNotFoundError, match="conversion report not found"):
-        eval_loader(tmp_path / "x.beton", 8, 32, loader="torchvision")
+        eval_loader(tmp_path / "x.beton", Centre(crop_size=32), Reading(batch_size=8, loader="torchvision"))
     with pytest.raises(FileNotFoundError, match="FFCV dataset not found"):
-        eval_loader(tmp_path / "x.beton", 8, 32, loader="ffcv")
+        eval_loader(tmp_path / "x.beton", Centre(crop_size=32), Reading(batch_size=8, loader="ffcv"))
 
 
 # --- photometric recipes ---------------------------------------------------------------------

@@ -9,14 +9,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pipeline.data.loaders import LOADERS, Reading, Views, eval_loader, two_view_loader
+from pipeline.data.loaders import LOADERS, Centre, Reading, Views, eval_loader, two_view_loader
 from pipeline.data.sources import decode_file, open_source
 
 
 def test_round_trip_labels_indices_pixels(synthetic_small, ffcv_small):
     src = open_source("imagefolder", synthetic_small / "cls" / "train")
     images, labels, indices = [], [], []
-    for x, y, i in eval_loader(ffcv_small / "train.beton", batch_size=16, crop_size=32, workers=1):
+    for x, y, i in eval_loader(ffcv_small / "train.beton", Centre(crop_size=32), Reading(batch_size=16, workers=1)):
         images.append(x.clone()), labels.append(y.clone()), indices.append(i.clone())
     images, labels, indices = torch.cat(images), torch.cat(labels), torch.cat(indices)
     assert images.dtype == torch.uint8 and images.shape[1:] == (3, 32, 32)
@@ -51,7 +51,7 @@ def test_iterating_keeps_the_stages_torch_threads(ffcv_small):
         beton = ffcv_small / "train.beton"
         makers = (
             lambda: two_view_loader(beton, Views(crop_size=16), Reading(batch_size=8, workers=2, threads=1)),
-            lambda: eval_loader(beton, batch_size=8, crop_size=16, workers=2, threads=1),
+            lambda: eval_loader(beton, Centre(crop_size=16), Reading(batch_size=8, workers=2, threads=1)),
         )
         for make in makers:
             torch.set_num_threads(1)

@@ -16,7 +16,7 @@ from pipeline.data import ffcv_runtime
 ffcv_runtime.load()
 from ffcv.fields.rgb_image import IMAGE_MODES
 from ffcv.pipeline.compiler import Compiler
-from pipeline.data.loaders import eval_loader
+from pipeline.data.loaders import Centre, Reading, eval_loader
 
 def pipeline_op(offset):
     def shift(x):
@@ -24,7 +24,8 @@ def pipeline_op(offset):
     return shift
 
 value = float(Compiler.compile(pipeline_op(float(sys.argv[2])))(np.zeros(3))[0])
-checksum = sum(int(images.long().sum()) for images, _, _ in eval_loader(sys.argv[1], 16, 16, workers=1))
+batches = eval_loader(sys.argv[1], Centre(crop_size=16), Reading(batch_size=16, workers=1))
+checksum = sum(int(images.long().sum()) for images, _, _ in batches)
 print(json.dumps({**ffcv_runtime.cache_stats(), "value": value, "checksum": checksum,
                   "image_modes": [type(IMAGE_MODES).__name__, IMAGE_MODES["jpg"], IMAGE_MODES["raw"]]}))
 """

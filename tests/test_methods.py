@@ -8,7 +8,7 @@ from torch.nn import functional as F
 
 from pipeline.dag.config import section
 from pipeline.data.augment import normalize
-from pipeline.data.loaders import eval_loader
+from pipeline.data.loaders import Centre, Reading, eval_loader
 from pipeline.moco.v3 import ctr_loss, momentum_at
 from pipeline.nets.methods import build_model
 from pipeline.nets.models import build_backbone
@@ -46,7 +46,9 @@ METHODS = {
 @pytest.fixture(scope="module")
 def images(ffcv_small):
     """64 embedded images (uint8), their labels and sample indices."""
-    x, y, i = next(iter(eval_loader(ffcv_small / "train.beton", batch_size=64, crop_size=32, workers=1)))
+    x, y, i = next(
+        iter(eval_loader(ffcv_small / "train.beton", Centre(crop_size=32), Reading(batch_size=64, workers=1)))
+    )
     return x.clone(), y.long().clone(), i.long().clone()
 
 

@@ -12,7 +12,7 @@ from pipeline import probe
 from pipeline.convert import run as convert
 from pipeline.dag.sections import Convert
 from pipeline.data.augment import normalize
-from pipeline.data.loaders import LOADERS, crop_loader
+from pipeline.data.loaders import LOADERS, Reading, Views, crop_loader
 from pipeline.eval.features import extract
 from pipeline.eval.knn import knn_accuracy
 from pipeline.nets.models import build_backbone
@@ -107,7 +107,14 @@ def test_augmented_probe_crops_reach_the_image_corners(tmp_path, loader):
     """The references' RandomResizedCrop draws from the whole image: some of the probe's crops
     hold the red top-left or the blue bottom-right corner (the centre square holds neither)."""
     _, beton = stored_256x341(tmp_path, copies=48)
-    views = torch.cat([x for x, _, _ in crop_loader(beton, 16, 64, workers=1, loader=loader)]).int()
+    views = torch.cat(
+        [
+            x
+            for x, _, _ in crop_loader(
+                beton, Views(crop_size=64, scale_min=0.08), Reading(batch_size=16, workers=1, loader=loader)
+            )
+        ]
+    ).int()
     red = ((views[:, 0] > 200) & (views[:, 2] < 60)).flatten(1).any(1)
     blue = ((views[:, 2] > 200) & (views[:, 0] < 60)).flatten(1).any(1)
     assert len(views) == 48 and bool(red.any()) and bool(blue.any())

@@ -15,7 +15,7 @@ from test_distributed import _init, free_port
 from test_probe import random_checkpoint  # noqa: F401  (a fixture)
 
 from pipeline.dag.config import ConfigError, validate_sections
-from pipeline.data.loaders import LOADERS, batches_from, crop_loader
+from pipeline.data.loaders import LOADERS, Reading, Views, batches_from, crop_loader
 from pipeline.probe import LinearProbe, run
 
 DIM, CLASSES, BATCH, STEPS = 6, 3, 8, 4
@@ -58,7 +58,9 @@ def test_two_ranks_train_the_classifier_as_one_process_at_the_whole_batch(tmp_pa
 
 def _shard_worker(rank, world, port, path, loader, labelled, out):
     _init(rank, world, port)
-    views = crop_loader(path, 4, 32, workers=1, seed=5, loader=loader, indices=labelled, distributed=True)
+    views = crop_loader(
+        path, Views(crop_size=32, seed=5), Reading(batch_size=4, workers=1, loader=loader, distributed=True), labelled
+    )
     seen = {e: [int(i) for _, _, idx in batches_from(views, 0, e) for i in idx] for e in (0, 1)}
     torch.save({"seen": seen, "steps": len(views)}, f"{out}/rank{rank}.pt")
     dist.destroy_process_group()

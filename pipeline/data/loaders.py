@@ -23,7 +23,7 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,17 +56,34 @@ class Views:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Centre:
+    """The evaluation view: the centre square of ``ratio`` x the shorter side, resized to
+    ``crop_size`` (0.875: the references' Resize(256) + CenterCrop(224)); in file order, or
+    shuffled from ``seed`` (``order`` random)."""
+
+    crop_size: int
+    ratio: float = 1.0
+    order: str = "sequential"
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Reading:
     """How a split is read: batches of ``batch_size`` (per process) by ``loader``, with
     ``workers`` decoding processes and ``threads`` torch threads; one shard per rank when
-    ``distributed``."""
+    ``distributed``; ``drop_last`` None: the factory's own (two views: drop the last partial
+    batch, equal steps; the evaluation view and the probe's crops: every sample)."""
 
     batch_size: int
     loader: str = "ffcv"
     workers: int = 2
     threads: int | None = None
     distributed: bool = False
-    drop_last: bool = True
+    drop_last: bool | None = None
+
+    def dropping(self, default: bool) -> Reading:
+        """This reading with drop_last decided (``default`` where it is None)."""
+        return self if self.drop_last is not None else replace(self, drop_last=default)
 
 
 # --- factories -----------------------------------------------------------------------------
@@ -79,50 +96,31 @@ def two_view_loader(path, views: Views, reading: Reading):
     config, and every resumed run, sees the same views. crop="device": the loader yields whole
     centre views and the crops are drawn from torch's RNG on the device.
     """
-    v, r = views, reading
+    v, r = views, reading.dropping(True)
     _check_choice(r.loader, v.crop)
     if v.crop == "device":
         from pipeline.data.augment import DeviceCrop
 
-        base = eval_loader(
-            path,
-            r.batch_size,
-            v.crop_size,
-            r.workers,
-            threads=r.threads,
-            distributed=r.distributed,
-            order="random",
-            seed=v.seed,
-            drop_last=r.drop_last,
-            loader=r.loader,
-        )
+        base = eval_loader(path, Centre(crop_size=v.crop_size, order="random", seed=v.seed), r)
         return TwoViewLoader(base, DeviceCrop(v.crop_size, v.scale_min))
-    return TwoViewLoader(_random_views(path, views, reading))
+    return TwoViewLoader(_random_views(path, views, r))
 
 
-def crop_loader(
-    path,
-    batch_size: int,
-    crop_size: int,
-    scale_min: float = 0.08,
-    workers: int = 2,
-    seed: int = 0,
-    threads: int | None = None,
-    loader: str = "ffcv",
-    indices=None,
-    distributed: bool = False,
-):
+def crop_loader(path, views: Views, reading: Reading, indices=None):
     """Yields (image, label, index): one random resized crop + flip of each whole stored image
     (so a crop can reach its corners), drawn while decoding, in a random order; only the
-    samples ``indices`` (all if None), each once an epoch (no batch dropped; ``distributed``:
-    this rank's shard of the epoch, padded to equal shards). The augmented probe's view: the
-    references' RandomResizedCrop(224) + flip of the full image."""
-    _check_choice(loader, "loader")
-    views = Views(crop_size=crop_size, scale_min=scale_min, seed=seed)
-    reading = Reading(
-        batch_size=batch_size, loader=loader, workers=workers, threads=threads, distributed=distributed, drop_last=False
-    )
-    return _random_views(path, views, reading, count=1, indices=indices)
+    samples ``indices`` (all if None), each once an epoch (``distributed``: this rank's shard of
+    the epoch, padded to equal shards). The augmented probe's view: the references'
+    RandomResizedCrop(224) + flip of the full image."""
+    r = _every_sample(reading, "crop_loader")
+    _check_choice(r.loader, views.crop)
+    return _random_views(path, views, r, count=1, indices=indices)
+
+
+def _every_sample(reading: Reading, what: str) -> Reading:
+    if reading.drop_last:
+        raise ValueError(f"{what} reads every sample once: not Reading(drop_last=True)")
+    return reading.dropping(False)
 
 
 def _random_views(path, views: Views, reading: Reading, count: int = 2, indices=None):
@@ -134,32 +132,24 @@ def _random_views(path, views: Views, reading: Reading, count: int = 2, indices=
         dataset = TwoViewDataset(
             converted_source(path), v.crop_size, scale, v.ratio, v.flip, v.seed, views=count, indices=indices
         )
-        return TorchLoader(dataset, r.batch_size, r.workers, v.seed, True, r.distributed, r.drop_last)
+        return TorchLoader(dataset, r.batch_size, r.workers, v.seed, True, r.distributed, bool(r.drop_last))
     return _ffcv_views(path, v, r, scale, count, indices)
 
 
-def eval_loader(
-    path,
-    batch_size: int,
-    crop_size: int,
-    workers: int = 2,
-    crop_ratio: float = 1.0,
-    threads: int | None = None,
-    distributed: bool = False,
-    order: str = "sequential",
-    seed: int = 0,
-    drop_last: bool = False,
-    loader: str = "ffcv",
-):
-    """Yields (image, label, index): the centre crop (side crop_ratio x the shorter side,
-    resized to crop_size), in file order (every sample once) unless order="random"."""
-    _check_choice(loader, "loader")
-    if order not in ("sequential", "random"):
-        raise ValueError(f"order must be 'sequential' or 'random', not {order!r}")
-    if loader == "torchvision":
-        dataset = CentreViewDataset(converted_source(path), crop_size, crop_ratio)
-        return TorchLoader(dataset, batch_size, workers, seed, order == "random", distributed, drop_last)
-    return _ffcv_eval(path, batch_size, crop_size, workers, crop_ratio, threads, distributed, order, seed, drop_last)
+def eval_loader(path, centre: Centre, reading: Reading):
+    """Yields (image, label, index): the centre view, in file order (every sample once) unless
+    ``centre.order`` is random."""
+    c = centre
+    _check_choice(reading.loader, "loader")
+    if c.order not in ("sequential", "random"):
+        raise ValueError(f"order must be 'sequential' or 'random', not {c.order!r}")
+    r = _every_sample(reading, "eval_loader in file order") if c.order == "sequential" else reading.dropping(False)
+    if r.loader == "torchvision":
+        dataset = CentreViewDataset(converted_source(path), c.crop_size, c.ratio)
+        return TorchLoader(
+            dataset, r.batch_size, r.workers, c.seed, c.order == "random", r.distributed, bool(r.drop_last)
+        )
+    return _ffcv_eval(path, c, r)
 
 
 def is_converted(path, loader: str = "ffcv") -> bool:
@@ -299,26 +289,26 @@ def _ffcv_views(path, v: Views, r: Reading, scale: tuple[float, float], count: i
     )
 
 
-def _ffcv_eval(path, batch_size, crop_size, workers, crop_ratio, threads, distributed, order, seed, drop_last):
+def _ffcv_eval(path, c: Centre, r: Reading):
     path = _beton(path)
     from ffcv.fields.rgb_image import CenterCropRGBImageDecoder
     from ffcv.loader import OrderOption
     from ffcv.transforms import ToTensor, ToTorchImage
 
     pipelines = {
-        "image": [CenterCropRGBImageDecoder((crop_size, crop_size), ratio=crop_ratio), ToTensor(), ToTorchImage()],
+        "image": [CenterCropRGBImageDecoder((c.crop_size, c.crop_size), ratio=c.ratio), ToTensor(), ToTorchImage()],
         "label": _int_pipeline(),
         "index": _int_pipeline(),
     }
     return _ffcv_loader(
         path,
-        threads=threads,
-        batch_size=batch_size,
-        num_workers=workers,
-        order=OrderOption.RANDOM if order == "random" else OrderOption.SEQUENTIAL,
-        seed=seed,
-        distributed=distributed,
-        drop_last=drop_last,
+        threads=r.threads,
+        batch_size=r.batch_size,
+        num_workers=r.workers,
+        order=OrderOption.RANDOM if c.order == "random" else OrderOption.SEQUENTIAL,
+        seed=c.seed,
+        distributed=r.distributed,
+        drop_last=r.drop_last,
         pipelines=pipelines,
     )
 

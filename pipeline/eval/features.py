@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.data.augment import normalize
-from pipeline.data.loaders import eval_loader
+from pipeline.data.loaders import Centre, Reading, eval_loader
 
 
 def extract(
@@ -21,9 +21,8 @@ def extract(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(features N x D, labels N) in file order, on ``device`` (default: the backbone's), of
     the centre view (crop_ratio: its side over the shorter side, see data.eval_loader)."""
-    batches = eval_loader(
-        beton, batch_size, crop_size, workers=workers, crop_ratio=crop_ratio, threads=threads, loader=loader
-    )
+    reading = Reading(batch_size=batch_size, loader=loader, workers=workers, threads=threads)
+    batches = eval_loader(beton, Centre(crop_size=crop_size, ratio=crop_ratio), reading)
     return features_of(backbone, batches, device)
 
 
