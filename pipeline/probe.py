@@ -109,6 +109,12 @@ def make_classifier(dim: int, num_classes: int, standardize: bool) -> nn.Module:
     return nn.Sequential(nn.BatchNorm1d(dim, affine=False), linear) if standardize else linear
 
 
+def synced(classifier: nn.Module, device: torch.device) -> nn.Module:
+    """The classifier with its BN (``standardize``) synced over the ranks' GPUs; gloo on CPU has
+    no SyncBN, so there each rank normalises its own share. No BN, or one process: unchanged."""
+    return nn.SyncBatchNorm.convert_sync_batchnorm(classifier) if device.type == "cuda" else classifier
+
+
 class LinearProbe:
     """SGD on a linear classifier; batches come from cached features or a frozen backbone.
     Under several ranks the classifier trains inside DDP (``model``), SyncBN on GPUs."""
@@ -126,9 +132,7 @@ class LinearProbe:
         self.s, self.steps = s, max(1, steps_per_epoch * s["epochs"])
         # no warmup (the references' probes have none); step: x0.1 at 60 % and 80 %
         self.schedule = Schedule(self.steps, s["schedule"], drops=share_of(self.steps, STEP_DROPS))
-        self.classifier = make_classifier(dim, num_classes, standardize).to(device)
-        if device.type == "cuda":  # no BN in the classifier, or one process: unchanged
-            self.classifier = nn.SyncBatchNorm.convert_sync_batchnorm(self.classifier)
+        self.classifier = synced(make_classifier(dim, num_classes, standardize), device).to(device)
         self.model = distributed.ddp(self.classifier, device)
         self.opt = torch.optim.SGD(
             self.classifier.parameters(), lr=s["lr"], momentum=0.9, weight_decay=s["weight_decay"]

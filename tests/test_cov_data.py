@@ -105,6 +105,8 @@ def test_bad_order_and_crop_are_named(ffcv_small):
         eval_loader(beton, Centre(crop_size=16, order="shuffled"), Reading(batch_size=4))
     with pytest.raises(ValueError, match="crop must be 'loader' or 'device', not 'gpu'"):
         two_view_loader(beton, Views(crop_size=16, crop="gpu"), Reading(batch_size=4))
+    with pytest.raises(ValueError, match="eval_loader in file order reads every sample once"):
+        eval_loader(beton, Centre(crop_size=16), Reading(batch_size=4, drop_last=True))
 
 
 def test_missing_ffcv_says_how_to_do_without(ffcv_small, monkeypatch):

@@ -210,6 +210,16 @@ def test_a_cell_row_without_its_config_takes_the_base_with_its_id(tmp_path):
     assert studies.cell_row(tmp_path, "K=1024", {}, None)["params"] == {"K": 1024}
 
 
+def test_the_probe_settings_come_from_the_first_readable_record(tmp_path):
+    # python -m pipeline.tables without --config: a probe.json a later version cannot type (a
+    # key it no longer has) is passed over for the next one
+    for cell, probe in (("K=64", {"a removed key": 1}), ("K=128", {"mode": "augmented", "epochs": 7})):
+        (tmp_path / "cells" / cell).mkdir(parents=True)
+        (tmp_path / "cells" / cell / "probe.json").write_text(json.dumps({"top1": 50.0, "config": {"probe": probe}}))
+    found = studies.recorded_probe(pd.DataFrame({"cell": ["K=64", "K=128"]}), tmp_path)
+    assert found is not None and (found.mode, found.epochs, found.knn_k) == ("augmented", 7, 200)
+
+
 def test_labels_and_sentences():
     assert studies.backbone_label({"backbone": "vit_small", "patch_size": 4}).endswith("/4")
     below = Estimate(-3.0, 1.0, 3)  # mean -3 ± 1: the CI [-4, -2] lies below 0

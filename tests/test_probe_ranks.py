@@ -13,10 +13,11 @@ import torch.multiprocessing as mp
 from conftest import REPO
 from test_distributed import _init, free_port
 from test_probe import random_checkpoint  # noqa: F401  (a fixture)
+from torch import nn
 
 from pipeline.dag.config import ConfigError, validate_sections
 from pipeline.data.loaders import LOADERS, Reading, Views, batches_from, crop_loader
-from pipeline.probe import LinearProbe, run
+from pipeline.probe import LinearProbe, make_classifier, per_rank_batch, run, synced
 
 DIM, CLASSES, BATCH, STEPS = 6, 3, 8, 4
 SETTINGS = {"lr": 0.5, "batch_size": BATCH, "schedule": "cosine", "weight_decay": 1e-4, "epochs": 1}
@@ -120,3 +121,11 @@ def test_the_ranks_must_be_the_configs(ffcv_small, random_checkpoint, tmp_path):
 def test_ranks_the_probe_cannot_split_fail_at_config_time(probe, message):
     with pytest.raises(ConfigError, match=message):
         validate_sections(probe_config(2, **probe), ["data", "probe"])
+
+
+def test_the_standardised_classifier_syncs_its_bn_on_gpus_only():
+    # convert_sync_batchnorm only swaps module types: it runs without a GPU
+    assert isinstance(synced(make_classifier(4, 2, True), torch.device("cuda"))[0], nn.SyncBatchNorm)
+    assert type(synced(make_classifier(4, 2, True), torch.device("cpu"))[0]) is nn.BatchNorm1d
+    with pytest.raises(ConfigError, match="the probe's batch of 256 is not a multiple of probe.ranks=3"):
+        per_rank_batch(256, 3)  # the protocol's batch, which the config check cannot see
