@@ -215,3 +215,10 @@ wildcard_constraints:
     cell=CELL_ID,
     split=r"train|val",
     trial=r"\d+",
+
+
+def python_module(ranks):
+    """How a stage's module starts: one process, or torchrun's one per GPU of the job (DDP)."""
+    if ranks == 1:
+        return "-m"
+    return f"-m torch.distributed.run --standalone --nproc-per-node {ranks} -m"

@@ -11,13 +11,6 @@ if CFG.detect.enabled:
     check_ranks_fit("detect", CFG.detect.ranks, "detect.ranks", profile_resources())
 
 
-def python_module(ranks):
-    """How a stage's module starts: one process, or torchrun's one per GPU of the job (DDP)."""
-    if ranks == 1:
-        return "-m"
-    return f"-m torch.distributed.run --standalone --nproc-per-node {ranks} -m"
-
-
 rule probe:
     input:
         checkpoint=cell_file(R, "{cell}", "checkpoint"),
