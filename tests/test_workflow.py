@@ -368,9 +368,11 @@ def test_paper_presets_hold_the_reference_settings():
         "seeds": 3,
         "first_seed": None,
         "pilot_seeds": 3,
+        "invariant_seeds": 2,
         "m": [0.0, 0.5, 0.9, 0.99, 0.999, 0.9999],
         "K": [16384, 65536],
     }
+    assert preset_config("imagenet-mocov2")["probe"]["ranks"] == 8  # main_lincls.py's 8 GPUs
     v1 = preset_config("imagenet-mocov1")["pretrain"]
     assert (v1["variant"], v1["T"], v1["schedule"], v1["aug"], v1["K"], v1["m"], v1["lr"]) == (
         "v1",
