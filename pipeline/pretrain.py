@@ -169,6 +169,7 @@ class Trainer:
             distributed=env.world_size > 1,
         )
         self.loader = two_view_loader(data_dir / "train.beton", Views.of(p, d), reading)
+        self.schedule = pretrain_schedule(p, len(self.loader))  # the lr at each step of the run
         if len(self.loader) == 0:
             raise ConfigError(
                 f"pretrain.batch_size={p.batch_size} exceeds the training set ({self.num_samples} images)"
@@ -327,7 +328,7 @@ class Trainer:
         p, steps = self.p, len(self.loader)
         step = self.epoch * steps + self.step_in_epoch
         progress = step / max(steps * p.epochs, 1)
-        self.stats.lr = p.lr * pretrain_schedule(p, steps).factor(step)
+        self.stats.lr = p.lr * self.schedule.factor(step)
         for group in self.optimizer.param_groups:
             group["lr"] = self.stats.lr
         self.model.on_step(progress)  # e.g. MoCo v3's momentum schedule

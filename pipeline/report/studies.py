@@ -71,6 +71,11 @@ BN_LEAK_METRICS = ["inst_acc", "top1", "knn_top1"]
 
 
 # --- per-cell metrics -----------------------------------------------------------------------
+def stated(params: dict, key: str):
+    """A parameter as a config states it; None where it states none."""
+    return params[key] if key in params else None
+
+
 def _params(cell: str, on_disk: dict | None, expected: dict, base: dict | None) -> dict:
     if on_disk:
         return on_disk
@@ -95,7 +100,7 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
         "group": group_id(cell),
         # diverged, or collapsed to a chance-level pretext loss (pipeline.pretrain)
         "status": "fail" if summary.failed else ("ok" if out.probe or det else "missing"),
-        **{a: params[a] if a in params else None for a in AXES},
+        **{a: stated(params, a) for a in AXES},
         "params": params,
         "epochs_run": summary.epochs_run,
         "loss": final.loss,
@@ -222,7 +227,7 @@ class Group:
     def stated(self, key: str):
         """A parameter as the group's config states it; None where it states none (its
         ``pretrain`` gives the value it ran with)."""
-        return self.params[key] if key in self.params else None
+        return stated(self.params, key)
 
     @property
     def is_moco(self) -> bool:
@@ -487,7 +492,7 @@ def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
 
 def backbone_label(p: dict) -> str:
     """A backbone as the tables name it, from a cell's stated parameters."""
-    backbone, width, patch = (p[k] if k in p else None for k in ("backbone", "width", "patch_size"))
+    backbone, width, patch = (stated(p, k) for k in ("backbone", "width", "patch_size"))
     if not backbone:
         return ""
     name = BACKBONE_LABELS[backbone] if backbone in BACKBONE_LABELS else backbone
@@ -628,8 +633,8 @@ class Stated:
             dataset=section("dataset", given["dataset"]) if "dataset" in given else None,
             probe=section("probe", given["probe"]) if "probe" in given else None,
             detect=section("detect", given["detect"]) if "detect" in given else None,
-            pretrain=given["pretrain"] if "pretrain" in given else None,
-            supervised=grid["supervised"] if "supervised" in grid else None,
+            pretrain=stated(given, "pretrain"),
+            supervised=stated(grid, "supervised"),
         )
 
 
