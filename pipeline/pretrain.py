@@ -37,10 +37,10 @@ from pipeline.data.augment import view_recipes
 from pipeline.data.loaders import Centre, Reading, Views, data_identity, eval_loader, is_converted, two_view_loader
 from pipeline.eval.features import features_of
 from pipeline.eval.knn import knn_accuracy
+from pipeline.methods.build import arch_of, bn_guard_text, build_model
 from pipeline.moco.ema_check import EmaRecord
 from pipeline.moco.split_bn import max_splits
 from pipeline.nets.fast_path import FastPath
-from pipeline.nets.methods import arch_of, bn_guard_text, build_model
 from pipeline.nets.models import build_backbone
 from pipeline.nets.optim import build_optimizer, pretrain_schedule
 from pipeline.runtime import checkpoint, cpus, distributed, preempt, provenance

@@ -7,11 +7,12 @@ import torch
 from torch import nn
 
 from pipeline.dag.config import ConfigError, section
+from pipeline.methods.build import bn_guard_text, build_model
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd
 from pipeline.moco.split_bn import SplitBatchNorm2d, default_splits, split_batch_norm
-from pipeline.nets.methods import bn_guard_text, build_model
-from pipeline.nets.models import Encoder, build_backbone
+from pipeline.nets.method import Encoder
+from pipeline.nets.models import build_backbone
 
 P = {
     "method": "moco",

@@ -316,7 +316,7 @@ def test_unknown_backbone_and_odd_embedding_are_refused():
 
 # --- the MoCo methods ----------------------------------------------------------------------------
 def tiny_model(**changes):
-    from pipeline.nets.methods import build_model
+    from pipeline.methods.build import build_model
 
     torch.manual_seed(0)
     return build_model(section("pretrain", {**P, **changes}), 16, 10, 64)  # test_distributed's MoCo v2, 16 px images
@@ -335,8 +335,8 @@ def test_keys_without_sample_index_enter_the_queue_as_unknown():
 
 
 def test_memory_bank_needs_enough_samples_and_each_index():
+    from pipeline.methods.build import bn_guard_text
     from pipeline.moco.mechanisms import MemoryBank
-    from pipeline.nets.methods import bn_guard_text
 
     model = tiny_model(mechanism="memory_bank")
     assert bn_guard_text(model, 1) == "not applicable (no key batch normalised apart from its queries)"

@@ -9,8 +9,8 @@ from conftest import require
 from test_fast_path import FAMILIES, trainer_for
 
 from pipeline.dag.config import section
+from pipeline.methods.build import build_model
 from pipeline.nets.fast_path import FastPath
-from pipeline.nets.methods import build_model
 from pipeline.nets.optim import build_optimizer
 from pipeline.runtime import checkpoint
 

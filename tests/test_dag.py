@@ -195,20 +195,22 @@ def test_the_readme_layout_lists_every_module():
     """Each module under its own folder in the README's tree (bench's by name)."""
     readme = (REPO / "README.md").read_text()
     layout = readme[readme.index("## Layout") : readme.index("## Extending")]
-    listed, folder, missing = set(), None, []
+    listed, folders, missing = set(), {}, []  # folders: indent -> the folder opened at it
     for line in layout.splitlines():
-        entry = line.split()[0] if line.strip() else ""
-        if line.startswith("  ") and not line.startswith("    "):
-            folder = entry.rstrip("/") if entry.endswith("/") else None
-            listed.add(("", entry))
-        elif line.startswith("    ") and folder:
-            listed.add((folder, entry))
+        if not line.startswith("  ") or not line.strip():
+            continue
+        indent, entry = len(line) - len(line.lstrip()), line.split()[0]
+        parents = [folders[i] for i in sorted(folders) if i < indent]
+        path = "/".join([*parents, entry.rstrip("/")])
+        folders = {i: f for i, f in folders.items() if i < indent}
+        if entry.endswith("/"):
+            folders[indent] = entry.rstrip("/")
+        listed.add(path)
     for path in (REPO / "pipeline").rglob("*.py"):
         rel = path.relative_to(REPO / "pipeline")
         if path.stem == "__init__" or rel.parts[0] == "bench":
             continue
-        where = "" if len(rel.parts) == 1 else rel.parts[0]
-        if (where, path.name) not in listed:
+        if rel.as_posix() not in listed:
             missing.append(str(rel))
     bench = [p.stem for p in (REPO / "pipeline" / "bench").glob("*.py") if not p.stem.startswith("__")]
     missing += [f"bench/{b}.py" for b in bench if b not in layout]

@@ -10,8 +10,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pipeline.dag.config import section
+from pipeline.methods.build import build_model
 from pipeline.moco.distributed import shuffle_across_ranks, unshuffle_across_ranks
-from pipeline.nets.methods import build_model
 from pipeline.nets.optim import build_optimizer
 
 B, STEPS = 4, 3

@@ -3,20 +3,20 @@ here and nowhere else, goes through the config's validation, the grid, a real pr
 probe on the embedded data, the tables and the figures."""
 
 import csv
+import importlib
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-from pipeline import pretrain, probe, tables
-from pipeline.dag import method_registry
+from pipeline import REPO, pretrain, probe, tables
 from pipeline.dag.config import ConfigError, load_schema, pretrain_cell, section, typed_config
 from pipeline.dag.grid import grid_cells
 from pipeline.dag.layout import cell_file
-from pipeline.dag.method_registry import MethodSpec, method_spec, register
 from pipeline.dag.sections import Pretrain
-from pipeline.moco.method import Method
-from pipeline.nets.models import Encoder, feature_dim, projection_head
+from pipeline.methods import METHODS, MethodSpec, method_spec, register
+from pipeline.nets.method import Encoder, Method
+from pipeline.nets.models import feature_dim
 from pipeline.nets.optim import optimizer_name
 
 
@@ -26,7 +26,7 @@ class Toy(Method):
 
     def __init__(self, backbone: torch.nn.Module, dim: int, T: float):
         super().__init__()
-        self.encoder_q = Encoder(backbone, projection_head(feature_dim(backbone), dim, mlp=False))
+        self.encoder_q = Encoder(backbone, torch.nn.Linear(feature_dim(backbone), dim))
         self.T = T
 
     def forward(self, x1, x2=None, index=None, labels=None):
@@ -41,14 +41,14 @@ def build_toy(p, backbone, num_classes, num_samples, world_size):
 
 
 # between MoCo's rows (10) and the supervised baseline's (20)
-TOY = MethodSpec("toy", "toy method", 15, lambda: build_toy)
+TOY = MethodSpec("toy", "toy method", 15, build_toy)
 
 
 @pytest.fixture
 def toy():
     register(TOY)
     yield TOY
-    del method_registry.METHODS[TOY.name]
+    del METHODS[TOY.name]
 
 
 BASE = {
@@ -88,7 +88,7 @@ def test_the_registry_refuses_what_it_cannot_hold(toy):
     with pytest.raises(ValueError, match=r"unknown method 'byol' \(known: moco, supervised, random, toy\)"):
         method_spec("byol")
     with pytest.raises(ValueError, match="method 'random' trains nothing: it has no model to build"):
-        method_spec("random").build_function()
+        method_spec("random").builder()
 
 
 def test_the_registry_says_which_cells_have_a_queue():
@@ -142,3 +142,52 @@ def test_a_toy_method_runs_through_grid_pretraining_tables_and_figures(toy, ffcv
     assert [r["cell"] for r in read_csv(results, "grid")] == ["base", "method=random", "method=toy"]
     for curve in ("base", "method=toy", "method=random"):
         assert (results / "figures" / "curves" / f"{curve}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# --- where a method's parts live -------------------------------------------------------------------
+def pipeline_imports(path):
+    """Every pipeline module a file imports, type-checking imports and function-local ones included."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pipeline"):
+            found |= {node.module} if node.module != "pipeline" else {f"pipeline.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("pipeline")}
+    return found
+
+
+def test_the_moco_core_imports_nothing_above_it():
+    """The algorithm core builds on torch, itself and what every method is (nets.method): no
+    config, stage, registry or network builder, not even for a type hint."""
+    core = REPO / "pipeline" / "moco"
+    for path in core.glob("*.py"):
+        above = {m for m in pipeline_imports(path) if not m.startswith("pipeline.moco") and m != "pipeline.nets.method"}
+        assert not above, f"{path.name} imports {sorted(above)}"
+
+
+def test_each_method_is_one_module_holding_its_entry_check_and_model():
+    """Each registered method's entry, config check and build are defined in its own module
+    under pipeline/methods/, and nothing else in the package names a method's module: the
+    stages reach a model through the entry."""
+    methods = REPO / "pipeline" / "methods"
+    modules = {p.stem for p in methods.iterdir() if p.stem not in ("__init__", "__pycache__", "registry", "build")}
+    entries = {}
+    for stem in modules:
+        module = importlib.import_module(f"pipeline.methods.{stem}")
+        entries[module.ENTRY.name] = module.__name__
+        for part in (module.ENTRY.build, module.ENTRY.check):
+            assert part is None or part.__module__ == module.__name__, (stem, part)
+    assert entries == {
+        "moco": "pipeline.methods.moco",
+        "supervised": "pipeline.methods.supervised",
+        "random": "pipeline.methods.random_init",
+    }
+    for path in (REPO / "pipeline").rglob("*.py"):
+        if methods in path.parents:
+            continue
+        named = {
+            m for m in pipeline_imports(path) if m.split(".")[:2] == ["pipeline", "methods"] and len(m.split(".")) > 2
+        }
+        assert named <= {"pipeline.methods.build"}, f"{path.relative_to(REPO)} imports {sorted(named)}"

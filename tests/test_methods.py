@@ -9,8 +9,8 @@ from torch.nn import functional as F
 from pipeline.dag.config import section
 from pipeline.data.augment import normalize
 from pipeline.data.loaders import Centre, Reading, eval_loader
+from pipeline.methods.build import build_model
 from pipeline.moco.v3 import ctr_loss, momentum_at
-from pipeline.nets.methods import build_model
 from pipeline.nets.models import build_backbone
 from pipeline.nets.optim import build_optimizer
 
@@ -250,7 +250,7 @@ def test_v3_vit_probe_lr_is_the_reference():
 
 def test_every_method_has_the_training_loops_interface():
     """pretrain.py calls only these hooks: a new method implements them beside its own code."""
-    from pipeline.moco.method import Method
+    from pipeline.nets.method import Method
 
     for name, p in METHODS.items():
         model = build_model(section("pretrain", {**BASE, **p}), image_size=32, num_classes=10, num_samples=64)

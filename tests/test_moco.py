@@ -9,9 +9,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.dag.config import section
+from pipeline.methods.moco.model import projection_head
 from pipeline.moco import KeyQueue, MoCo, momentum_update
 from pipeline.moco.builder import info_nce
-from pipeline.nets.models import Encoder, build_backbone, projection_head
+from pipeline.nets.method import Encoder
+from pipeline.nets.models import build_backbone
 
 
 def tiny_encoder(dim=16):

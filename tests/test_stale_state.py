@@ -99,7 +99,7 @@ def test_data_identity_is_the_content_not_the_conversion_run(ffcv_small, tmp_pat
 def test_random_init_depends_only_on_its_network_and_seed():
     random_init = {**CFG["pretrain"], "method": "random"}
     key = result_config({"data": CFG["data"], "pretrain": random_init})
-    # pipeline.nets.methods.arch_of (backbone, width, cifar_stem; norm, patch_size, depth unset here),
+    # pipeline.methods.build.arch_of (backbone, width, cifar_stem; norm, patch_size, depth unset here),
     # the seed, the method; the image size (a ViT's)
     assert key == {
         "data": {"crop_size": 32},

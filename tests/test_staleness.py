@@ -8,12 +8,14 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline.methods.moco.model import projection_head
 from pipeline.moco import MoCo
 from pipeline.moco.mechanisms import EndToEnd
 from pipeline.moco.queue import KeyQueue
 from pipeline.moco.staleness import NegativeDrift, ParameterSketch, history_length
 from pipeline.moco.v3 import MoCoV3
-from pipeline.nets.models import Encoder, build_backbone, projection_head
+from pipeline.nets.method import Encoder
+from pipeline.nets.models import build_backbone
 from pipeline.pretrain import failure
 
 

@@ -26,10 +26,10 @@ from torch import nn
 from pipeline.bench.timing import OUT_DIR, interleaved, write
 from pipeline.dag.config import section
 from pipeline.dag.sections import Pretrain
+from pipeline.methods.build import build_model
 from pipeline.moco import MoCo
 from pipeline.moco.split_bn import max_splits
 from pipeline.nets.fast_path import FastPath
-from pipeline.nets.methods import build_model
 from pipeline.nets.optim import build_optimizer
 
 FLOORS = {"moco_v2": 4 / 3, "moco_v3": 8 / 3}

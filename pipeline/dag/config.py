@@ -18,7 +18,7 @@ import jsonschema
 import yaml
 
 from pipeline import REPO
-from pipeline.dag.method_registry import METHODS, method_spec
+from pipeline.dag.errors import ConfigError
 from pipeline.dag.sections import (
     INIT,
     RUNTIME,
@@ -33,13 +33,10 @@ from pipeline.dag.sections import (
     Pretrain,
     Probe,
 )
+from pipeline.methods import METHODS, method_spec
 
 SCHEMA_PATH = REPO / "workflow" / "config" / "config.schema.yaml"
 DEFAULT_CONFIG = REPO / "workflow" / "config" / "config.yaml"
-
-
-class ConfigError(ValueError):
-    """A config value is invalid; the message names the key and what is allowed."""
 
 
 # --- typed sections (pipeline.dag.sections) ------------------------------------------------------
@@ -169,7 +166,7 @@ def pretrain_cell(base: Pretrain, override: dict, where: str = "pretrain", num_s
 def load_schema() -> dict:
     """The config's JSON schema, read once per process (every grid cell is validated against
     it while the DAG is built); callers must not modify it. Its pretrain.method enum is the
-    method registry's names (pipeline.dag.method_registry), read anew once a method is registered."""
+    method registry's names (pipeline.methods), read anew once a method is registered."""
     return _schema(tuple(METHODS))
 
 
@@ -251,32 +248,6 @@ def check_pretrain(p: Pretrain, where: str = "pretrain", num_samples: int | None
         raise ConfigError(f"{where}: lr_step_epochs={drops} must increase and stay below epochs={p.epochs}")
     if p.spec.check is not None:
         p.spec.check(p, where, num_samples)
-
-
-def check_moco(p: Pretrain, where: str, num_samples: int | None) -> None:
-    """MoCo's cross-field rules (pipeline.dag.method_registry: the moco method's ``check``)."""
-    if p.is_vit and p.variant != "v3":
-        raise ConfigError(f"{where}: backbone {p.backbone} needs variant v3 (the ViT adaptation)")
-    if p.variant == "v3" and p.mechanism != "moco":
-        raise ConfigError(f"{where}: mechanism {p.mechanism} applies to v1/v2, not v3")
-    if p.mechanism == "memory_bank" and num_samples is not None and p.K >= num_samples:
-        raise ConfigError(f"{where}: memory bank K={p.K} negatives need a larger training set ({num_samples} images)")
-    if p.bn_splits and p.batch_size % p.bn_splits:
-        raise ConfigError(
-            f"{where}: bn_splits={p.bn_splits} does not divide the batch size {p.batch_size} "
-            f"(BatchNorm normalises each rank's batch in that many equal sub-batches)"
-        )
-    if p.symmetric and not p.has_queue:
-        raise ConfigError(f"{where}: symmetric applies to MoCo v1/v2's queue (v3's loss is symmetric already)")
-    if not p.has_queue:
-        return
-    keys = p.batch_size * (1 + p.symmetric)  # per step: the symmetric loss enqueues both views' keys
-    if p.K % keys != 0:
-        raise ConfigError(
-            f"{where}: K={p.K} is not a multiple of {'2 x ' * p.symmetric}the global batch size "
-            f"{p.batch_size} (the keys enqueued per step: the queue is refilled whole batches at a time); "
-            f"use e.g. K={max(1, p.K // keys) * keys}"
-        )
 
 
 def pretrain_warnings(p: Pretrain, num_samples: int | None) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.dag.layout import is_vit
-from pipeline.dag.method_registry import MethodSpec, method_spec
+from pipeline.methods import MethodSpec, method_spec
 
 # What a key sets (field metadata "sets"); unmarked keys determine their stage's result.
 # A rule's params, which Snakemake compares to decide a rerun, and a pretraining run's
@@ -87,7 +87,7 @@ class Data:
 class Pretrain:
     """One pretraining cell (the base cell of the grid)."""
 
-    method: str = marked("moco", INIT)  # a name of pipeline.dag.method_registry: moco | supervised | random
+    method: str = marked("moco", INIT)  # a name of pipeline.methods: moco | supervised | random
     variant: str = "v2"
     mechanism: str = "moco"  # how negatives are produced: moco | end_to_end | memory_bank
     backbone: str = marked("resnet18", INIT)
@@ -127,7 +127,7 @@ class Pretrain:
     seed: int = marked(0, INIT)
     threads: int = runtime(1)
 
-    # what the method registry (pipeline.dag.method_registry) and the backbone list say of this cell
+    # what the method registry (pipeline.methods) and the backbone list say of this cell
     @property
     def spec(self) -> MethodSpec:
         return method_spec(self.method)

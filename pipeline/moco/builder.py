@@ -6,21 +6,17 @@ The paper's Algorithm 1, line for line, is ``MoCo.forward``.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from pipeline.moco.distributed import encode_shuffled, gather_all
-from pipeline.moco.method import Method
 from pipeline.moco.momentum import momentum_diagnostics, momentum_update
 from pipeline.moco.queue import KeyQueue
 from pipeline.moco.split_bn import has_batch_norm
 from pipeline.moco.staleness import NegativeDrift, history_length
-
-if TYPE_CHECKING:
-    from pipeline.nets.models import Encoder
+from pipeline.nets.method import Encoder, Method
 
 
 def similarities(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from collections import deque
 
 import torch
 
-from pipeline.moco.method import Method
+from pipeline.nets.method import Method
 
 
 class EmaRecord:

@@ -10,19 +10,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
 from pipeline.moco.builder import ZeroLabels, info_nce, similarities
 from pipeline.moco.distributed import encode_shuffled, gather_all, gather_with_grad, rank, world_size
-from pipeline.moco.method import Method
 from pipeline.moco.split_bn import has_batch_norm
-
-if TYPE_CHECKING:
-    from pipeline.nets.models import Encoder
+from pipeline.nets.method import Encoder, Method
 
 
 class EndToEnd(Method):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -17,11 +16,8 @@ from torch.nn import functional as F
 
 from pipeline.moco.builder import similarities
 from pipeline.moco.distributed import gather_all, rank
-from pipeline.moco.method import Method
 from pipeline.moco.momentum import momentum_diagnostics, momentum_update
-
-if TYPE_CHECKING:
-    from pipeline.nets.models import Encoder
+from pipeline.nets.method import Encoder, Method
 
 
 def ctr_loss(q: torch.Tensor, k: torch.Tensor, T: float):

@@ -1,2 +1,2 @@
-"""Networks and their training parts: backbones, the method registry's builders, optimizers and
-schedules, the fast path."""
+"""Networks and their training parts: backbones, what every method is (its hooks, its encoder),
+optimizers and schedules, the fast path."""

@@ -172,36 +172,3 @@ def build_backbone(arch: dict, zero_init_residual: bool = False, freeze_patch_em
         norm_layer=norm,
         zero_init_residual=zero_init_residual,
     )
-
-
-def projection_head(in_dim: int, out_dim: int, mlp: bool) -> nn.Module:
-    """v1: a linear layer; v2: a 2-layer MLP (hidden = in_dim, ReLU)."""
-    if not mlp:
-        return nn.Linear(in_dim, out_dim)
-    return nn.Sequential(nn.Linear(in_dim, in_dim), nn.ReLU(inplace=True), nn.Linear(in_dim, out_dim))
-
-
-def bn_mlp(num_layers: int, in_dim: int, hidden: int, out_dim: int, last_bn: bool = True) -> nn.Sequential:
-    """MoCo v3's heads: Linear-BN-ReLU blocks, then Linear (+ BN without affine)."""
-    layers = []
-    for i in range(num_layers):
-        d_in = in_dim if i == 0 else hidden
-        if i < num_layers - 1:
-            layers += [nn.Linear(d_in, hidden, bias=False), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True)]
-        else:
-            layers.append(nn.Linear(d_in, out_dim, bias=False))
-            if last_bn:
-                layers.append(nn.BatchNorm1d(out_dim, affine=False))
-    return nn.Sequential(*layers)
-
-
-class Encoder(nn.Module):
-    """Backbone followed by a projection head; the backbone is what transfers."""
-
-    def __init__(self, backbone: nn.Module, head: nn.Module):
-        super().__init__()
-        self.backbone = backbone
-        self.head = head
-
-    def forward(self, x):
-        return self.head(self.backbone(x))

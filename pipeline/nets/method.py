@@ -1,18 +1,28 @@
 """What the training loop asks of every pretraining method (MoCo v1/v2/v3, end-to-end, memory
-bank, supervised). Each method implements the hooks that apply to it beside its own code, so
-the loop (pipeline.pretrain) never inspects a model: a new method is its own file plus its
-entry in pipeline.dag.method_registry.
+bank, supervised), and the encoder each one trains. Each method implements the hooks that apply
+to it beside its own code, so the loop (pipeline.pretrain) never inspects a model: a new method
+is its own module under pipeline/methods/ plus one line there.
+
+Plain torch: the MoCo core (pipeline.moco) builds on it and imports nothing above it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from torch import nn
 
-if TYPE_CHECKING:
-    from pipeline.nets.models import Encoder
+
+class Encoder(nn.Module):
+    """Backbone followed by a projection head; the backbone is what transfers."""
+
+    def __init__(self, backbone: nn.Module, head: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
 
 
 class Method(nn.Module):
@@ -22,7 +32,7 @@ class Method(nn.Module):
     # a key encoder updated as the EMA of the query encoder (encoder_k, encoder_q, m): the run
     # checks it never gets a gradient or optimizer state (pipeline.moco.ema_check)
     has_momentum_encoder = False
-    # the BN-leak guard (pipeline.nets.methods.bn_guard_text): True/False for methods that encode a
+    # the BN-leak guard (pipeline.methods.build.bn_guard_text): True/False for methods that encode a
     # key batch apart from its queries (MoCo v1/v2, end-to-end), None where there is none
     shuffle_bn: bool | None = None
     # normalise over the global batch with SyncBatchNorm on several GPUs (MoCo v3's heads)

@@ -1,0 +1,51 @@
+"""The model a pretraining cell trains: a new backbone (the checkpoint's arch record) and its
+method's ``build`` (pipeline.methods: each method's entry).
+
+Every model has ``encoder_q.backbone`` (what transfers) and
+``forward(x1, x2, index, labels) -> (loss, logits, target)``.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from pipeline.dag.layout import VITS, is_resnet
+from pipeline.dag.sections import Pretrain
+from pipeline.moco.split_bn import has_batch_norm, max_splits
+from pipeline.nets.method import Method
+from pipeline.nets.models import build_backbone
+
+
+def arch_of(p: Pretrain, image_size: int | None = None) -> dict:
+    """The backbone record stored in checkpoints (enough to rebuild it)."""
+    if p.is_vit:
+        return {
+            "backbone": p.backbone,
+            "patch_size": p.patch_size,
+            "image_size": image_size or 224,
+            "depth": p.depth,
+            "heads": VITS[p.backbone][2],
+        }
+    return {"backbone": p.backbone, "width": p.width, "cifar_stem": p.cifar_stem, "norm": p.norm}
+
+
+def bn_guard_text(model: nn.Module, world_size: int) -> str:
+    """How the keys of this model are kept from the BN statistics of their queries (for the log)."""
+    if model.shuffle_bn is None:
+        return "not applicable (no key batch normalised apart from its queries)"
+    if not model.shuffle_bn:
+        return "off (shuffle_bn: false)" if has_batch_norm(model) else "not needed (no BatchNorm)"
+    splits = max_splits(model)
+    where = [f"{world_size} ranks"] if world_size > 1 else []
+    where += [f"{splits} BN sub-batches per rank"] if splits > 1 else []
+    return "keys shuffled across " + " x ".join(where)
+
+
+def build_model(p: Pretrain, image_size: int, num_classes: int, num_samples: int, world_size: int = 1) -> Method:
+    """The model of the cell's method (its entry's ``build``) on a new backbone."""
+    # MoCo v3's ResNet starts each residual branch at zero (zero_init_residual, as its reference);
+    # its ViT keeps the random patch projection (unset: MoCo only, a supervised ViT trains it)
+    v3_resnet = p.is_moco and p.variant == "v3" and is_resnet(p.backbone)
+    frozen_patches = p.is_moco if p.freeze_patch_embed is None else p.freeze_patch_embed
+    backbone = build_backbone(arch_of(p, image_size), zero_init_residual=v3_resnet, freeze_patch_embed=frozen_patches)
+    return p.spec.builder()(p, backbone, num_classes, num_samples, world_size)
