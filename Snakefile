@@ -8,7 +8,7 @@
 #   snakemake claims                            # the seeds' claims as experiments (tables/claims.*)
 #   snakemake plan                              # the grid's GPU-hours and wall time before submitting
 #   snakemake --profile slurm                   # on a SLURM cluster
-from pipeline.dag.config import ConfigError, read_command_line_values, typed_config, validate
+from pipeline.dag.config import ConfigError, load_config, read_command_line_values
 from pipeline.dag.grid import claims_cells, grid_cells  # (not `expand`: that is Snakemake's)
 from pipeline.dag.target_jobs import rejoin_cells_in_cluster_jobs
 
@@ -22,7 +22,7 @@ read_command_line_values(config)  # --config pretrain='{epochs: 50}': 50, not '5
 # schema + cross-field rules, with the key and the allowed range on error; then typed once:
 # the rules read CFG (every default is pipeline.dag.sections'), and `config`, the dicts as given,
 # only where they write a job's JSON (its keys as the config states them)
-CFG = typed_config(validate(config, folders=False))  # the folders: when a job needs them (common.smk)
+CFG = load_config(config)  # the folders: when a job needs them (common.smk)
 CELLS = grid_cells(CFG)
 try:  # `snakemake claims` only; a config whose claims cannot run fails that target alone
     CLAIMS_CELLS, CLAIMS_ERROR = claims_cells(CFG), None

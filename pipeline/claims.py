@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.dag.claims_plan import PILOT_ROLES, Budget, needs
-from pipeline.dag.config import DEFAULT_CONFIG, ConfigError, to_dict, typed_config
+from pipeline.dag.config import DEFAULT_CONFIG, ConfigError, load_config, to_dict
 from pipeline.dag.grid import (
     BASE_ID,
     cell_id,
@@ -599,7 +599,7 @@ def queue_table(c: Cells, prov) -> Table:
 def claims_tables(df: pd.DataFrame, grid: pd.DataFrame, cfg: dict, results: Path) -> list[Table]:
     """``df``: the claims' cells; ``grid``: the main grid's (the transfer claim); ``cfg``: the
     config as the job's JSON states it (the tables' provenance names its keys)."""
-    typed = typed_config(cfg)
+    typed = load_config(cfg)
     assert typed.claims is not None  # run() refuses a config without it, with the message
     c = Cells(df, typed, typed.claims, results, grid)
     # the tables rest on pretraining and the probe; only the transfer claim reads detection
@@ -618,7 +618,7 @@ def run(results: Path, cfg: dict) -> str:
     """Write the claims tables from whatever cells exist; returns them (Markdown)."""
     if not cfg.get("claims") or not cfg.get("pretrain"):
         raise ConfigError("the claims tables need the config's pretrain and claims sections")
-    typed = typed_config(cfg)
+    typed = load_config(cfg)
     expected = {cid: cell.stated(cfg["pretrain"]) for cid, cell in claims_cells(typed).items()}
     # only this config's cells: another claims run's seeds in the same folder (another
     # first_seed) must never enter a verdict fixed before them; the main grid's apart (transfer)

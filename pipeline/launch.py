@@ -168,16 +168,16 @@ def print_logs(folder: Path, job_id: str) -> None:
 
 def check_pretrain_args(argv: list[str]) -> None:
     """Fail here, before anything is queued, on a bad config or a missing dataset."""
-    from pipeline.dag.config import ConfigError, load_typed_stage_config
+    from pipeline.dag.config import ConfigError, load_stage_config, section
     from pipeline.data.loaders import is_converted
     from pipeline.pretrain import SECTIONS, build_parser
 
     args = build_parser().parse_args(argv)  # the stage's own parser: a wrong flag fails here, not in the job
     try:
-        cfg = load_typed_stage_config(args.config, SECTIONS)
+        cfg = load_stage_config(args.config, SECTIONS)
     except (ConfigError, ValueError) as err:
         raise SystemExit(f"[launch] error: {err}") from None
-    loader = cfg["data"].loader
+    loader = section("data", cfg["data"]).loader
     if not is_converted(Path(args.data) / "train.beton", loader):  # torchvision reads only the report
         raise SystemExit(f"[launch] error: {args.data} holds no converted train split for data.loader: {loader}")
 

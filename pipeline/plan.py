@@ -34,13 +34,9 @@ from pipeline.dag.claims_plan import not_trained
 from pipeline.dag.config import (
     DEFAULT_CONFIG,
     ConfigError,
-    check_detector,
-    check_pretrain,
-    load_schema,
+    load_config,
     load_yaml,
     merge,
-    typed_config,
-    validate_schema,
 )
 from pipeline.dag.grid import Cell, cell_resources, claims_budget, claims_cells, detects, grid_cells
 from pipeline.dag.job_gpus import gres_gpus
@@ -489,7 +485,7 @@ def render(plan: dict, profile_path: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(configfiles: list[str], overrides: list[str]) -> dict:
+def merged_config(configfiles: list[str], overrides: list[str]) -> dict:
     """workflow/config/config.yaml, then each --configfile, then each --config key=value
     (a YAML value), merged as Snakemake merges them."""
     cfg = load_yaml(DEFAULT_CONFIG)
@@ -506,12 +502,7 @@ def load_config(configfiles: list[str], overrides: list[str]) -> dict:
 def check(cfg: dict) -> Config:
     """The config typed, after its schema and cross-field rules, but not its folders: a plan
     is made before the data is where the jobs will read it."""
-    validate_schema(cfg, load_schema())
-    typed = typed_config(cfg)
-    check_pretrain(typed.pretrain)
-    if typed.detect.enabled:
-        check_detector(typed.detect)
-    return typed
+    return load_config(cfg)
 
 
 def load_profile(path: str) -> dict:
@@ -538,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--claims", action="store_true", help="plan the claims study's cells (snakemake claims)")
     args = ap.parse_args(argv)
     try:
-        cfg = json.loads(args.config_json) if args.config_json else load_config(args.configfile, args.config)
+        cfg = json.loads(args.config_json) if args.config_json else merged_config(args.configfile, args.config)
         print(run(cfg, args.profile, as_json=args.json, claims=args.claims))
     except ConfigError as err:
         print(f"plan: {err}", file=sys.stderr)

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from pipeline.dag.config import ConfigError, build, to_dict
+from pipeline.dag.config import ConfigError, section, to_dict
 from pipeline.dag.sections import SYNTHETIC_CLASSES, Synthetic
 from pipeline.eval import masks as masks_io
 from pipeline.runtime.io import atomic_save_png, atomic_write_json
@@ -283,7 +283,7 @@ def main(argv=None) -> None:
     ap.add_argument("--config", default="{}", help="JSON with keys of dataset.synthetic")
     args = ap.parse_args(argv)
     try:
-        cfg = build(Synthetic, json.loads(args.config))
+        cfg = section("dataset", {"synthetic": json.loads(args.config)}).synthetic
     except ConfigError as err:
         raise SystemExit(f"[synthetic] error: {err}") from None
     manifest = run(args.out, cfg)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipeline.dag.config import ConfigError, typed_config
+from pipeline.dag.config import ConfigError, load_config
 from pipeline.dag.grid import grid_cells
 from pipeline.report.studies import collect, studies
 from pipeline.report.writers import load_configs, markdown, results_folder, results_parser, write_table
@@ -30,7 +30,7 @@ def expected_cells(cfg: dict) -> dict[str, dict]:
     each as the config states it, as a finished cell's config.json holds it."""
     if not cfg.get("pretrain") or "grid" not in cfg:
         return {}
-    return {cid: cell.stated(cfg["pretrain"]) for cid, cell in grid_cells(typed_config(cfg)).items()}
+    return {cid: cell.stated(cfg["pretrain"]) for cid, cell in grid_cells(load_config(cfg)).items()}
 
 
 def run(results: Path, cfg: dict | None = None, figures: bool = True) -> str:

@@ -13,7 +13,7 @@ from test_tables import BASE, fake_cell
 
 from pipeline.claims import NOT_RUN, Cells, pilot_gate
 from pipeline.claims import run as write_claims
-from pipeline.dag.config import ConfigError, load_yaml, merge, typed_config, validate
+from pipeline.dag.config import ConfigError, load_config, load_yaml, merge
 from pipeline.dag.grid import cell_id, claims_cells, grid_cells, group_id
 from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
 from pipeline.report.studies import collect
@@ -118,7 +118,7 @@ def full_results(root, seeds=(0, 1, 2), pilot=True, **changes):
 
 
 def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
-    cells = {cid: cell.pretrain for cid, cell in claims_cells(typed_config(CONFIG)).items()}
+    cells = {cid: cell.pretrain for cid, cell in claims_cells(load_config(CONFIG)).items()}
     groups = list(dict.fromkeys(group_id(c) for c in cells))
     assert groups == [
         "epochs=15",
@@ -144,19 +144,19 @@ def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
     assert seeds == {g: [0, 1, 2, 3, 4] if g in pilot else [0, 1] if g in invariant else [0, 1, 2] for g in groups}
     # with enough steps (200 epochs: 39,000 >= 34,656) m = 0.999 and 0.9999 get 3 as well: 9
     # compared groups x 3, the 3 invariant ones x 2, the pilot's 2 roles x 2
-    longer = claims_cells(typed_config({**CONFIG, "claims": {**CLAIMS, "epochs": 200, "long_epochs": 400}}))
+    longer = claims_cells(load_config({**CONFIG, "claims": {**CLAIMS, "epochs": 200, "long_epochs": 400}}))
     assert len(longer) == 9 * 3 + 3 * 2 + 2 * 2
     assert all(p.epochs == 15 for c, p in cells.items() if group_id(c) not in ("base", "method=random"))
 
 
 def test_the_default_grid_does_not_grow_with_the_claims():
-    cfg = validate(load_yaml(REPO / "workflow" / "config" / "config.yaml"))
+    cfg = load_yaml(REPO / "workflow" / "config" / "config.yaml")
     # the claims share only the base cell and the random-init baseline with the grid
-    typed = typed_config(cfg)
+    typed = load_config(cfg)
     assert {group_id(c) for c in set(claims_cells(typed)) & set(grid_cells(typed))} <= {"base", "method=random"}
     assert cfg["claims"]["seeds"] >= 3
     with pytest.raises(ConfigError, match="long_epochs"):
-        validate({**cfg, "claims": {**cfg["claims"], "long_epochs": cfg["claims"]["epochs"]}})
+        load_config({**cfg, "claims": {**cfg["claims"], "long_epochs": cfg["claims"]["epochs"]}})
 
 
 def test_claims_render_from_partial_results_with_not_run_rows(tmp_path):
@@ -425,8 +425,8 @@ def test_without_pilot_seeds_the_gate_is_not_checked(tmp_path):
     assert rows["longer"]["verdict"] == rows["low m"]["verdict"] == rows["memory bank"]["verdict"] == HOLDS
     # the gate itself, on the cells as run() reads them: no pilot seeds, nothing to say
     cfg = {**CONFIG, "claims": {**CLAIMS, "pilot_seeds": 0}}
-    expected = {cid: c.stated(cfg["pretrain"]) for cid, c in claims_cells(typed_config(cfg)).items()}
-    typed = typed_config(cfg)
+    expected = {cid: c.stated(cfg["pretrain"]) for cid, c in claims_cells(load_config(cfg)).items()}
+    typed = load_config(cfg)
     cells = Cells(collect(tmp_path, expected), typed, typed.claims, tmp_path)
     assert list(cells.pilot_seeds) == [] and pilot_gate(cells) is None
 

@@ -14,13 +14,11 @@ from pipeline.dag.config import (
     ConfigError,
     check_detector,
     check_pretrain,
+    load_config,
     load_stage_config,
     load_yaml,
     read_command_line_values,
     section,
-    typed_config,
-    validate,
-    validate_sections,
 )
 from pipeline.dag.grid import Cell, claims_cells, parse_cell_id
 from pipeline.dag.training_set import training_set
@@ -109,7 +107,7 @@ def test_slow_momentum_decided_on_enough_steps(tmp_path):
 
 
 def test_training_set_of_converted_data_from_its_report(tmp_path):
-    cfg = typed_config({"dataset": {"source": "cifar10", "root": str(tmp_path)}})
+    cfg = load_config({"dataset": {"source": "cifar10", "root": str(tmp_path)}, "detect": {"enabled": False}})
 
     def size():
         found = training_set(cfg, tmp_path)
@@ -131,7 +129,7 @@ def test_claims_need_their_sections(tmp_path):
     with pytest.raises(ConfigError, match="pretrain and claims sections"):
         write_claims(tmp_path, {"pretrain": CONFIG["pretrain"]})
     with pytest.raises(ConfigError, match="has no 'claims' section"):
-        claims_cells(typed_config({"pretrain": CONFIG["pretrain"]}))
+        claims_cells(load_config({"pretrain": CONFIG["pretrain"]}))
 
 
 @pytest.mark.parametrize("module, prog", [(claims, "claims"), (tables, "tables")])
@@ -172,15 +170,15 @@ def test_detector_cross_field_errors(det, message):
 
 def test_dataset_and_detect_roots_are_checked(tmp_path):
     cfg = load_yaml(plan.DEFAULT_CONFIG)
-    # the schema requires a root for every source but the embedded one
-    with pytest.raises(ConfigError, match="config key 'dataset.root': None is not of type 'string'"):
-        validate({**cfg, "dataset": {"source": "cifar10", "root": None}})
+    # a root for every source but the embedded one
+    with pytest.raises(ConfigError, match="dataset.root: required for dataset.source 'cifar10'"):
+        load_config({**cfg, "dataset": {"source": "cifar10", "root": None}})
     cifar = {"source": "cifar10", "root": str(tmp_path)}
     with pytest.raises(ConfigError, match="detect.root: required .* unless dataset.source is 'synthetic'"):
-        validate({**cfg, "dataset": cifar, "detect": {**cfg["detect"], "enabled": True, "root": None}})
+        load_config({**cfg, "dataset": cifar, "detect": {**cfg["detect"], "enabled": True, "root": None}})
     gone = tmp_path / "coco"
     with pytest.raises(ConfigError, match=f"detect.root: folder not found: {gone}"):
-        validate({**cfg, "detect": {**cfg["detect"], "enabled": True, "root": str(gone)}})
+        load_config({**cfg, "detect": {**cfg["detect"], "enabled": True, "root": str(gone)}}, folders=True)
 
 
 def test_a_stage_config_file_keeps_only_its_sections(tmp_path):
@@ -188,7 +186,7 @@ def test_a_stage_config_file_keeps_only_its_sections(tmp_path):
     path.write_text("probe: {epochs: 3}\nunrelated: {x: 1}\n")
     assert load_stage_config(str(path), ["probe"])["probe"] == {"epochs": 3}  # `unrelated` dropped
     with pytest.raises(ConfigError, match="config section 'data' is missing"):
-        validate_sections({"probe": {}}, ["data"])
+        load_stage_config({"probe": {}}, ["data"])
 
 
 def test_a_command_line_value_that_is_not_yaml_stays_a_string():
@@ -251,13 +249,13 @@ def test_plan_branches(tmp_path):
     assert plan.method_key(p) == "moco memory_bank"
     with pytest.raises(ConfigError, match="runtime 'soon' is neither minutes"):
         plan.minutes("soon")
-    cfg = typed_config(load_yaml(plan.DEFAULT_CONFIG))
+    cfg = load_config(load_yaml(plan.DEFAULT_CONFIG))
     vit = Cell(section("pretrain", {"backbone": "vit_small", "variant": "v3"}), {})
     no_resnet = plan.detection_plan(cfg, {"base": vit}, {})
     assert no_resnet["jobs"] == 0 and no_resnet["note"] == "no detection transfer"
     with pytest.raises(ConfigError, match="--config epochs: expected key=value"):
-        plan.load_config([], ["epochs"])
-    assert plan.load_config([], ["results=/x"])["results"] == "/x"
+        plan.merged_config([], ["epochs"])
+    assert plan.merged_config([], ["results=/x"])["results"] == "/x"
 
 
 def test_plan_cli_reports_a_bad_profile(tmp_path, capsys):

@@ -81,7 +81,7 @@ def test_backbone_names_have_one_source():
     assert list(layout.BACKBONE_LABELS) == names
     assert list(models.ARCHS) == list(layout.RESNETS)  # the ViTs' sizes: layout.VITS itself
     schema = load_schema()
-    assert schema["$defs"]["pretrain"]["properties"]["backbone"]["enum"] == names
+    assert schema["properties"]["pretrain"]["properties"]["backbone"]["enum"] == names
     cost = schema["properties"]["grid"]["properties"]["resources"]["properties"]["backbone_cost"]
     assert cost["propertyNames"]["enum"] == names and list(grid.BACKBONE_COST) == names
 
@@ -128,14 +128,14 @@ def test_a_different_existing_profile_is_left_alone(tmp_path):
 # --- `snakemake claims`: its own cells, the default target unchanged ---------------------------
 def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost(tmp_path):
     from pipeline.dag.claims_plan import not_trained
-    from pipeline.dag.config import DEFAULT_CONFIG, load_yaml, typed_config, validate
+    from pipeline.dag.config import DEFAULT_CONFIG, load_config, load_yaml
     from pipeline.dag.grid import claims_budget, claims_cells, group_id
 
     default = jobs_planned(dry_run(tmp_path).stdout)
     assert default["probe"] == 9 and "claims" not in default  # the demo's base, random init, supervised: 3 seeds
     proc = dry_run(tmp_path, target=["claims"])
     claims = jobs_planned(proc.stdout)
-    typed = typed_config(validate(load_yaml(DEFAULT_CONFIG)))
+    typed = load_config(load_yaml(DEFAULT_CONFIG))
     cells = claims_cells(typed)
     randoms = sum(group_id(c) == "method=random" for c in cells)
     # pretraining and probe of each claims cell (the base cell among them), no detection transfer;
@@ -175,7 +175,7 @@ def test_queue_policies_have_one_source():
     from pipeline.moco.queue import POLICIES
 
     assert (
-        load_schema()["$defs"]["pretrain"]["properties"]["queue_policy"]["enum"]
+        load_schema()["properties"]["pretrain"]["properties"]["queue_policy"]["enum"]
         == list(QUEUE_POLICIES)
         == list(POLICIES)
     )
@@ -184,11 +184,15 @@ def test_queue_policies_have_one_source():
 def test_grid_axes_and_the_cell_id_pattern_have_one_source():
     from pipeline.dag.config import load_schema
     from pipeline.dag.grid import AXES
+    from pipeline.dag.layout import CELL_ID
 
-    schema = load_schema()
-    assert schema["$defs"]["sweep"]["propertyNames"]["enum"] == AXES  # in the order cell ids list them
-    assert "CELL_ID = load_schema()" in (REPO / "workflow" / "rules" / "common.smk").read_text()
-    assert set(AXES) <= set(schema["$defs"]["pretrain"]["properties"])  # every axis is a pretrain key
+    schema = load_schema()["properties"]
+    for sweep in ("one_at_a_time", "product"):  # in the order cell ids list them
+        assert schema["grid"]["properties"][sweep]["propertyNames"]["enum"] == list(AXES)
+    assert set(AXES) <= set(schema["pretrain"]["properties"])  # every axis is a pretrain key
+    # the cell wildcard of the rules, `--config cell=...` and grid.only's items: one pattern
+    assert "cell=CELL_ID," in (REPO / "workflow" / "rules" / "common.smk").read_text()
+    assert schema["cell"]["pattern"] == schema["grid"]["properties"]["only"]["items"]["pattern"] == f"^{CELL_ID}$"
 
 
 def test_the_readme_layout_lists_every_module():

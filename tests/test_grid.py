@@ -5,7 +5,7 @@ import re
 import pytest
 
 from pipeline.dag.claims_plan import not_trained as not_trained_claims
-from pipeline.dag.config import ConfigError, section, to_dict, typed_config
+from pipeline.dag.config import ConfigError, load_config, section, to_dict
 from pipeline.dag.grid import (
     cell_id,
     cell_resources,
@@ -17,7 +17,7 @@ from pipeline.dag.grid import (
     parse_cell_id,
 )
 from pipeline.dag.sections import Resources
-from pipeline.plan import load_config
+from pipeline.plan import merged_config
 
 BASE = {
     "method": "moco",
@@ -33,7 +33,7 @@ BASE = {
 
 
 def grid(**g):
-    return typed_config({"pretrain": dict(BASE), "grid": g})
+    return load_config({"pretrain": dict(BASE), "grid": g})
 
 
 def test_one_at_a_time():
@@ -116,7 +116,7 @@ def test_product_size():
 
 def test_memory_bank_needs_a_larger_dataset():
     def cfg(train_per_class):
-        return typed_config(
+        return load_config(
             {
                 "pretrain": dict(BASE),
                 "grid": {"one_at_a_time": {"mechanism": ["memory_bank"]}},
@@ -267,8 +267,8 @@ def test_the_repair_refuses_a_snakemake_it_does_not_fit(version, init, why):
     ],
 )
 def test_claims_plan_every_cell_at_the_claims_seeds(tmp_path, preset, trained, not_trained):
-    cfg = load_config([f"workflow/config/presets/{preset}"], [f"results={tmp_path}"])  # no conversion report
-    typed = typed_config(cfg)
+    cfg = merged_config([f"workflow/config/presets/{preset}"], [f"results={tmp_path}"])  # no conversion report
+    typed = load_config(cfg)
     cells = claims_cells(typed)
     base, claims = to_dict(typed.pretrain), typed.claims
     seeds = {}
@@ -295,7 +295,7 @@ def test_a_confirmatory_claims_run_uses_only_fresh_seeds(tmp_path):
     """claims.first_seed 10: the compared cells at seeds 10-12, the pilot at 13-15; no cell at
     the base's seeds 0-2, whose runs an earlier study may have seen."""
     overrides = [f"results={tmp_path}", "claims={first_seed: 10}"]
-    typed = typed_config(load_config(["workflow/config/presets/cifar10.yaml"], overrides))
+    typed = load_config(merged_config(["workflow/config/presets/cifar10.yaml"], overrides))
     seeds = {}
     for cid, cell in claims_cells(typed).items():
         seeds.setdefault(group_id(cid), set()).add(cell.pretrain.seed)
@@ -309,7 +309,7 @@ def test_a_confirmatory_claims_run_uses_only_fresh_seeds(tmp_path):
 
 
 def test_a_folder_dataset_without_its_size_fails_the_claims_plan(tmp_path):
-    cfg = load_config(["workflow/config/presets/imagenet-mocov2.yaml"], [f"results={tmp_path}"])
+    cfg = merged_config(["workflow/config/presets/imagenet-mocov2.yaml"], [f"results={tmp_path}"])
     cfg["dataset"]["train_images"] = None
     with pytest.raises(ConfigError, match="dataset.train_images"):
-        claims_cells(typed_config(cfg))
+        claims_cells(load_config(cfg))

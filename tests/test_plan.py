@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from pipeline.dag.config import ConfigError, merge, typed_config
+from pipeline.dag.config import ConfigError, load_config, merge
 from pipeline.dag.training_set import training_set
-from pipeline.plan import DetectionSpeed, Throughput, load_config, make_plan, minutes, render
+from pipeline.plan import DetectionSpeed, Throughput, make_plan, merged_config, minutes, render
 from tests.conftest import REPO, require, run, snakemake_bin
 
 # Figures of made-up GPUs with round numbers, so that every expectation below is mental arithmetic.
@@ -28,14 +28,15 @@ PROFILE = {
 
 def config(tmp_path) -> dict:
     cfg = merge(
-        load_config([], []),
+        merged_config([], []),
         {
             "results": str(tmp_path / "results"),
             "dataset": {"source": "cifar10", "root": str(tmp_path / "cifar")},  # 50,000 training images
             "data": {"crop_size": 224},
             "pretrain": {"backbone": "resnet50", "width": 64, "cifar_stem": False, "epochs": 36, "batch_size": 256,
                          "K": 4096},
-            "detect": {"enabled": True, "cells": ["base"], "task": "detection", "head": "fpn", "iterations": 900,
+            "detect": {"enabled": True, "root": str(tmp_path / "coco"), "cells": ["base"], "task": "detection",
+                       "head": "fpn", "iterations": 900,
                        "batch_size": 8,
                        "ranks": 2, "trials": 2},
         },
@@ -50,7 +51,7 @@ def config(tmp_path) -> dict:
 
 
 def test_plan_arithmetic_on_a_hand_computed_grid(tmp_path):
-    plan = make_plan(typed_config(config(tmp_path)), PROFILE, THROUGHPUT, DETECTION)
+    plan = make_plan(load_config(config(tmp_path)), PROFILE, THROUGHPUT, DETECTION)
     rows = {r["cell"]: r for r in plan["cells"]}
     assert list(rows) == ["base", "batch_size=512", "method=random", "method=supervised"]
     assert plan["images"] == 50_000
@@ -97,7 +98,7 @@ def test_plan_arithmetic_on_a_hand_computed_grid(tmp_path):
 
 
 def test_retries_give_time_limits_that_grow_with_the_attempt(tmp_path):
-    plan = make_plan(typed_config(config(tmp_path)), {**PROFILE, "restart-times": 1}, THROUGHPUT, DETECTION)
+    plan = make_plan(load_config(config(tmp_path)), {**PROFILE, "restart-times": 1}, THROUGHPUT, DETECTION)
     assert plan["attempts"] == 2  # 55 + 110 min >= 60 min
     assert plan["exceeding"] == ["base", "method=supervised"] and plan["short_after_retries"] == []
 
@@ -110,7 +111,7 @@ def test_the_augmented_probe_against_its_limits_across_retries(tmp_path):
     for runtime in ("12 * attempt", "4 * attempt"):
         resources = {**PROFILE["set-resources"], "probe": {"runtime": runtime}}
         profile = {**PROFILE, "restart-times": 2, "set-resources": resources}
-        plans[runtime] = make_plan(typed_config(cfg), profile, THROUGHPUT, DETECTION)
+        plans[runtime] = make_plan(load_config(cfg), profile, THROUGHPUT, DETECTION)
     probe = {r["cell"]: r for r in plans["12 * attempt"]["probes"]}["base"]
     assert probe["passes"] == 36 and probe["wall_h"] == pytest.approx(0.5)
     # 12, 24, 36 min: over the first attempt, done within the second (12 + 24 = 36 >= 30)
@@ -127,7 +128,7 @@ def test_the_augmented_probe_against_its_limits_across_retries(tmp_path):
 def test_no_figure_is_not_estimated(tmp_path):
     cfg = config(tmp_path)
     cfg["pretrain"]["cifar_stem"] = True  # 16x the compute of the published ResNet-50's stem
-    plan = make_plan(typed_config(cfg), PROFILE, THROUGHPUT, DETECTION)
+    plan = make_plan(load_config(cfg), PROFILE, THROUGHPUT, DETECTION)
     rows = {r["cell"]: r for r in plan["cells"]}
     assert rows["base"]["gpu_hours"] is None and "cifar_stem=False" in rows["base"]["note"]
     probe = {r["cell"]: r for r in plan["probes"]}["base"]  # its figure is the training one
@@ -147,9 +148,9 @@ def test_training_images_from_this_datasets_report_only(tmp_path):
     report = tmp_path / "results/data/ffcv/train.json"
     report.parent.mkdir(parents=True)
     report.write_text(json.dumps({"source": {"kind": "cifar10", "root": cfg["dataset"]["root"]}, "num_samples": 123}))
-    assert training_set(typed_config(cfg)).images == 123
+    assert training_set(load_config(cfg)).images == 123
     report.write_text(json.dumps({"source": {"kind": "cifar10", "root": "/elsewhere"}, "num_samples": 123}))
-    found = training_set(typed_config(cfg))
+    found = training_set(load_config(cfg))
     assert (found.images, found.classes) == (50_000, 10) and "another dataset" in found.where
 
 
@@ -157,9 +158,9 @@ def test_a_folder_dataset_declares_its_size_or_the_plan_asks_for_it(tmp_path):
     cfg = config(tmp_path)
     cfg["dataset"] = {"source": "imagefolder", "root": str(tmp_path)}
     with pytest.raises(ConfigError, match=r"dataset.train_images: .* declare it \(ImageNet-1k: 1281167\)"):
-        training_set(typed_config(cfg))
+        training_set(load_config(cfg))
     cfg["dataset"]["train_images"] = 1_281_167
-    assert training_set(typed_config(cfg)).images == 1_281_167
+    assert training_set(load_config(cfg)).images == 1_281_167
 
 
 def test_imagenet_preset_without_torch():
@@ -202,7 +203,7 @@ def test_the_claims_plan_says_what_it_will_not_train(tmp_path):
         config(tmp_path),
         {"claims": {"epochs": 5, "long_epochs": 13, "m": [0.5, 0.99, 0.999, 0.9999], "K": [256, 1024]}},
     )
-    plan = make_plan(typed_config(cfg), PROFILE, THROUGHPUT, DETECTION, claims=True)
+    plan = make_plan(load_config(cfg), PROFILE, THROUGHPUT, DETECTION, claims=True)
     assert list(plan["not_trained"]) == ["slow_m"] and "has 975" in plan["not_trained"]["slow_m"]
     assert not [r["cell"] for r in plan["cells"] if "m=0.999" in r["cell"]]  # 0.999 and 0.9999: only it needs them
     assert plan["detect"]["jobs"] == 0  # the claims rest on the probe
@@ -218,7 +219,7 @@ def test_the_coco_mask_rcnn_presets_are_costed():
     presets = "workflow/config/presets/"
     for extra, per_trial, wall in ((), 233.6, 29.2), (("imagenet-mocov2-coco-fpn.yaml",), 52.2, 6.525):
         files = [presets + f for f in ("imagenet-mocov2.yaml", "imagenet-mocov2-coco.yaml", *extra)]
-        plan = make_plan(typed_config(load_config(files, [])), PROFILE)
+        plan = make_plan(load_config(merged_config(files, [])), PROFILE)
         det = plan["detect"]
         assert det["task"] == "segmentation" and "Mask R-CNN" in det["source"]
         assert det["per_trial_gpu_hours"] == pytest.approx(per_trial) and det["wall_h"] == pytest.approx(wall)
@@ -243,7 +244,7 @@ def test_a_pinned_gres_gives_the_gpus_per_node(tmp_path):
     """No tasks_per_node: the pretrain rule's gres "gpu:a100:4" gives 4 GPUs per node; the detect
     rule's gres (4 GPUs) differs from detect.ranks (2): the rendered plan notes it."""
     resources = {"pretrain": {"gres": "gpu:a100:4"}, "detect": {"runtime": 20, "gres": "gpu:a100:4"}}
-    plan = make_plan(typed_config(config(tmp_path)), {**PROFILE, "set-resources": resources}, THROUGHPUT, DETECTION)
+    plan = make_plan(load_config(config(tmp_path)), {**PROFILE, "set-resources": resources}, THROUGHPUT, DETECTION)
     rows = {r["cell"]: r for r in plan["cells"]}
     # base: 1 node x 4 GPUs; 2 GPU-hours (as in the hand-computed grid) / 4 = 0.5 h wall
     assert (rows["base"]["nodes"], rows["base"]["gpus"]) == (1, 4)
@@ -258,7 +259,7 @@ def test_a_pinned_gres_gives_the_gpus_per_node(tmp_path):
 def test_without_any_figure_nothing_is_estimated(tmp_path):
     """Empty throughput and detection tables: no pretraining, probe or detection figure, so no
     GPU-hours at all and no wall time."""
-    plan = make_plan(typed_config(config(tmp_path)), PROFILE, (), ())
+    plan = make_plan(load_config(config(tmp_path)), PROFILE, (), ())
     probe = {r["cell"]: r for r in plan["probes"]}["base"]
     assert probe["gpu_hours"] is None and probe["note"] == "no training figure for resnet50"
     det = plan["detect"]
@@ -274,5 +275,5 @@ def test_without_any_figure_nothing_is_estimated(tmp_path):
 def test_detection_without_iterations_is_not_estimated(tmp_path):
     cfg = config(tmp_path)
     cfg["detect"]["iterations"] = None
-    det = make_plan(typed_config(cfg), PROFILE, THROUGHPUT, DETECTION)["detect"]
+    det = make_plan(load_config(cfg), PROFILE, THROUGHPUT, DETECTION)["detect"]
     assert det["gpu_hours"] is None and det["note"] == "not estimated (detect.iterations unset)"

@@ -15,7 +15,7 @@ from test_distributed import _init, free_port
 from test_probe import random_checkpoint  # noqa: F401  (a fixture)
 from torch import nn
 
-from pipeline.dag.config import ConfigError, validate_sections
+from pipeline.dag.config import ConfigError, load_stage_config
 from pipeline.data.loaders import LOADERS, Reading, Views, batches_from, crop_loader
 from pipeline.probe import LinearProbe, make_classifier, per_rank_batch, run, synced
 
@@ -120,7 +120,7 @@ def test_the_ranks_must_be_the_configs(ffcv_small, random_checkpoint, tmp_path):
 )
 def test_ranks_the_probe_cannot_split_fail_at_config_time(probe, message):
     with pytest.raises(ConfigError, match=message):
-        validate_sections(probe_config(2, **probe), ["data", "probe"])
+        load_stage_config(probe_config(2, **probe), ["data", "probe"])
 
 
 def test_the_standardised_classifier_syncs_its_bn_on_gpus_only():

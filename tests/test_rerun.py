@@ -13,12 +13,12 @@ import pytest
 from conftest import REPO, run, snakemake_bin
 from test_tables import fake_cell
 
-from pipeline.dag.config import load_yaml, merge, typed_config
+from pipeline.dag.config import load_config, load_yaml, merge
 from pipeline.dag.grid import grid_cells
 
 TINY = "workflow/config/presets/tiny.yaml"
 CFG = merge(load_yaml(REPO / "workflow/config/config.yaml"), load_yaml(REPO / TINY))
-CELLS = list(grid_cells(typed_config(CFG)))  # base, K=128, m=0.9, shuffle_bn=false, method=random
+CELLS = list(grid_cells(load_config(CFG)))  # base, K=128, m=0.9, shuffle_bn=false, method=random
 METRICS = {"base": 40.0, "K=128": 35.0, "m=0.9": 30.0, "shuffle_bn=false": 32.0, "method=random": 15.0}
 
 

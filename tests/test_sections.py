@@ -1,7 +1,8 @@
-"""Typed config sections (pipeline.dag.sections): every default defined once, in the dataclass;
-the schema, config.yaml and the dataclasses agree key for key and value for value."""
+"""Typed config sections (pipeline.dag.sections): every key declared once, in the dataclass;
+the schema is derived from them and config.yaml states their defaults and names their values."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -10,13 +11,12 @@ from pipeline.dag.config import (
     DEFAULT_CONFIG,
     SECTION_TYPES,
     ConfigError,
-    build,
     load_schema,
+    load_stage_config,
     load_yaml,
     pretrain_cell,
     section,
     to_dict,
-    typed_sections,
 )
 
 NESTED = {
@@ -30,11 +30,7 @@ NESTED = {
 
 
 def schema_properties(name: str) -> dict:
-    schema = load_schema()
-    sub = schema["properties"][name]
-    if "$ref" in sub:
-        sub = schema["$defs"][sub["$ref"].split("/")[-1]]
-    return sub
+    return load_schema()["properties"][name]
 
 
 def names(cls) -> set[str]:
@@ -52,24 +48,73 @@ def test_config_yaml_states_the_dataclass_defaults(name):
 
 
 @pytest.mark.parametrize("name", sorted(SECTION_TYPES))
-def test_dataclass_fields_are_the_schema_keys(name):
-    props = schema_properties(name)
-    assert props.get("additionalProperties") is False  # unknown keys fail validation
-    assert names(SECTION_TYPES[name]) == set(props["properties"])
+def test_every_section_refuses_a_key_it_does_not_declare(name):
+    with pytest.raises(ConfigError, match=rf"config key '{name}': Additional properties .*'bogus' was unexpected"):
+        load_stage_config({name: {"bogus": 1}}, [name])
 
 
 @pytest.mark.parametrize("where, cls", sorted(NESTED.items(), key=str))
-def test_nested_dataclass_fields_are_the_schema_keys(where, cls):
+def test_nested_sections_refuse_a_key_they_do_not_declare(where, cls):
     name, key = where
-    props = schema_properties(name)["properties"][key]
-    assert props.get("additionalProperties") is False
-    assert names(cls) == set(props["properties"])
     assert isinstance(getattr(SECTION_TYPES[name](), key), cls)  # the section holds it nested
+    with pytest.raises(ConfigError, match=rf"config key '{name}.{key}': Additional properties"):
+        load_stage_config({name: {key: {"bogus": 1}}}, [name])
+
+
+def test_the_schema_takes_each_keys_type_from_its_annotation_and_its_rules_from_its_declaration():
+    """By hand, from sections.py: K is `int`, >= 1; bn_splits `int | None`; optimizer an enum;
+    grid.supervised's keys are pretrain's, or null; claims.pilot_seeds is never 1."""
+    pretrain = schema_properties("pretrain")["properties"]
+    assert pretrain["K"]["type"] == "integer" and pretrain["K"]["minimum"] == 1
+    assert pretrain["bn_splits"]["type"] == ["integer", "null"]
+    assert pretrain["optimizer"]["enum"] == ["auto", "sgd", "lars", "adamw"] and "type" not in pretrain["optimizer"]
+    assert pretrain["lr_step_epochs"]["type"] == ["array", "null"]
+    recipe = schema_properties("grid")["properties"]["supervised"]["properties"]
+    assert recipe["optimizer"]["enum"] == ["auto", "sgd", "lars", "adamw", None]
+    assert recipe["lr"] == {"type": ["number", "null"], "exclusiveMinimum": 0}
+    for bad in ({"pretrain": {**to_dict(sections.Pretrain()), "K": 2.5}}, {"claims": {"pilot_seeds": 1}}):
+        with pytest.raises(ConfigError):
+            load_stage_config(bad, list(bad))
+    load_stage_config({"grid": {"supervised": {"optimizer": None, "lr": None}}}, ["grid"])
+
+
+def commented_keys(path) -> dict[str, str]:
+    """config.yaml's keys (dotted) -> their comment, continuation lines included."""
+    comments, stack, last = {}, [], None
+    for line in path.read_text().splitlines():
+        body, _, comment = line.partition("#")
+        if not body.strip():  # a comment line: continues the key above it when indented under its value
+            if last and line.startswith(" " * 10) and comment:
+                comments[last] += " " + comment.strip()
+            continue
+        match = re.match(r"^( *)([A-Za-z_0-9]+):", body)
+        if not match:
+            continue
+        depth = len(match.group(1)) // 2
+        stack = [*stack[:depth], match.group(2)]
+        last = ".".join(stack)
+        comments[last] = comment.strip()
+    return comments
+
+
+def test_config_yaml_names_every_value_of_a_key_whose_comment_lists_them():
+    """Where config.yaml's comment lists a key's choices (a | b), it lists the schema's enum."""
+    schema, checked = load_schema(), 0
+    for dotted, comment in commented_keys(DEFAULT_CONFIG).items():
+        node = schema
+        for part in dotted.split("."):
+            node = node.get("properties", {}).get(part, {})
+        choices = [v for v in node.get("enum", ()) if isinstance(v, str)]
+        if choices and " | " in comment:
+            missing = [v for v in choices if not re.search(rf"(?<![\w-]){re.escape(v)}(?![\w-])", comment)]
+            assert not missing, f"config.yaml's comment on {dotted} lacks {missing}: {comment!r}"
+            checked += 1
+    assert checked >= 10  # the parser found the commented choices
 
 
 def test_a_partial_dict_takes_the_defaults():
-    det = build(
-        sections.Detect,
+    det = section(
+        "detect",
         {
             "lr": 0.1,
             "rpn": {"pre_nms_train": 10, "post_nms_train": 5, "pre_nms_test": 4, "post_nms_test": 3},
@@ -91,9 +136,8 @@ def test_unknown_keys_are_refused():
 
 def test_to_dict_round_trips_a_stage_config():
     cfg = load_yaml(DEFAULT_CONFIG)
-    typed = typed_sections({k: cfg[k] for k in ("data", "probe")})
-    assert set(typed) == {"data", "probe"}
-    assert {k: to_dict(v) for k, v in typed.items()} == {k: cfg[k] for k in ("data", "probe")}
+    stage = load_stage_config({k: cfg[k] for k in ("data", "probe")}, ["data", "probe"])
+    assert {k: to_dict(section(k, v)) for k, v in stage.items()} == {k: cfg[k] for k in ("data", "probe")}
 
 
 # known exceptions: plain dicts inside the frozen grid section (its sweeps, axis -> values, and

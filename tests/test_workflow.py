@@ -574,11 +574,11 @@ def test_supervised_baseline_trains_with_its_own_recipe():
     """The paper presets' supervised cell: torchvision's recipe (grid.supervised), under the
     id method=supervised; lr 0.1 until epoch 30, 0.01 until 60, then 0.001. The demo's keeps
     the base cell's recipe (MoCo's views)."""
-    from pipeline.dag.config import DEFAULT_CONFIG, load_yaml, typed_config
+    from pipeline.dag.config import DEFAULT_CONFIG, load_config, load_yaml
     from pipeline.dag.grid import cell_params, cell_resources, grid_cells
     from pipeline.nets.optim import pretrain_schedule
 
-    cfg = typed_config(preset_config("imagenet-mocov2"))
+    cfg = load_config(preset_config("imagenet-mocov2"))
     cell = grid_cells(cfg)["method=supervised"]
     assert cell == cell_params(cfg, "method=supervised")
     p = cell.pretrain
@@ -590,20 +590,20 @@ def test_supervised_baseline_trains_with_its_own_recipe():
     assert cell_resources(p, cfg.grid.resources)["runtime"] == 30 + 4 * 90 * 2.5
     demo = load_yaml(DEFAULT_CONFIG)
     demo["grid"]["only"] = None  # the demo's whole grid (make demo itself runs base and random init)
-    supervised = grid_cells(typed_config(demo))["method=supervised"]
+    supervised = grid_cells(load_config(demo))["method=supervised"]
     assert supervised.stated(demo["pretrain"]) == {**demo["pretrain"], "method": "supervised"}
 
 
 def test_mocov1_momentum_ablation_sits_at_K_4096():
     """The paper's Table 1 (He et al. 2020): m in {0, 0.9, 0.99, 0.999, 0.9999} at K = 4,096;
     no momentum cell at the base K = 65,536, and the momentum table is built around K=4096."""
-    from pipeline.dag.config import typed_config
+    from pipeline.dag.config import load_config
     from pipeline.dag.grid import grid_cells, group_id, momentum_reference
 
-    cells = {cid: c.pretrain for cid, c in grid_cells(typed_config(preset_config("imagenet-mocov1"))).items()}
+    cells = {cid: c.pretrain for cid, c in grid_cells(load_config(preset_config("imagenet-mocov1"))).items()}
     at_4096 = {p.m for p in cells.values() if p.K == 4096 and p.method == "moco" and p.mechanism == "moco"}
     assert at_4096 == {0, 0.9, 0.99, 0.999, 0.9999}
     assert not [cid for cid, p in cells.items() if p.K == 65536 and p.m != 0.999]
     assert momentum_reference([group_id(c) for c in cells]) == "K=4096"
-    v2 = grid_cells(typed_config(preset_config("imagenet-mocov2")))
+    v2 = grid_cells(load_config(preset_config("imagenet-mocov2")))
     assert momentum_reference([group_id(c) for c in v2]) == "base"

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from pipeline.bench.timing import cpu, interleaved, write
-from pipeline.dag.config import DEFAULT_CONFIG, load_yaml, merge, validate_sections
+from pipeline.dag.config import DEFAULT_CONFIG, load_stage_config, load_yaml, merge
 from pipeline.runtime import distributed
 
 TARGET = 1.25  # real epoch / model steps
@@ -37,7 +37,7 @@ def base_cell_config(configfiles=()) -> dict:
     cfg = load_yaml(DEFAULT_CONFIG)
     for path in configfiles:
         cfg = merge(cfg, load_yaml(path))
-    return validate_sections({k: cfg[k] for k in ("data", "pretrain")}, ["data", "pretrain"])
+    return load_stage_config({k: cfg[k] for k in ("data", "pretrain")}, ["data", "pretrain"])
 
 
 def main(argv=None) -> dict:

@@ -32,8 +32,7 @@ from pathlib import Path
 
 from pipeline.bench.epoch import base_cell_config
 from pipeline.bench.timing import cpu
-from pipeline.dag.config import build, merge
-from pipeline.dag.sections import Synthetic
+from pipeline.dag.config import merge, section
 from pipeline.runtime.io import atomic_write_text
 from pipeline.runtime.stage_log import stage_log
 
@@ -137,7 +136,7 @@ def prepare_data(root: Path, synthetic: dict) -> Path:
     folder = root / "data" / tag
     beton = folder / "ffcv" / "train.beton"
     if not beton.is_file():
-        generator.run(folder / "synthetic", build(Synthetic, synthetic), progress=False)
+        generator.run(folder / "synthetic", section("dataset", {"synthetic": synthetic}).synthetic, progress=False)
         convert.run(folder / "synthetic" / "cls" / "train", beton, source="imagefolder", split="train", progress=False)
     return beton.parent
 

@@ -1,4 +1,9 @@
-"""One config, validated once: the JSON schema plus the cross-field rules it cannot express.
+"""One config, validated once: the JSON schema (pipeline.dag.schema, derived from the typed
+sections) plus the cross-field rules it cannot express.
+
+Two ways in: ``load_config`` (the whole workflow config, validated and typed: the Snakefile,
+plan, tables, claims) and ``load_stage_config`` (the sections a stage was given, validated);
+``section`` types one of them.
 
 The Snakefile validates the whole config at DAG build; each stage validates the sections it
 was given when run by hand. Errors name the key, the value and what is allowed.
@@ -19,6 +24,7 @@ import yaml
 
 from pipeline import REPO
 from pipeline.dag.errors import ConfigError
+from pipeline.dag.schema import config_schema
 from pipeline.dag.sections import (
     INIT,
     RUNTIME,
@@ -35,7 +41,6 @@ from pipeline.dag.sections import (
 )
 from pipeline.methods import METHODS, method_spec
 
-SCHEMA_PATH = REPO / "workflow" / "config" / "config.schema.yaml"
 DEFAULT_CONFIG = REPO / "workflow" / "config" / "config.yaml"
 
 
@@ -54,7 +59,7 @@ SECTION_TYPES = {
 S = TypeVar("S")  # a section's dataclass
 
 
-def build(cls: type[S], values: dict | None = None) -> S:
+def _build(cls: type[S], values: dict | None = None) -> S:
     """The typed section ``cls`` from a validated dict: missing keys take the dataclass
     defaults, nested sections become nested dataclasses and lists tuples."""
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # S is a dataclass
@@ -68,7 +73,7 @@ def build(cls: type[S], values: dict | None = None) -> S:
 def _typed_value(f: dataclasses.Field, value):
     nested = f.default_factory if dataclasses.is_dataclass(f.default_factory) else None
     if nested is not None and isinstance(value, dict):
-        return build(nested, value)
+        return _build(nested, value)
     return tuple(value) if isinstance(value, list) else value
 
 
@@ -95,13 +100,13 @@ def section(name: Literal["dataset"], values: dict | None = None) -> Dataset: ..
 def section(name: str, values: dict | None = None) -> Any: ...
 def section(name: str, values: dict | None = None) -> Any:
     """The typed config section ``name`` (a key of SECTION_TYPES) from its validated dict."""
-    return build(SECTION_TYPES[name], values)
+    return _build(SECTION_TYPES[name], values)
 
 
-def typed_config(cfg: dict) -> Config:
-    """The whole (validated) workflow config typed, once: absent sections and keys at their
-    defaults, as every stage reads them; ``claims`` stays None when the config has none."""
-    typed = build(Config, {name: values for name, values in cfg.items() if name != "claims"})
+def _typed_config(cfg: dict) -> Config:
+    """The whole (validated) workflow config typed: absent sections and keys at their defaults,
+    as every stage reads them; ``claims`` stays None when the config has none."""
+    typed = _build(Config, {name: values for name, values in cfg.items() if name != "claims"})
     return typed if "claims" not in cfg else dataclasses.replace(typed, claims=section("claims", cfg["claims"]))
 
 
@@ -116,12 +121,6 @@ def _as_lists(value):
     if isinstance(value, (list, tuple)):
         return [_as_lists(v) for v in value]
     return value
-
-
-def typed_sections(cfg: dict) -> dict:
-    """Each section of a (validated) stage config that has a type, typed; e.g. a probe stage's
-    ``{"data": Data(...), "probe": Probe(...)}``."""
-    return {name: section(name, values) for name, values in cfg.items() if name in SECTION_TYPES}
 
 
 def result_part(name: str, values: dict, drop: tuple[str, ...] = (RUNTIME,), untrained: bool = False) -> dict:
@@ -157,24 +156,21 @@ def pretrain_cell(base: Pretrain, override: dict, where: str = "pretrain", num_s
     if unknown:
         raise ConfigError(f"{where}: unknown pretrain key(s) {unknown}")
     cell = dataclasses.replace(base, **{k: _typed_value(fields[k], v) for k, v in override.items()})
-    schema = load_schema()
-    validate_schema(to_dict(cell), {**schema["$defs"]["pretrain"], "$defs": schema["$defs"]}, prefix=where)
+    validate_schema(to_dict(cell), load_schema()["properties"]["pretrain"], prefix=where)
     check_pretrain(cell, where=where, num_samples=num_samples)
     return cell
 
 
 def load_schema() -> dict:
-    """The config's JSON schema, read once per process (every grid cell is validated against
-    it while the DAG is built); callers must not modify it. Its pretrain.method enum is the
-    method registry's names (pipeline.methods), read anew once a method is registered."""
+    """The config's JSON schema, made once per process (every grid cell is validated against
+    it while the DAG is built); callers must not modify it. Made anew once a method is
+    registered: its pretrain.method enum is the method registry's names (pipeline.methods)."""
     return _schema(tuple(METHODS))
 
 
 @functools.cache
 def _schema(methods: tuple[str, ...]) -> dict:
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    schema["$defs"]["pretrain"]["properties"]["method"]["enum"] = list(methods)
-    return schema
+    return config_schema()
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -260,11 +256,14 @@ def pretrain_warnings(p: Pretrain, num_samples: int | None) -> list[str]:
     return []
 
 
+def check_dataset_source(d: Dataset) -> None:
+    if d.source != "synthetic" and d.root is None:
+        raise ConfigError(f"dataset.root: required for dataset.source '{d.source}' (every source but 'synthetic')")
+
+
 def check_dataset(d: Dataset) -> None:
-    if d.source != "synthetic":
-        root = str(d.root)  # the schema requires it, a non-empty string, for every other source
-        if not Path(root).expanduser().is_dir():
-            raise ConfigError(f"dataset.root: folder not found: {root}")
+    if d.source != "synthetic" and not Path(str(d.root)).expanduser().is_dir():
+        raise ConfigError(f"dataset.root: folder not found: {d.root}")
 
 
 def check_detect(det: Detect, dataset: Dataset, folders: bool = True) -> None:
@@ -327,13 +326,8 @@ def read_command_line_values(cfg: dict, schema: dict | None = None) -> dict:
     schema then validates the result as usual. Changes ``cfg`` in place and returns it."""
     schema = schema or load_schema()
 
-    def resolve(node):
-        if isinstance(node, dict) and "$ref" in node:
-            return schema["$defs"][node["$ref"].split("/")[-1]]
-        return node or {}
-
     def read(value, node):
-        node = resolve(node)
+        node = node or {}
         if isinstance(value, dict):
             props, extra = node.get("properties", {}), node.get("additionalProperties")
             for k in value:
@@ -346,7 +340,8 @@ def read_command_line_values(cfg: dict, schema: dict | None = None) -> dict:
         kinds = node.get("type", [])
         kinds = [kinds] if isinstance(kinds, str) else kinds
         if "string" in kinds or "enum" in node:
-            return None if "null" in kinds and value in _NULLS else value
+            nullable = "null" in kinds or None in node.get("enum", ())
+            return None if nullable and value in _NULLS else value
         try:
             parsed = yaml.safe_load(value)
         except yaml.YAMLError:
@@ -374,13 +369,14 @@ def check_claims(claims: Claims) -> None:
         )
 
 
-def validate(cfg: dict, folders: bool = True) -> dict:
-    """Validate a whole workflow config; returns it unchanged. ``folders``: that dataset.root
-    and detect.root exist too (the Snakefile leaves them to the jobs that read them, so that
-    `snakemake plan` runs before the data is staged)."""
-    schema = load_schema()
-    validate_schema(cfg, schema)
-    typed = typed_config(cfg)
+def load_config(cfg: dict, folders: bool = False) -> Config:
+    """A whole workflow config (a dict, as YAML and Snakemake give it), validated and typed once:
+    the schema, then the cross-field rules. ``folders``: that dataset.root and detect.root exist
+    too (off: the jobs that read them check them, so that `snakemake plan` runs before the data
+    is staged)."""
+    validate_schema(cfg, load_schema())
+    typed = _typed_config(cfg)
+    check_dataset_source(typed.dataset)
     if folders:
         check_dataset(typed.dataset)
     check_detect(typed.detect, typed.dataset, folders)
@@ -388,19 +384,28 @@ def validate(cfg: dict, folders: bool = True) -> dict:
     check_probe(typed.probe)
     if typed.claims is not None:
         check_claims(typed.claims)
-    return cfg
+    return typed
 
 
-def validate_sections(cfg: dict, sections: list[str]) -> dict:
-    """Validate the named sections of a config (what a stage run by hand was given)."""
+def load_stage_config(source: str | dict, sections: list[str]) -> dict:
+    """The named sections of a stage's config, validated (what a stage run by hand, or a rule,
+    gave it): ``source`` is inline JSON, a YAML/JSON file path (its other sections dropped) or
+    a dict. Returns them as dicts (their keys as stated: a stage's result fingerprint);
+    ``section`` types each one."""
+    if isinstance(source, dict):
+        cfg = source
+    else:
+        text = source.strip()
+        cfg = json.loads(text) if text.startswith("{") else load_yaml(text)
+        if Path(text).suffix in (".yaml", ".yml") and set(cfg) - set(sections):
+            cfg = {k: cfg[k] for k in sections if k in cfg}
     schema = load_schema()
     for name in sections:
         if name not in cfg:
             raise ConfigError(f"config section '{name}' is missing")
-        sub = schema["properties"][name]
-        if "$ref" in sub:
-            sub = schema["$defs"][sub["$ref"].split("/")[-1]]
-        validate_schema(cfg[name], {**sub, "$defs": schema["$defs"]}, prefix=name)
+        validate_schema(cfg[name], schema["properties"][name], prefix=name)
+    if "dataset" in sections:
+        check_dataset_source(section("dataset", cfg["dataset"]))
     if "pretrain" in sections:
         check_pretrain(section("pretrain", cfg["pretrain"]))
     if "detect" in sections:
@@ -408,17 +413,3 @@ def validate_sections(cfg: dict, sections: list[str]) -> dict:
     if "probe" in sections:
         check_probe(section("probe", cfg["probe"]))
     return cfg
-
-
-def load_stage_config(text_or_path: str, sections: list[str]) -> dict:
-    """A stage's --config argument: inline JSON or a YAML/JSON file path."""
-    text = text_or_path.strip()
-    cfg = json.loads(text) if text.startswith("{") else load_yaml(text)
-    if Path(text).suffix in (".yaml", ".yml") and set(cfg) - set(sections):
-        cfg = {k: cfg[k] for k in sections if k in cfg}
-    return validate_sections(cfg, sections)
-
-
-def load_typed_stage_config(text_or_path: str, sections: list[str]) -> dict:
-    """load_stage_config's sections typed (see typed_sections)."""
-    return typed_sections(load_stage_config(text_or_path, sections))

@@ -16,29 +16,10 @@ import yaml
 
 from pipeline.dag.claims_plan import Budget, role_seeds
 from pipeline.dag.config import ConfigError, merge, pretrain_cell, to_dict
-from pipeline.dag.layout import QUEUE_POLICIES, is_resnet
+from pipeline.dag.layout import AXES, QUEUE_POLICIES, is_resnet
 from pipeline.dag.sections import SYNTHETIC_CLASSES, Claims, Config, Detect, Grid, Pretrain, Resources
 from pipeline.dag.training_set import training_set
 
-AXES = [
-    "method",
-    "variant",
-    "mechanism",
-    "backbone",
-    "width",
-    "K",
-    "m",
-    "T",
-    "epochs",
-    "batch_size",
-    "lr",
-    "aug",
-    "shuffle_bn",
-    "dim",
-    "queue_policy",
-    "symmetric",
-    "seed",
-]
 BASE_ID = "base"
 
 

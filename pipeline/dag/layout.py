@@ -3,7 +3,7 @@
 
 One registry per list (backbones, studies, table formats, figures) and where each output lives
 under the results folder; pipeline.nets.models, pipeline.report.studies, pipeline.tables and
-pipeline.report.figures take theirs from here, and a test holds the config schema to them.
+pipeline.report.figures take theirs from here, and the config schema takes its enums from them.
 """
 
 from __future__ import annotations
@@ -45,6 +45,31 @@ TABLE_FORMATS = {"md": "Markdown", "csv": "CSV", "tex": "LaTeX"}
 CLAIMS_TABLES = ["claims", "claims_momentum", "claims_queue"]
 FIGURES = ["accuracy_vs_K", "accuracy_vs_m", "staleness", "bn_leak"]  # + curves/<cell>
 FIGURE_FORMATS = ("png", "pdf")
+
+
+BACKBONES = (*RESNETS, *VITS)
+# the pretrain keys a grid sweeps, in the order a cell id lists them (pipeline.dag.grid.cell_id)
+AXES = (
+    "method",
+    "variant",
+    "mechanism",
+    "backbone",
+    "width",
+    "K",
+    "m",
+    "T",
+    "epochs",
+    "batch_size",
+    "lr",
+    "aug",
+    "shuffle_bn",
+    "dim",
+    "queue_policy",
+    "symmetric",
+    "seed",
+)
+# a cell of the grid as its folder under results/cells names it: base, or axis=value pairs
+CELL_ID = r"(base|[A-Za-z_]+=[A-Za-z0-9_.+-]+(,[A-Za-z_]+=[A-Za-z0-9_.+-]+)*)"
 
 
 def is_resnet(backbone: str) -> bool:

@@ -1,131 +1,273 @@
-"""The config's sections as typed, frozen dataclasses: every default is defined here, once.
+"""The config's sections as typed, frozen dataclasses: every key declared here, once.
+
+A key's declaration holds its default, what it means and what a value may be (JSON Schema's
+words: enum, minimum, pattern, ...); pipeline.dag.schema derives the config's schema from
+them, its types from the annotations. config.yaml states the defaults (a test holds its values
+and its enum comments to these). Lists are tuples here, so that a section cannot change once
+built; pipeline.dag.config builds the sections from validated dicts and turns them back into
+dicts.
 
 Standard library only: Snakemake imports this while it builds the DAG (no torch, no pandas).
-The field names are the schema's keys (workflow/config/config.schema.yaml; a test holds them
-equal) and the defaults are config.yaml's values (a test holds those equal too). Lists are
-tuples here, so that a section cannot change once built; pipeline.dag.config builds the sections
-from validated dicts and turns them back into dicts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from pipeline.dag.layout import is_vit
-from pipeline.methods import MethodSpec, method_spec
+from pipeline.dag.layout import AXES, BACKBONES, CELL_ID, QUEUE_POLICIES, is_vit
+from pipeline.methods import METHODS, MethodSpec, method_spec
 
-# What a key sets (field metadata "sets"); unmarked keys determine their stage's result.
-# A rule's params, which Snakemake compares to decide a rerun, and a pretraining run's
-# fingerprint, which decides a resume, hold the result keys only (pipeline.dag.config.result_part).
+# What a key sets (its "sets"); unmarked keys determine their stage's result. A rule's params,
+# which Snakemake compares to decide a rerun, and a pretraining run's fingerprint, which decides
+# a resume, hold the result keys only (pipeline.dag.config.result_part).
 RUNTIME = "runtime"  # resources, logging or monitoring: never changes a result's meaning
 JOBS = "jobs"  # which jobs exist (e.g. detect.trials), not what one of them computes
 INIT = "init"  # pretrain: with the seed, all an untrained (random-init) network depends on
 
 
-def runtime(default, unless=None):
-    """A RUNTIME key; ``unless(section)`` names the sections where it does change the result.
-    Thread and worker counts change float rounding only (the order of summed terms, measured
-    in docs/methods.md, "A run resumes only from its own state"): the same experiment, as on a GPU run to run."""
-    return field(default=default, metadata={"sets": RUNTIME, "unless": unless})
+def key(
+    default: Any = None,
+    doc: str = "",
+    *,
+    sets: str | None = None,
+    unless: Callable | None = None,
+    factory: Callable | None = None,
+    **rules: Any,
+) -> Any:
+    """One config key: its default (``factory`` for a nested section or a dict), what it means
+    (the schema's description) and JSON Schema ``rules`` on its value (a callable rule is called
+    when the schema is made: a list another module keeps, e.g. the registered methods). ``sets``:
+    what it determines (above); ``unless(section)``: where a RUNTIME key does change the result."""
+    metadata = {"doc": doc, "rules": rules, "sets": sets, "unless": unless}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
-def marked(default, sets: str):
-    return field(default=default, metadata={"sets": sets})
+def runtime(default: Any, doc: str = "", unless: Callable | None = None, **rules: Any) -> Any:
+    """A RUNTIME key. Thread and worker counts change float rounding only (the order of summed
+    terms, measured in docs/methods.md, "A run resumes only from its own state"): the same
+    experiment, as on a GPU run to run."""
+    return key(default, doc, sets=RUNTIME, unless=unless, **rules)
+
+
+def like_pretrain() -> Any:
+    """A grid.supervised key: the same-named pretrain key's rules, or null (the base cell's value)."""
+    return field(default=None, metadata={"like": "pretrain"})
+
+
+SEED: dict[str, Any] = {"minimum": 0, "maximum": 2**31 - 1}
+THREADS: dict[str, Any] = {"minimum": 1, "maximum": 1024}
+WORKERS: dict[str, Any] = {"minimum": 1, "maximum": 256}
+COUNT: dict[str, Any] = {"minimum": 1, "maximum": 100_000}  # images, epochs, proposals: a 1e12 is a typo
+EPOCHS: dict[str, Any] = {"minimum": 1, "maximum": 100_000}
+BATCH: dict[str, Any] = {"minimum": 1, "maximum": 2**20}
+POSITIVE: dict[str, Any] = {"exclusiveMinimum": 0}
+NON_NEGATIVE: dict[str, Any] = {"minimum": 0}
+CHECKPOINT_EVERY: dict[str, Any] = {"minimum": 0, "maximum": 10**9}
 
 
 # the embedded dataset's shape classes, in label order (pipeline.synthetic draws them)
 SYNTHETIC_CLASSES = ("disk", "square", "triangle", "diamond", "ring", "frame", "plus", "cross", "bars", "checker")
+SOURCES = ("synthetic", "imagefolder", "unlabeled", "cifar10", "cifar100", "stl10")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Synthetic:
     """dataset.synthetic: the embedded dataset, generated deterministically."""
 
-    seed: int = 0
-    image_size: int = 32
-    train_per_class: int = 260
-    val_per_class: int = 60
-    det_train_images: int = 192  # detection scenes
-    det_val_images: int = 48
-    det_image_size: int = 96
-    backgrounds: int = 1  # shared pool of background gradients; 0: each image its own (the old design)
+    seed: int = key(0, **SEED)
+    image_size: int = key(32, minimum=16, maximum=256)
+    train_per_class: int = key(260, **COUNT)
+    val_per_class: int = key(60, **COUNT)
+    det_train_images: int = key(192, "detection scenes", **COUNT)
+    det_val_images: int = key(48, **COUNT)
+    det_image_size: int = key(96, minimum=32, maximum=1024)
+    backgrounds: int = key(
+        1,
+        "shared pool of background gradients the images draw from; 0 = each image its own",
+        minimum=0,
+        maximum=100_000,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Dataset:
-    source: str = "synthetic"  # synthetic | imagefolder | unlabeled | cifar10 | cifar100 | stl10
-    root: str | None = None  # required for every source but synthetic
-    stl10_unlabeled: bool = False  # stl10: the train split also holds the 100k unlabeled images
-    # imagefolder | unlabeled: the train split's size, for plans made before conversion (the
-    # claims' seeds and gates, the cost plan); the conversion report's count wins once it exists
-    train_images: int | None = None
-    synthetic: Synthetic = field(default_factory=Synthetic)
+    source: str = key(
+        "synthetic",
+        "synthetic = the embedded dataset; imagefolder = root/{train,val}/<class>/<image>; unlabeled = "
+        "root/{train,val}/**/<image> (label -1); cifar10, cifar100, stl10 = torchvision's on-disk copy "
+        "under root (val = the test set; never downloaded)",
+        enum=list(SOURCES),
+    )
+    root: str | None = key(
+        None, "required for every source but synthetic: any existing folder (commands quote it)", minLength=1
+    )
+    stl10_unlabeled: bool = key(
+        False, "stl10 only; the train split holds train+unlabeled (105k images, the unlabeled ones with label -1)"
+    )
+    train_images: int | None = key(
+        None,
+        "imagefolder / unlabeled: the train split's image count (ImageNet-1k 1281167), for plans made "
+        "before conversion (claims' seeds and gates, cost plan); the conversion report wins",
+        minimum=1,
+        maximum=10**9,
+    )
+    synthetic: Synthetic = key(factory=Synthetic)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Convert:
-    max_resolution: int | None = 64  # longest side stored in the .beton; None: as is
-    jpeg_quality: int = 90
-    write_mode: str = "auto"  # auto: raw while the split's pixels fit 4 GiB, else proportion
-    compress_probability: float = 0.5  # proportion: share of JPEG images
-    smart_threshold: int = 3 * 128 * 128  # smart: JPEG for images above this many raw bytes
-    workers: int = runtime(2)  # processes that check and write images (same .beton)
-    strict: bool = False  # fail on the first unreadable image instead of skipping it
+    max_resolution: int | None = key(
+        64, "longest side stored in the .beton (larger images are scaled down); null = as is", minimum=8, maximum=4096
+    )
+    jpeg_quality: int = key(90, minimum=1, maximum=100)
+    write_mode: str = key(
+        "auto",
+        "auto = raw while the split's pixels fit in 4 GiB, else proportion",
+        enum=["auto", "raw", "jpg", "smart", "proportion"],
+    )
+    compress_probability: float = key(0.5, "proportion: share of JPEG images", minimum=0, maximum=1)
+    smart_threshold: int = key(
+        3 * 128 * 128, "smart: JPEG for images above this many raw bytes", minimum=1, maximum=2**31 - 1
+    )
+    workers: int = runtime(2, "processes that check and write images (the same .beton)", **WORKERS)
+    strict: bool = key(False, "fail on the first unreadable image instead of skipping it")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Data:
-    loader: str = "ffcv"  # ffcv | torchvision
-    crop: str = "loader"  # loader: crops drawn while decoding | device: drawn on the device
-    crop_size: int = marked(32, INIT)  # (a ViT's image size)
-    # loader workers per job; None: from the job's threads. Both loaders draw each sample's
-    # crops from (seed, epoch, index): the count changes no result
-    workers: int | None = runtime(None)
+    loader: str = key(
+        "ffcv",
+        "ffcv = the .beton; torchvision = the source images through a torch DataLoader (baseline, fallback)",
+        enum=["ffcv", "torchvision"],
+    )
+    crop: str = key(
+        "loader",
+        "loader = crops drawn while decoding (fastest); device = torch-seeded crops (bit-exact resume)",
+        enum=["loader", "device"],
+    )
+    crop_size: int = key(32, "(a ViT's image size)", sets=INIT, minimum=8, maximum=1024)
+    # both loaders draw each sample's crops from (seed, epoch, index): the count changes no result
+    workers: int | None = runtime(
+        None, "loader workers per job; null = from the job's threads (pipeline.runtime.cpus)", **WORKERS
+    )
+
+
+# the optimiser, schedule and augmentation of a pretraining (and of grid.supervised's recipe)
+OPTIMIZERS = ["auto", "sgd", "lars", "adamw"]
+SCHEDULES = ["cosine", "step"]
+AUGS = ["v1", "v2", "v3", "cifar", "none"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Pretrain:
     """One pretraining cell (the base cell of the grid)."""
 
-    method: str = marked("moco", INIT)  # a name of pipeline.methods: moco | supervised | random
-    variant: str = "v2"
-    mechanism: str = "moco"  # how negatives are produced: moco | end_to_end | memory_bank
-    backbone: str = marked("resnet18", INIT)
-    width: int = marked(16, INIT)  # ResNet: channels of the first stage
-    cifar_stem: bool = marked(True, INIT)  # 3x3 stem without max-pool, for small images
-    norm: str = marked("bn", INIT)  # ResNet normalisation: bn | gn
-    patch_size: int = marked(16, INIT)  # ViT
-    depth: int | None = marked(None, INIT)  # ViT depth override; None: the architecture's
-    mlp_dim: int = 4096  # hidden width of v3's projector and predictor
-    dim: int = 128  # embedding dimension
-    K: int = 256  # queue size (negatives)
-    m: float = 0.99  # key encoder momentum
-    T: float = 0.2  # softmax temperature
-    epochs: int = 13
-    batch_size: int = 64  # global batch
-    lr: float = 0.015
-    optimizer: str = "auto"  # auto: sgd (v1/v2), lars (v3 ResNet), adamw (v3 ViT)
-    weight_decay: float = 0.0005
-    sgd_momentum: float = 0.9
-    warmup_epochs: float = 0
-    schedule: str = "cosine"
-    lr_step_epochs: tuple[int, ...] | None = None  # step: lr x0.1 at these epochs; None: at 60% and 80%
-    aug: str = "v2"
-    jitter_scale: float = 1.0  # the recipe's colour jitter x this (v2 x 2 = SimCLR's strength 1.0)
-    crop_scale_min: float = 0.5
-    mask_same_source: bool = False
-    symmetric: bool = False  # v1/v2: also the loss with the views swapped (the CIFAR demo's option)
-    freeze_patch_embed: bool | None = None  # ViT: keep the random patch projection; None: for MoCo only
-    queue_policy: str = "fifo"  # which queue slot a new key takes: fifo | random
-    shuffle_bn: bool = True  # the BN-leak guard
-    bn_splits: int | None = None  # BN sub-batches per rank; None: see split_bn.default_splits
-    bank_m: float = 0.5  # momentum of memory-bank entries
-    fast_path: str | bool = "auto"  # auto | on | off: channels_last (ResNet) + bf16 autocast; auto: on CUDA only
-    compile: bool = False  # torch.compile
-    knn_every: int = runtime(10)  # kNN monitor every N epochs and the last; 0: off
-    checkpoint_every: int = runtime(0)  # resume state every N steps too; 0: at epoch ends only
-    seed: int = marked(0, INIT)
-    threads: int = runtime(1)
+    method: str = key(
+        "moco",
+        "moco, or a baseline through the same stages (supervised, random): a registered method (pipeline.methods)",
+        sets=INIT,
+        enum=lambda: list(METHODS),
+    )
+    variant: str = key(
+        "v2",
+        "v1 (linear head), v2 (MLP head, aug+, cosine), v3 (no queue, predictor, symmetric loss)",
+        enum=["v1", "v2", "v3"],
+    )
+    mechanism: str = key(
+        "moco",
+        "how negatives are produced (MoCo paper, Figure 3); v1/v2 only",
+        enum=["moco", "end_to_end", "memory_bank"],
+    )
+    backbone: str = key("resnet18", sets=INIT, enum=list(BACKBONES))
+    width: int = key(16, "ResNet: channels of the first stage", sets=INIT, minimum=4, maximum=256)
+    cifar_stem: bool = key(True, "3x3 stem without max-pool, for small images", sets=INIT)
+    norm: str = key(
+        "bn", "normalisation of ResNet backbones (gn = GroupNorm, batch-independent)", sets=INIT, enum=["bn", "gn"]
+    )
+    patch_size: int = key(16, "ViT", sets=INIT, minimum=1, maximum=64)
+    depth: int | None = key(
+        None,
+        "ViT depth override (null = the architecture's); small values for CPU tests",
+        sets=INIT,
+        minimum=1,
+        maximum=256,
+    )
+    mlp_dim: int = key(4096, "hidden width of v3's projector and predictor", minimum=8, maximum=65536)
+    dim: int = key(128, "embedding dimension", minimum=2, maximum=4096)
+    K: int = key(256, "queue size (number of negatives); a multiple of the global batch", minimum=1, maximum=2**24)
+    m: float = key(0.99, "momentum of the key encoder, in [0, 1]", minimum=0, maximum=1)
+    T: float = key(0.2, "softmax temperature", **POSITIVE)
+    epochs: int = key(13, minimum=0, maximum=100_000)
+    batch_size: int = key(64, "global batch", minimum=2, maximum=2**20)
+    lr: float = key(0.015, **POSITIVE)
+    optimizer: str = key("auto", "auto = sgd (v1/v2), lars (v3 ResNet), adamw (v3 ViT)", enum=OPTIMIZERS)
+    weight_decay: float = key(0.0005, **NON_NEGATIVE)
+    sgd_momentum: float = key(0.9, minimum=0, maximum=1)
+    warmup_epochs: float = key(0, **NON_NEGATIVE)
+    schedule: str = key("cosine", "cosine, or step (x0.1 at lr_step_epochs)", enum=SCHEDULES)
+    lr_step_epochs: tuple[int, ...] | None = key(
+        None,
+        "step schedule: epochs at which the lr drops x0.1 (null = at 60% and 80% of the epochs)",
+        minItems=1,
+        items={"type": "integer", **EPOCHS},
+    )
+    aug: str = key(
+        "v2",
+        "photometric recipe (v2 = aug+; cifar = the CIFAR demo's aug+ without blur; none = crop + flip only)",
+        enum=AUGS,
+    )
+    jitter_scale: float = key(
+        1.0,
+        "the recipe's colour jitter (brightness, contrast, saturation, hue) times this (v2 x 2 = SimCLR's "
+        "strength 1.0); hue capped at 0.5",
+        minimum=0,
+        maximum=2.5,
+    )
+    crop_scale_min: float = key(0.5, exclusiveMinimum=0, maximum=1)
+    mask_same_source: bool = key(False)
+    symmetric: bool = key(False, "v1/v2: add the loss with the two views swapped (2B keys enqueued per step)")
+    freeze_patch_embed: bool | None = key(
+        None, "ViT: keep the random patch projection fixed (MoCo v3's stop_grad_conv1); null = for MoCo only"
+    )
+    queue_policy: str = key(
+        "fifo",
+        "how a new key takes a queue slot: fifo (the oldest, the paper's) or random (a seeded uniform draw, "
+        "for the staleness study)",
+        enum=list(QUEUE_POLICIES),
+    )
+    shuffle_bn: bool = key(
+        True,
+        "the BN-leak guard (MoCo paper 3.3, v1/v2 and end-to-end): keys shuffled across ranks and across "
+        "each rank's split-BN sub-batches around the key encoder; ignored without BatchNorm",
+    )
+    bn_splits: int | None = key(
+        None,
+        "sub-batches in which BatchNorm normalises each rank's batch (v1/v2 and end-to-end); null = 1 across "
+        "ranks, in one process the most (up to 8) of at least 16 images",
+        minimum=1,
+        maximum=64,
+    )
+    bank_m: float = key(0.5, "momentum of memory-bank entries", minimum=0, maximum=1)
+    fast_path: str | bool = key(
+        "auto",
+        "the GPU fast path of a step, one switch: channels_last (ResNets) and bf16 autocast; auto = on for "
+        "CUDA, off on CPU; on = also on CPU (what the tests run). YAML reads a bare on / off as true / false: "
+        "those mean the same",
+        enum=["auto", "on", "off", True, False],
+    )
+    compile: bool = key(False, "torch.compile the model (off by default; slow to start on CPU)")
+    knn_every: int = runtime(
+        10, "kNN monitor on the val split every N epochs and at the end (0 = off)", minimum=0, maximum=100_000
+    )
+    checkpoint_every: int = runtime(
+        0, "also write the resume state every N steps (0 = at epoch ends only)", **CHECKPOINT_EVERY
+    )
+    seed: int = key(0, sets=INIT, **SEED)
+    threads: int = runtime(1, **THREADS)
 
     # what the method registry (pipeline.methods) and the backbone list say of this cell
     @property
@@ -152,144 +294,288 @@ class Pretrain:
 
 @dataclass(frozen=True, kw_only=True)
 class Probe:
-    mode: str = "cached"  # cached: features extracted once | augmented: new views every epoch
-    protocol: str = "moco"  # moco | mocov3
-    standardize: bool = False  # parameter-free BN before the linear layer
-    epochs: int = 100
-    batch_size: int | None = None  # None: the protocol's
-    lr: float | None = None  # None: the protocol's
-    weight_decay: float = 0.0
-    knn_k: int = 200
-    knn_t: float = 0.07
-    crop_ratio: float = (
-        1.0  # centre crop of the evaluation view: side / shorter side (0.875: Resize(256)+CenterCrop(224))
+    mode: str = key(
+        "cached",
+        "cached = features extracted once (fast); augmented = crop+flip views every epoch",
+        enum=["cached", "augmented"],
     )
-    seed: int = 0
-    # processes per probe, one per GPU (torchrun, DDP; augmented only): the views' shards and
-    # BN groups, so a result key, except at 1, as every probe before the key existed
-    ranks: int = runtime(1, unless=lambda pc: pc.ranks > 1)
-    threads: int = runtime(1)
-    checkpoint_every: int = runtime(0)  # resume state every N steps too; 0: at epoch ends only
+    protocol: str = key(
+        "moco",
+        "moco (SGD lr 30, step decay) or mocov3 (batch 1024, cosine, lr 0.1 x bs/256; ViT 3 x bs/256)",
+        enum=["moco", "mocov3"],
+    )
+    standardize: bool = key(False, "parameter-free BN before the linear layer")
+    epochs: int = key(100, **EPOCHS)
+    batch_size: int | None = key(None, "null = the protocol's", **BATCH)
+    lr: float | None = key(None, "null = the protocol's", **POSITIVE)
+    weight_decay: float = key(0.0, **NON_NEGATIVE)
+    knn_k: int = key(200, **COUNT)
+    knn_t: float = key(0.07, **POSITIVE)
+    crop_ratio: float = key(
+        1.0,
+        "evaluation view = centre square of this share of the shorter side (0.875 = Resize(256) + CenterCrop(224))",
+        exclusiveMinimum=0,
+        maximum=1,
+    )
+    seed: int = key(0, **SEED)
+    # the views' shards and BN groups: a result key, except at 1, as every probe before the key existed
+    ranks: int = runtime(
+        1,
+        "processes per probe, one per GPU (torchrun, DDP, the batch split over them); augmented mode only",
+        unless=lambda pc: pc.ranks > 1,
+        minimum=1,
+        maximum=1024,
+    )
+    threads: int = runtime(1, **THREADS)
+    checkpoint_every: int = runtime(
+        0, "also write the resume state every N steps (0 = at epoch ends only)", **CHECKPOINT_EVERY
+    )
+
+
+PROPOSALS: dict[str, Any] = COUNT
 
 
 @dataclass(frozen=True, kw_only=True)
 class Rpn:
     """Proposals kept before / after NMS, in training and at test."""
 
-    pre_nms_train: int = 1000
-    post_nms_train: int = 300
-    pre_nms_test: int = 500
-    post_nms_test: int = 150
+    pre_nms_train: int = key(1000, **PROPOSALS)
+    post_nms_train: int = key(300, **PROPOSALS)
+    pre_nms_test: int = key(500, **PROPOSALS)
+    post_nms_test: int = key(150, **PROPOSALS)
+
+
+VOC_SET: dict[str, Any] = {"type": "string", "pattern": "^(2007|2012)/[A-Za-z0-9_]+$"}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Voc:
     """VOC image sets as <year>/<set>: the paper's VOC07+12 -> VOC07 test."""
 
-    train: tuple[str, ...] = ("2007/trainval", "2012/trainval")
-    val: str = "2007/test"
+    train: tuple[str, ...] = key(("2007/trainval", "2012/trainval"), "a union", minItems=1, items=VOC_SET)
+    val: str = key("2007/test", "the evaluation set", pattern=VOC_SET["pattern"])
 
 
 @dataclass(frozen=True, kw_only=True)
 class Detect:
-    enabled: bool = marked(True, JOBS)
-    cells: tuple[str, ...] = marked(("base", "method=supervised"), JOBS)  # or ("all",)
-    root: str | None = None  # COCO folder or VOCdevkit; None: the embedded scenes
-    dataset: str = "auto"  # layout of root: auto | coco | voc
-    voc: Voc = field(default_factory=Voc)
-    head: str = "fpn"  # fpn | c4
-    task: str = "segmentation"  # segmentation: Mask R-CNN, box and mask AP | detection: Faster R-CNN, box AP
-    epochs: int = 4
-    batch_size: int = 4
-    lr: float = 0.02
-    weight_decay: float = 0.0001
-    image_size: int = 96  # shorter side after resizing
-    max_image_size: int | None = None  # cap on the longer side; None: image_size
-    fpn_channels: int = 32
-    anchor_sizes: tuple[int, ...] | None = None  # pixels; None: fractions of image_size
-    norm: str = "frozen_bn"  # frozen_bn | bn | gn
-    rpn: Rpn = field(default_factory=Rpn)
-    roi_per_image: int = 128  # RoIs sampled per image for the box head's loss
-    schedule: str = "cosine"  # cosine | step (x0.1 at each of lr_steps)
-    lr_steps: tuple[int, ...] | None = None
-    warmup_iters: int = 100  # linear warmup, at most a quarter of the iterations
-    iterations: int | None = None  # None: epochs x iterations per epoch
-    train_sizes: tuple[int, ...] | None = None  # multi-scale training sides; None: image_size
-    voc_metric: str = "auto"  # 11point | area | auto (11point on a 2007 test set)
-    seed: int = 0
-    trials: int = marked(1, JOBS)  # fine-tuning runs per cell
-    threads: int = runtime(1)
-    # image-decoding processes; 0: in the main process. Each flip is drawn from (seed, epoch,
-    # image) (pipeline.detect.EpochSeeded): the count changes no result
-    workers: int = runtime(0)
-    ranks: int = 1  # processes per fine-tuning, one per GPU
-    checkpoint_every: int = runtime(0)  # resume state every N iterations too; 0: at epoch ends only
+    enabled: bool = key(True, sets=JOBS)
+    cells: tuple[str, ...] = key(
+        ("base", "method=supervised"),
+        "cell ids whose encoder goes through detection transfer, or [all]",
+        sets=JOBS,
+        items={"type": "string", "pattern": "^[A-Za-z0-9_.,=+-]+$"},
+    )
+    root: str | None = key(
+        None,
+        "COCO folder (instances_{train,val}.json + images, or the COCO 2017 layout) or a VOCdevkit; "
+        "null = the embedded scenes",
+        minLength=1,
+    )
+    dataset: str = key("auto", "layout of root (auto = found from what it holds)", enum=["auto", "coco", "voc"])
+    voc: Voc = key(factory=Voc, doc="VOC image sets as <year>/<set>: train (a union) and val (the evaluation set)")
+    head: str = key(
+        "fpn",
+        "fpn = FPN over layer1..4; c4 = RPN and RoIAlign on layer3, layer4 as the box head (the paper's R50-C4)",
+        enum=["fpn", "c4"],
+    )
+    task: str = key(
+        "segmentation",
+        "detection = Faster R-CNN, box AP; segmentation = Mask R-CNN (a mask head beside the box head; c4: "
+        "on the res5 features), box and mask AP (needs instance masks: COCO-format data, not VOC)",
+        enum=["detection", "segmentation"],
+    )
+    epochs: int = key(4, **EPOCHS)
+    batch_size: int = key(4, **BATCH)
+    lr: float = key(0.02, **POSITIVE)
+    weight_decay: float = key(0.0001, **NON_NEGATIVE)
+    image_size: int = key(96, "shorter image side after resizing", minimum=32, maximum=1333)
+    max_image_size: int | None = key(
+        None, "cap on the longer side (Detectron2: 1333); null = image_size (square-bounded)", minimum=32, maximum=2000
+    )
+    fpn_channels: int = key(32, minimum=8, maximum=4096)
+    anchor_sizes: tuple[int, ...] | None = key(
+        None,
+        "anchor sides in pixels (fpn: one per level, 5; c4: any number); null = fractions of image_size "
+        "for the embedded scenes",
+        minItems=1,
+        items={"type": "integer", "minimum": 2, "maximum": 4096},
+    )
+    norm: str = key(
+        "frozen_bn",
+        "frozen_bn = pretrained BN statistics fixed; bn = BN fine-tuned and in the new layers; gn = GroupNorm "
+        "in the new layers (GN-pretrained backbones)",
+        enum=["frozen_bn", "bn", "gn"],
+    )
+    rpn: Rpn = key(
+        factory=Rpn,
+        doc="proposals kept before / after NMS in training and at test (before NMS per FPN level with fpn); "
+        "Detectron2: 12000 / 2000, 6000 / 1000",
+    )
+    roi_per_image: int = key(
+        128, "RoIs sampled per image for the box head's loss (Detectron2: 512)", minimum=1, maximum=4096
+    )
+    schedule: str = key(
+        "cosine", "cosine = decay to 0 after the warmup; step = x0.1 at each of lr_steps (Detectron2's)", enum=SCHEDULES
+    )
+    lr_steps: tuple[int, ...] | None = key(
+        None,
+        "schedule step: iterations at which the lr is multiplied by 0.1 (Detectron2's SOLVER.STEPS)",
+        minItems=1,
+        items={"type": "integer", "minimum": 1, "maximum": 10**7},
+    )
+    warmup_iters: int = key(
+        100,
+        "iterations of linear warmup, at most a quarter of the training (Detectron2's WARMUP_ITERS)",
+        minimum=1,
+        maximum=10**7,
+    )
+    iterations: int | None = key(
+        None,
+        "training length in iterations (Detectron2's MAX_ITER), replacing epochs; null = epochs x iterations per epoch",
+        minimum=1,
+        maximum=10**7,
+    )
+    train_sizes: tuple[int, ...] | None = key(
+        None,
+        "multi-scale training: each image's shorter side drawn from these (Detectron2's MIN_SIZE_TRAIN); "
+        "null = image_size; evaluation uses image_size",
+        minItems=1,
+        items={"type": "integer", "minimum": 32, "maximum": 1333},
+    )
+    voc_metric: str = key(
+        "auto",
+        "VOC's AP: 11point (the VOC2007 devkit), area (VOC2010 and later), auto = 11point on a 2007 test set",
+        enum=["auto", "11point", "area"],
+    )
+    seed: int = key(0, **SEED)
+    trials: int = key(
+        1,
+        "fine-tuning runs per cell, seeds seed..seed+trials-1 (the paper averages 5 on VOC); tables show mean ± std",
+        sets=JOBS,
+        minimum=1,
+        maximum=100,
+    )
+    threads: int = runtime(1, **THREADS)
+    # each flip is drawn from (seed, epoch, image) (pipeline.detect.EpochSeeded): the count changes no result
+    workers: int = runtime(
+        0,
+        "image-decoding processes of the training loader (0 = in the main process; 4-8 on GPU nodes)",
+        minimum=0,
+        maximum=256,
+    )
+    ranks: int = key(
+        1,
+        "processes of one fine-tuning job, one per GPU (torchrun); with norm bn their BN statistics are "
+        "synchronised (SyncBN); give the profile's detect jobs as many GPUs",
+        minimum=1,
+        maximum=64,
+    )
+    checkpoint_every: int = runtime(
+        0, "also write the resume state every N iterations (0 = at epoch ends only)", **CHECKPOINT_EVERY
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchSlurm:
     """The SLURM job of the submitit launcher."""
 
-    nodes: int = 1
-    tasks_per_node: int = 1  # one task (rank) per GPU
-    gpus_per_node: int = 0
-    cpus_per_task: int = 2
-    mem_gb: float | None = None  # per node; None: the partition's default
-    timeout_min: int = 60  # time limit of one run (requeued after it)
-    partition: str | None = None  # None: the cluster's default
-    account: str | None = None
-    signal_delay_s: int = 120  # SIGUSR2 this long before the time limit
-    max_requeues: int = 3
+    nodes: int = key(1, minimum=1, maximum=4096)
+    tasks_per_node: int = key(1, "ranks per node, one per GPU", minimum=1, maximum=64)
+    gpus_per_node: int = key(0, minimum=0, maximum=64)
+    cpus_per_task: int = key(2, **THREADS)
+    mem_gb: float | None = key(None, "per node; null = the partition's default", **POSITIVE)
+    timeout_min: int = key(60, "time limit of one run (requeued after it)", minimum=1, maximum=525600)
+    partition: str | None = key(None, "null = the cluster's default", pattern="^[A-Za-z0-9_.,-]+$")
+    account: str | None = key(None, pattern="^[A-Za-z0-9_.-]+$")
+    signal_delay_s: int = key(120, "SIGUSR2 this long before the time limit", minimum=1, maximum=86400)
+    max_requeues: int = key(3, "time-limit requeues before giving up", minimum=0, maximum=1000)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Launch:
-    launcher: str = "direct"  # direct | submitit
-    slurm: LaunchSlurm = field(default_factory=LaunchSlurm)
+    launcher: str = key(
+        "direct",
+        "direct = the rule runs the ranks (srun inside its SLURM job); submitit = the rule submits one SLURM "
+        "job through submitit and waits",
+        enum=["direct", "submitit"],
+    )
+    slurm: LaunchSlurm = key(factory=LaunchSlurm, doc="the job the submitit launcher submits")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Resources:
     """grid.resources: the size of each cell's pretraining job (pipeline.dag.grid.cell_resources)."""
 
-    minutes_per_epoch: float = 1
-    overhead_minutes: float = 10
-    nodes: int = 1
-    batch_per_node: int | None = None  # e.g. 1024: one more node per 1024 images of global batch
-    backbone_cost: dict = field(default_factory=dict)  # epoch cost vs a ResNet-18; unset: grid.BACKBONE_COST
+    minutes_per_epoch: float = key(1, **NON_NEGATIVE)
+    overhead_minutes: float = key(10, **NON_NEGATIVE)
+    nodes: int = key(1, minimum=1, maximum=4096)
+    batch_per_node: int | None = key(
+        None, "e.g. 1024: one more node per 1024 images of global batch", minimum=1, maximum=2**20
+    )
+    backbone_cost: dict = key(
+        factory=dict,
+        doc="epoch cost vs a ResNet-18, per backbone; unset: pipeline.dag.grid.BACKBONE_COST's",
+        propertyNames={"enum": list(BACKBONES)},
+        additionalProperties={"type": "number", "exclusiveMinimum": 0},
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class SupervisedRecipe:
     """grid.supervised: the supervised baseline's own recipe; each None keeps the base cell's."""
 
-    epochs: int | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    optimizer: str | None = None
-    weight_decay: float | None = None
-    schedule: str | None = None
-    lr_step_epochs: tuple[int, ...] | None = None
-    warmup_epochs: float | None = None
-    aug: str | None = None  # none: the loader's RandomResizedCrop + flip only
-    crop_scale_min: float | None = None
+    epochs: int | None = like_pretrain()
+    batch_size: int | None = like_pretrain()
+    lr: float | None = like_pretrain()
+    optimizer: str | None = like_pretrain()
+    weight_decay: float | None = like_pretrain()
+    schedule: str | None = like_pretrain()
+    lr_step_epochs: tuple[int, ...] | None = like_pretrain()
+    warmup_epochs: float | None = like_pretrain()
+    aug: str | None = like_pretrain()  # none: the loader's RandomResizedCrop + flip only
+    crop_scale_min: float | None = like_pretrain()
 
 
 # the grid's experiment design, which config.yaml sets for the demo; absent, no sweep, one seed
 DESIGN = ("one_at_a_time", "product", "baselines", "seeds", "only")
+SWEEP: dict[str, Any] = {
+    "propertyNames": {"enum": list(AXES)},  # in the order of a cell id's parts
+    "additionalProperties": {"type": "array", "minItems": 1},
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Grid:
     """The ablation grid around the base cell (pretrain)."""
 
-    one_at_a_time: dict = field(default_factory=dict)  # axis -> values, each varied alone
-    product: dict = field(default_factory=dict)  # axis -> values, every combination
-    baselines: tuple = ()  # random | supervised
-    only: tuple | None = None  # run only these cells (ids); None: all
-    seeds: int = 1  # replicates of every cell
-    resources: Resources = field(default_factory=Resources, metadata={"sets": RUNTIME})
-    supervised: SupervisedRecipe = field(default_factory=SupervisedRecipe)
+    one_at_a_time: dict = key(factory=dict, doc="axis (a pretrain key) -> values, each varied alone", **SWEEP)
+    product: dict = key(factory=dict, doc="axis (a pretrain key) -> values, every combination", **SWEEP)
+    baselines: tuple = key((), items={"enum": ["random", "supervised"]}, uniqueItems=True)
+    only: tuple | None = key(
+        None,
+        "run only these cells of the grid (ids as under results/cells, e.g. [base, method=random]); null = every cell",
+        minItems=1,
+        items={"type": "string", "pattern": f"^{CELL_ID}$"},
+    )
+    seeds: int = key(
+        1,
+        "replicates of every cell, seeds pretrain.seed .. pretrain.seed + N - 1 (tables show mean ± 95 % CI, n)",
+        minimum=1,
+        maximum=100,
+    )
+    resources: Resources = key(
+        factory=Resources,
+        sets=RUNTIME,
+        doc="job size of each cell's pretraining, scaled with the cell (pipeline.dag.grid.cell_resources): "
+        "nodes = max(nodes, ceil(batch_size / batch_per_node)), runtime = overhead_minutes + "
+        "minutes_per_epoch * epochs * backbone_cost / nodes",
+    )
+    supervised: SupervisedRecipe = key(
+        factory=SupervisedRecipe, doc="the supervised baseline's recipe (pretrain keys); null = the base cell's value"
+    )
+
+
+NOT_ONE: dict[str, Any] = {"not": {"const": 1}}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -297,20 +583,47 @@ class Claims:
     """snakemake claims: cells around the base trained ``epochs``, and ``long_epochs`` once;
     ``seeds`` of each (paired by seed; a verdict needs a 95 % CI, so >= 2)."""
 
-    epochs: int = 9
-    long_epochs: int = 18
-    seeds: int = 5
-    # the compared runs' seeds are first_seed, first_seed + 1, ... (None: pretrain.seed); another
-    # first_seed repeats the whole study on seeds no earlier run saw (a confirmatory run)
-    first_seed: int | None = None
-    # seeds of the reference and random init beyond the compared ones (first_seed + seeds ..):
-    # whether the reference learnt something is read from them, never from the runs compared
-    pilot_seeds: int = 5
-    # seeds of the cells only an invariant needs (random replacement, for the FIFO bound): an
-    # invariant holds when every run satisfies it, so it needs runs, not a CI
-    invariant_seeds: int = 2
-    m: tuple = (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999)
-    K: tuple = (128, 256)  # each under FIFO and random replacement
+    epochs: int = key(9, **EPOCHS)
+    long_epochs: int = key(18, minimum=2, maximum=100_000)
+    seeds: int = key(
+        5, "seeds of every claims cell (first_seed ..); a verdict needs >= 2 (a 95 % CI)", minimum=1, maximum=1000
+    )
+    first_seed: int | None = key(
+        None,
+        "the first compared seed; null = pretrain.seed. Another value repeats the study on seeds no earlier "
+        "run saw (a confirmatory run)",
+        minimum=0,
+        maximum=10**6,
+    )
+    pilot_seeds: int = key(
+        5,
+        "more seeds of the reference and of random init (after the compared ones), never compared: the "
+        "accuracy claims are decided only if these runs learnt something (paired Δ vs random init, 95 % CI "
+        "above 0); 0 = no pilot (the table says the check was not made), else >= 2",
+        minimum=0,
+        maximum=1000,
+        **NOT_ONE,
+    )
+    invariant_seeds: int = key(
+        2,
+        "seeds of the cells only an invariant needs (random replacement, for the FIFO bound): it holds when "
+        "every run satisfies it, so these need runs, not a CI",
+        minimum=1,
+        maximum=1000,
+    )
+    m: tuple = key(
+        (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999),
+        minItems=1,
+        uniqueItems=True,
+        items={"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+    )
+    K: tuple = key(
+        (128, 256),
+        "each under FIFO and random replacement",
+        minItems=1,
+        uniqueItems=True,
+        items={"type": "integer", "minimum": 1, "maximum": 2**24},
+    )
 
     def seed(self, base_seed: int) -> int:
         """The first compared seed: ``first_seed``, else the base cell's."""
@@ -319,16 +632,27 @@ class Claims:
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-    """The whole workflow config, typed once (pipeline.dag.config.typed_config); the rules read it."""
+    """The whole workflow config, typed once (pipeline.dag.config.load_config); the rules read it."""
 
-    results: str = "results"
-    dataset: Dataset = field(default_factory=Dataset)
-    convert: Convert = field(default_factory=Convert)
-    data: Data = field(default_factory=Data)
-    pretrain: Pretrain = field(default_factory=Pretrain)
-    cell: str | None = None  # snakemake cell --config cell=<id>: that cell's jobs
-    grid: Grid = field(default_factory=Grid)
-    claims: Claims | None = None  # snakemake claims only
-    probe: Probe = field(default_factory=Probe)
-    detect: Detect = field(default_factory=Detect)
-    launch: Launch = field(default_factory=Launch)
+    results: str = key("results", "everything the workflow writes goes under this folder", pattern="^[A-Za-z0-9_./-]+$")
+    dataset: Dataset = key(factory=Dataset)
+    convert: Convert = key(factory=Convert)
+    data: Data = key(factory=Data)
+    pretrain: Pretrain = key(factory=Pretrain, doc="the base cell of the ablation grid")
+    cell: str | None = key(
+        None,
+        "the one ablation cell `snakemake cell --config cell=K=1024,m=0.9` builds (command line only)",
+        pattern=f"^{CELL_ID}$",
+    )
+    grid: Grid = key(factory=Grid)
+    claims: Claims | None = key(
+        None,
+        "the seeds' claims as experiments (snakemake claims -> tables/claims.*): cells around a reference "
+        "cell, the base trained `epochs`; each m, each K under each queue policy, the memory bank, random "
+        "init, and the reference trained `long_epochs`; `seeds` of each",
+    )
+    probe: Probe = key(factory=Probe)
+    detect: Detect = key(factory=Detect)
+    launch: Launch = key(
+        factory=Launch, doc='how the pretrain rule starts its ranks (see docs/cluster.md, "The submitit launcher")'
+    )

@@ -7,11 +7,12 @@ import sys
 
 # only pipeline.dag modules: building the DAG imports no torch
 from pipeline.dag.claims_plan import not_trained
-from pipeline.dag.config import check_dataset, check_detect_root, load_schema, result_config, result_part
+from pipeline.dag.config import check_dataset, check_detect_root, result_config, result_part
 from pipeline.dag.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, detects as cell_detects
 from pipeline.dag.grid import claims_budget
 from pipeline.dag.sections import JOBS, RUNTIME
 from pipeline.dag.layout import (
+    CELL_ID,
     CLAIMS_TABLES,
     FIGURES,
     STUDY_NAMES,
@@ -24,7 +25,7 @@ from pipeline.dag.layout import (
 )
 
 R = CFG.results
-CELL_ID = load_schema()["$defs"]["cell_id"]["pattern"].strip("^$")  # one pattern: the schema's
+
 PY = shlex.quote(sys.executable)  # the interpreter running snakemake (.venv), also on SLURM nodes
 CONDA_ENV = "../envs/moco.yaml"
 
