@@ -365,6 +365,9 @@ def zero_momentum(c: Cells) -> Claim:
         verdict = CONTRADICTED if failed == 0 else INCONCLUSIVE
     else:
         verdict = HOLDS if failed == runs else INCONCLUSIVE
+        if verdict == INCONCLUSIVE:  # at random init's level, yet a seed did not fail: more probes decide nothing
+            what = f"every seed failing by the loss rule ({failed} of {runs} did)"
+            return Claim(text, source, needs, measured, verdict, c.cells(role, "random"), "—", "—", what)
     x = Comparison(f"{c.ids[role]} − {c.ids['random']}", verdict, measured, d)
     return Claim(
         text,

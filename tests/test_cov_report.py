@@ -5,7 +5,7 @@ import json
 
 import pandas as pd
 import pytest
-from test_claims import CLAIMS, CONFIG, ROLES, full_results, rows_by_claim, seed_cell, verdicts
+from test_claims import CLAIMS, COLLAPSED, CONFIG, ROLES, full_results, rows_by_claim, seed_cell, verdicts
 
 from pipeline import claims, environment, plan, tables
 from pipeline.claims import NOT_RUN
@@ -94,6 +94,20 @@ def test_m0_with_one_seed_has_no_interval_and_is_inconclusive(tmp_path):
     write_claims(tmp_path, CONFIG)
     row = rows_by_claim(tmp_path)["m = 0"]
     assert row["verdict"] == INCONCLUSIVE and row["measured"].startswith("1 of 1 seeds failed")
+
+
+def test_m0_whose_one_seed_did_not_fail_says_what_would_decide_it(tmp_path):
+    """A seed of m = 0 whose loss stayed below the chance rule, its probe at random init's level
+    (the fourth claims run's seed 33): inconclusive, and more seeds of the probe's Δ are not what
+    would decide it (by hand: 10.5 − 10, 11.2 − 11, 9.4 − 9: Δ +0.37 ± 0.38, CI includes 0)."""
+    full_results(tmp_path, **{"m=0": ([10.5, 11.2, 9.4], [COLLAPSED, None, COLLAPSED], {})})
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["m = 0"]
+    assert row["verdict"] == INCONCLUSIVE and row["measured"].startswith("2 of 3 seeds failed by the loss rule")
+    assert (row["smallest detectable Δ"], row["seeds to decide"]) == (
+        "—",
+        "every seed failing by the loss rule (2 of 3 did)",
+    )
 
 
 def test_slow_momentum_decided_on_enough_steps(tmp_path):
