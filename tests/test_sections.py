@@ -169,3 +169,21 @@ def test_a_grid_cell_replaces_and_validates():
         pretrain_cell(base, {"K": 100})  # a cross-field rule
     with pytest.raises(ConfigError, match="bogus"):
         pretrain_cell(base, {"bogus": 1})
+
+
+def test_the_printed_schema_validates_config_yaml_as_an_editor_would():
+    """`python -m pipeline.dag.schema` prints the derived schema; a JSON Schema validator (an
+    editor's) accepts config.yaml by it and names a bad value."""
+    import json
+    import sys
+
+    import jsonschema
+    from conftest import run
+
+    schema = json.loads(run([sys.executable, "-m", "pipeline.dag.schema"]).stdout)
+    assert schema["properties"]["pretrain"]["properties"]["method"]["enum"] == ["moco", "supervised", "random"]
+    jsonschema.validate(load_yaml(DEFAULT_CONFIG), schema)
+    bad = load_yaml(DEFAULT_CONFIG)
+    bad["probe"]["mode"] = "streaming"
+    with pytest.raises(jsonschema.ValidationError, match="'streaming' is not one of"):
+        jsonschema.validate(bad, schema)
