@@ -187,6 +187,8 @@ def test_dataset_and_detect_roots_are_checked(tmp_path):
     # a root for every source but the embedded one
     with pytest.raises(ConfigError, match="dataset.root: required for dataset.source 'cifar10'"):
         load_config({**cfg, "dataset": {"source": "cifar10", "root": None}})
+    with pytest.raises(ConfigError, match="dataset.root: required for dataset.source 'stl10'"):
+        load_stage_config({"dataset": {"source": "stl10"}}, ["dataset"])  # a stage given the section alone
     cifar = {"source": "cifar10", "root": str(tmp_path)}
     with pytest.raises(ConfigError, match="detect.root: required .* unless dataset.source is 'synthetic'"):
         load_config({**cfg, "dataset": cifar, "detect": {**cfg["detect"], "enabled": True, "root": None}})
