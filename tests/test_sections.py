@@ -78,6 +78,25 @@ def test_the_schema_takes_each_keys_type_from_its_annotation_and_its_rules_from_
     load_stage_config({"grid": {"supervised": {"optimizer": None, "lr": None}}}, ["grid"])
 
 
+def test_a_key_that_may_be_null_takes_null_among_its_enum_or_its_types():
+    """The derivation on a section of its own (no config key is both an enum and nullable yet)."""
+    from dataclasses import dataclass
+
+    from pipeline.dag.schema import section_schema
+    from pipeline.dag.sections import key
+
+    @dataclass(frozen=True, kw_only=True)
+    class Toy:
+        mode: str | None = key(None, "a choice or none", enum=["a", "b"])
+        size: int | None = key(None, minimum=1)
+        name: str = key("x", enum=["x", "y"])
+
+    props = section_schema(Toy)["properties"]
+    assert props["mode"] == {"enum": ["a", "b", None], "description": "a choice or none"}
+    assert props["size"] == {"type": ["integer", "null"], "minimum": 1}
+    assert props["name"] == {"enum": ["x", "y"]}
+
+
 def commented_keys(path) -> dict[str, str]:
     """config.yaml's keys (dotted) -> their comment, continuation lines included."""
     comments, stack, last = {}, [], None

@@ -48,13 +48,12 @@ def key_schema(f: dataclasses.Field, hint: Any) -> dict:
     nested = [k for k in kinds if isinstance(k, type) and dataclasses.is_dataclass(k)]
     schema = section_schema(nested[0]) if nested else {"type": json_types(kinds)}
     rules = {word: rule() if callable(rule) else rule for word, rule in f.metadata.get("rules", {}).items()}
-    if "enum" in rules:  # the enum says it all; a key that may be null takes null among its values
-        del schema["type"]
-        if type(None) in kinds:
-            rules["enum"] = [*rules["enum"], None]
+    if "enum" in rules:  # the enum says it all (a key that may be null: null among its values, below)
+        schema = {"enum": [v for v in rules.pop("enum") if v is not None]}
     if f.metadata.get("doc"):
         schema["description"] = f.metadata["doc"]
-    return {**schema, **rules}
+    schema = {**schema, **rules}
+    return nullable(schema) if type(None) in kinds and not nested else schema
 
 
 def json_types(kinds: tuple) -> str | list[str]:
@@ -63,6 +62,7 @@ def json_types(kinds: tuple) -> str | list[str]:
 
 
 def nullable(schema: dict) -> dict:
+    """``schema`` taking null too: among an enum's values, or as one more type."""
     if "enum" in schema:
         return {**schema, "enum": [*schema["enum"], *([None] if None not in schema["enum"] else [])]}
     kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
