@@ -332,17 +332,14 @@ class Probe:
     )
 
 
-PROPOSALS: dict[str, Any] = COUNT
-
-
 @dataclass(frozen=True, kw_only=True)
 class Rpn:
     """Proposals kept before / after NMS, in training and at test."""
 
-    pre_nms_train: int = key(1000, **PROPOSALS)
-    post_nms_train: int = key(300, **PROPOSALS)
-    pre_nms_test: int = key(500, **PROPOSALS)
-    post_nms_test: int = key(150, **PROPOSALS)
+    pre_nms_train: int = key(1000, **COUNT)
+    post_nms_train: int = key(300, **COUNT)
+    pre_nms_test: int = key(500, **COUNT)
+    post_nms_test: int = key(150, **COUNT)
 
 
 VOC_SET: dict[str, Any] = {"type": "string", "pattern": "^(2007|2012)/[A-Za-z0-9_]+$"}
