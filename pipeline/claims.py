@@ -343,7 +343,13 @@ def low_momentum(c: Cells) -> Claim:
 def zero_momentum(c: Cells) -> Claim:
     text = f"m = 0 (the key encoder is the query encoder): training fails (run: m = 0, {_epochs(c)}; random init)"
     source = PAPER + ", §4.1 momentum ablation"
-    needs = "≥ 2 seeds of m = 0 and of random init (the direct measure: the probe at random init's level)"
+    margin = c.claims.random_init_margin
+    needs = (
+        "≥ 2 seeds of m = 0 and of random init. The direct measure is the probe − random init, paired by seed: "
+        f"holds when its 95 % CI lies below +{margin:g} (at random init's level, claims.random_init_margin), "
+        "or when every seed fails by the loss rule and the CI does not lie above 0; contradicted when the CI "
+        f"lies above +{margin:g} and no seed failed"
+    )
     role = next((f"m={m}" for m in c.claims.m if m == 0), None)
     if role is None:
         return Claim(text, source, needs, "claims.m has no 0", NOT_RUN, [])
@@ -359,26 +365,24 @@ def zero_momentum(c: Cells) -> Claim:
         f"{failed} of {runs} seeds failed by the loss rule (diverged, or the loss at the method's chance); "
         f"probe − random init: Δ {'no pair' if d is None else d.text(signed=True)} ({why})"
     )
-    if d is None or d.half is None:
-        verdict = INCONCLUSIVE
-    elif above == HOLDS:  # the probe is above random init: it learned
-        verdict = CONTRADICTED if failed == 0 else INCONCLUSIVE
-    else:
-        verdict = HOLDS if failed == runs else INCONCLUSIVE
-        if verdict == INCONCLUSIVE:  # at random init's level, yet a seed did not fail: more probes decide nothing
-            what = f"every seed failing by the loss rule ({failed} of {runs} did)"
-            return Claim(text, source, needs, measured, verdict, c.cells(role, "random"), "—", "—", what)
-    x = Comparison(f"{c.ids[role]} − {c.ids['random']}", verdict, measured, d)
-    return Claim(
-        text,
-        source,
-        needs,
-        measured,
-        verdict,
-        c.cells(role, "random"),
-        "—",
-        *(_per_comparison([x], f) for f in (detectable, seeds_needed)),
-    )
+    cells = c.cells(role, "random")
+    if d is None or d.half is None:  # no interval: the columns say what would give one
+        x = Comparison(f"{c.ids[role]} − {c.ids['random']}", INCONCLUSIVE, measured, d)
+        cols = [_per_comparison([x], f) for f in (detectable, seeds_needed)]
+        return Claim(text, source, needs, measured, INCONCLUSIVE, cells, "—", *cols)
+    failing = f"{failed} of {runs} did"
+    if d.mean - d.half > margin:  # it learnt more than random init's level
+        if failed == 0:
+            return Claim(text, source, needs, measured, CONTRADICTED, cells, "—", "—", "—")
+        what = f"no seed failing by the loss rule ({failing})"
+    elif d.mean + d.half < margin or (failed == runs and above != HOLDS):
+        return Claim(text, source, needs, measured, HOLDS, cells, "—", "—", "—")
+    else:  # the CI reaches past the margin: more seeds of the probe, or every seed failing, decide
+        seeds = stats.seeds_to_decide(d, margin) if d.mean < margin else None
+        what = f"every seed failing by the loss rule ({failing})"
+        if seeds is not None:
+            what = f"{seeds} for the CI below +{margin:g} at Δ {d.mean:+.1f}, or {what}"
+    return Claim(text, source, needs, measured, INCONCLUSIVE, cells, "—", f"±{d.half:.1f} at n = {d.n}", what)
 
 
 def key_encoder(c: Cells) -> Claim:

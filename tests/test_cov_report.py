@@ -96,18 +96,46 @@ def test_m0_with_one_seed_has_no_interval_and_is_inconclusive(tmp_path):
     assert row["verdict"] == INCONCLUSIVE and row["measured"].startswith("1 of 1 seeds failed")
 
 
-def test_m0_whose_one_seed_did_not_fail_says_what_would_decide_it(tmp_path):
+def test_m0_whose_one_seed_did_not_fail_holds_at_random_inits_level(tmp_path):
     """A seed of m = 0 whose loss stayed below the chance rule, its probe at random init's level
-    (the fourth claims run's seed 33): inconclusive, and more seeds of the probe's Δ are not what
-    would decide it (by hand: 10.5 − 10, 11.2 − 11, 9.4 − 9: Δ +0.37 ± 0.38, CI includes 0)."""
+    (the fourth claims run's seed 33): the probe decides it. By hand: 10.5 − 10, 11.2 − 11,
+    9.4 − 9: Δ +0.37, std 0.153, half 4.303 x 0.153 / sqrt 3 = 0.38: CI [-0.0, +0.7], below +5."""
     full_results(tmp_path, **{"m=0": ([10.5, 11.2, 9.4], [COLLAPSED, None, COLLAPSED], {})})
     write_claims(tmp_path, CONFIG)
     row = rows_by_claim(tmp_path)["m = 0"]
-    assert row["verdict"] == INCONCLUSIVE and row["measured"].startswith("2 of 3 seeds failed by the loss rule")
+    assert row["verdict"] == HOLDS and row["measured"].startswith("2 of 3 seeds failed by the loss rule")
+    assert (row["smallest detectable Δ"], row["seeds to decide"]) == ("—", "—")
+
+
+def test_m0_whose_probe_reaches_past_the_margin_says_what_would_decide_it(tmp_path):
+    """Probe − random init 1, 5, 3 (11 − 10, 16 − 11, 12 − 9): mean 3, std 2, half 4.303 x 2 /
+    sqrt 3 = 4.97: CI [-2.0, +8.0] reaches past +5; one seed did not fail. The CI below +5 at a
+    Δ of 3 and this spread needs 7 seeds (tests/test_stats.py)."""
+    full_results(tmp_path, **{"m=0": ([11.0, 16.0, 12.0], [COLLAPSED, None, COLLAPSED], {})})
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["m = 0"]
+    assert row["verdict"] == INCONCLUSIVE and "Δ +3.0 ± 5.0 (n=3)" in row["measured"]
     assert (row["smallest detectable Δ"], row["seeds to decide"]) == (
-        "—",
-        "every seed failing by the loss rule (2 of 3 did)",
+        "±5.0 at n = 3",
+        "7 for the CI below +5 at Δ +3.0, or every seed failing by the loss rule (2 of 3 did)",
     )
+    # every seed failing by the loss rule decides it, the CI being not above 0
+    full_results(tmp_path, **{"m=0": ([11.0, 16.0, 12.0], COLLAPSED, {})})
+    write_claims(tmp_path, CONFIG)
+    assert verdicts(tmp_path)["m = 0"] == HOLDS
+
+
+def test_m0_learning_past_the_margin(tmp_path):
+    """Probe − random init 20, 21, 22 (30 − 10, 32 − 11, 31 − 9): CI [+18.5, +23.5] above +5:
+    contradicted when no seed failed; with a failed seed the runs disagree: inconclusive."""
+    full_results(tmp_path, **{"m=0": ([30.0, 32.0, 31.0], None, {})})
+    write_claims(tmp_path, CONFIG)
+    assert verdicts(tmp_path)["m = 0"] == CONTRADICTED
+    full_results(tmp_path, **{"m=0": ([30.0, 32.0, 31.0], [None, COLLAPSED, None], {})})
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["m = 0"]
+    assert row["verdict"] == INCONCLUSIVE
+    assert row["seeds to decide"] == "no seed failing by the loss rule (1 of 3 did)"
 
 
 def test_slow_momentum_decided_on_enough_steps(tmp_path):

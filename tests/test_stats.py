@@ -149,6 +149,15 @@ def test_seeds_to_decide_by_hand():
     assert seeds_to_decide(estimate([4.0])) is None  # one seed: no spread measured
 
 
+def test_seeds_to_decide_an_equivalence_margin_by_hand():
+    # 1, 5, 3 against a bound of 5: mean 3, std 2, distance 2: t(0.975, n - 1) / sqrt(n) < 1 first
+    # at n = 7: n = 6: 2.571 / 2.449 = 1.05; n = 7: 2.447 / 2.646 = 0.925
+    assert seeds_to_decide(estimate([1, 5, 3]), 5.0) == 7
+    # the same against 0: distance 3: n = 4: 3.182 x 2 / 2 = 3.18; n = 5: 2.776 x 2 / 2.236 = 2.48 < 3
+    assert seeds_to_decide(estimate([1, 5, 3])) == 5
+    assert seeds_to_decide(estimate([4, 6, 5]), 5.0) is None  # a Δ at the bound: nothing decides it
+
+
 # --- provenance ---------------------------------------------------------------------------------
 def test_cpu_model_and_flags_from_cpuinfo(tmp_path):
     info = tmp_path / "cpuinfo"

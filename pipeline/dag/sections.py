@@ -608,6 +608,13 @@ class Claims:
         minimum=1,
         maximum=1000,
     )
+    random_init_margin: float = key(
+        5.0,
+        "points of linear top-1: a probe whose paired Δ vs random init has its 95 % CI below this is at random "
+        "init's level (m = 0 fails), one whose CI lies above it learnt something (an equivalence margin)",
+        minimum=0,
+        maximum=100,
+    )
     m: tuple = key(
         (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999),
         minItems=1,

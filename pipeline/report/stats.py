@@ -128,18 +128,20 @@ def judge_size(delta: Estimate | None, direction: int, magnitude: float) -> str 
     return SIZE_LARGER if lo > magnitude else SIZE_CONSISTENT
 
 
-def seeds_to_decide(delta: Estimate | None) -> int | None:
-    """The fewest seeds whose 95 % CI, at the observed spread, would exclude 0 for a Δ of the
-    observed size: the smallest n with t(0.975, n − 1) · std / √n < |mean|. None when it cannot
-    be said (no spread measured, no Δ observed, or more than MAX_SEEDS)."""
-    if delta is None or delta.std is None or delta.mean == 0:
+def seeds_to_decide(delta: Estimate | None, bound: float = 0.0) -> int | None:
+    """The fewest seeds whose 95 % CI, at the observed spread, would exclude ``bound`` (0: a
+    direction; a margin: an equivalence) for a Δ of the observed size: the smallest n with
+    t(0.975, n − 1) · std / √n < |mean − bound|. None when it cannot be said (no spread
+    measured, a Δ at the bound, or more than MAX_SEEDS)."""
+    if delta is None or delta.std is None or delta.mean == bound:
         return None
+    distance = abs(delta.mean - bound)
     if delta.std == 0:
         return 2
-    # t > 1.96 for every dof: no n below (1.96 std / |mean|)^2 can do; start there, walk up
-    n = max(2, int((1.959 * delta.std / abs(delta.mean)) ** 2))
+    # t > 1.96 for every dof: no n below (1.96 std / distance)^2 can do; start there, walk up
+    n = max(2, int((1.959 * delta.std / distance) ** 2))
     while n <= MAX_SEEDS:
-        if t_quantile(0.5 + LEVEL / 2, n - 1) * delta.std / math.sqrt(n) < abs(delta.mean):
+        if t_quantile(0.5 + LEVEL / 2, n - 1) * delta.std / math.sqrt(n) < distance:
             return n
         n += 1
     return None
