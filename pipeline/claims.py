@@ -366,9 +366,9 @@ def zero_momentum(c: Cells) -> Claim:
         f"probe − random init: Δ {'no pair' if d is None else d.text(signed=True)} ({why})"
     )
     cells = c.cells(role, "random")
+    undecided = Comparison(f"{c.ids[role]} − {c.ids['random']}", INCONCLUSIVE, measured, d)
     if d is None or d.half is None:  # no interval: the columns say what would give one
-        x = Comparison(f"{c.ids[role]} − {c.ids['random']}", INCONCLUSIVE, measured, d)
-        cols = [_per_comparison([x], f) for f in (detectable, seeds_needed)]
+        cols = [_per_comparison([undecided], f) for f in (detectable, seeds_needed)]
         return Claim(text, source, needs, measured, INCONCLUSIVE, cells, "—", *cols)
     failing = f"{failed} of {runs} did"
     if d.mean - d.half > margin:  # it learnt more than random init's level
@@ -382,7 +382,9 @@ def zero_momentum(c: Cells) -> Claim:
         what = f"every seed failing by the loss rule ({failing})"
         if seeds is not None:
             what = f"{seeds} for the CI below +{margin:g} at Δ {d.mean:+.1f}, or {what}"
-    return Claim(text, source, needs, measured, INCONCLUSIVE, cells, "—", f"±{d.half:.1f} at n = {d.n}", what)
+    return Claim(
+        text, source, needs, measured, INCONCLUSIVE, cells, "—", _per_comparison([undecided], detectable), what
+    )
 
 
 def key_encoder(c: Cells) -> Claim:
