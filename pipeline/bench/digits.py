@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-SIZE = 32  # the embedded classification images' side (pipeline.synthetic)
+from pipeline.dag.sections import Synthetic
+
+SIZE = Synthetic().image_size  # the embedded classification images' side, defined once in the config
 VAL_FRACTION = 0.2
 SPLIT_SEED = 0
 
