@@ -6,8 +6,6 @@ SHELL := /bin/bash
 VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
-# pytest-xdist workers: one per core (the SLURM tests share one of them; tests/conftest.py)
-TEST_WORKERS ?= auto
 
 .PHONY: demo test coverage setup setup-test lock dag lint tables clean
 
@@ -17,7 +15,7 @@ demo: setup
 	@echo; echo "All tables: results/tables/   per-cell outputs: results/cells/<cell>/"
 
 test: setup-test
-	python -m pytest -n $(TEST_WORKERS) --cov --cov-report= $(PYTEST_ARGS)
+	python -m pytest --cov --cov-report= $(PYTEST_ARGS)
 
 # CI, after make test: every line of pipeline/ the suite never ran must be a CUDA-only line of
 # .ci/coverage-allowlist.txt (with its reason); prints the coverage figure

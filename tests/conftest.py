@@ -80,32 +80,6 @@ def hard_run(cmd, timeout: float, env=None) -> subprocess.CompletedProcess:
 
 
 # --- the local SLURM cluster (tests/slurm_cluster.py), for the tests marked slurm -----------------
-# The tests on the test cluster: under pytest-xdist (make test), these files run in one worker
-SLURM_TEST_FILES = ("tests/test_slurm.py", "tests/test_slurm_grid.py")
-
-
-def pytest_collection_modifyitems(items):
-    stray = [
-        i.nodeid for i in items if i.get_closest_marker("slurm") and i.nodeid.split("::")[0] not in SLURM_TEST_FILES
-    ]
-    if stray:
-        raise pytest.UsageError(f"tests marked slurm outside {SLURM_TEST_FILES} (see conftest.py): {stray}")
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """One worker per core (make test), the SLURM tests all in one of them: the test cluster is one
-    per machine (its ports, /tmp/moco-slurm-test). As the largest unit they are sent out first
-    (xdist's default scope order), so the other tests run beside them."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class SlurmTestsTogether(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "slurm" if nodeid.split("::")[0] in SLURM_TEST_FILES else nodeid
-
-    return SlurmTestsTogether(config, log)
-
-
 @pytest.fixture(scope="session")
 def cluster():
     missing = slurm_cluster.missing_prerequisites()
