@@ -55,8 +55,8 @@ GRID = {
         "baselines": [],
     },
 }
-# a hang guard, not a speed target: the grid's cost is its 65 jobs' process starts (alone on an
-# AVX2-only EPYC's 2 cores it took 1,027 s; beside another pytest-xdist worker, 24 min)
+# a hang guard, not a speed target: the grid's cost is its 65 jobs' process starts (on an AVX2-only
+# EPYC's 2 cores it took 1,027 s alone, 24 min while a second pytest process ran other tests)
 HANG_AFTER_S = 1800
 RESUMED = re.compile(r"resumed from (\S+) at epoch (\d+), step (\d+)")
 
