@@ -36,7 +36,7 @@ def test_the_snakefile_leaves_snakemakes_expand_alone():
 def test_nested_override_is_read_as_a_number_and_merged_key_by_key(tmp_path):
     out = dry_run(tmp_path, "pretrain={epochs: 50}").stdout
     assert '"epochs":50' in out and '"epochs":"50"' not in out
-    assert '"method":"moco","schedule":"cosine"' in out  # the rest of the section is still there
+    assert '"method":"moco","min_steps":520,"schedule":"cosine"' in out  # the rest of the section is still there
     assert pretraining_jobs(jobs_planned(out)) == 9  # the demo's 3 cells x 3 seeds
 
 

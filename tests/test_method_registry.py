@@ -61,6 +61,7 @@ BASE = {
     "m": 0.9,
     "T": 0.2,
     "epochs": 3,
+    "min_steps": 0,  # 15 steps by design (80 images), not the base's 520
     "batch_size": 16,
     "lr": 0.05,
     "mask_same_source": True,

@@ -23,10 +23,12 @@ import jsonschema
 import yaml
 
 from pipeline import REPO
+from pipeline.dag import training_set
 from pipeline.dag.errors import ConfigError
 from pipeline.dag.schema import config_schema
 from pipeline.dag.sections import (
     INIT,
+    PLAN,
     RUNTIME,
     Claims,
     Config,
@@ -125,12 +127,15 @@ def _as_lists(value):
 
 def result_part(name: str, values: dict, drop: tuple[str, ...] = (RUNTIME,), untrained: bool = False) -> dict:
     """Section ``name``'s keys that determine its stage's result (pipeline.dag.sections: a field's
-    "sets"): all but the RUNTIME keys (and the kinds in ``drop``); of a pretraining that trains
-    nothing (the random-init baseline, ``untrained``), only the INIT keys."""
+    "sets"): all but the RUNTIME keys (and the kinds in ``drop``) and the PLAN keys (what they
+    set is in the section); of a pretraining that trains nothing (the random-init baseline,
+    ``untrained``), only the INIT keys."""
     typed = section(name, values)
 
     def kept(f: dataclasses.Field) -> bool:
         sets, unless = f.metadata.get("sets"), f.metadata.get("unless")
+        if sets == PLAN:
+            return False
         if untrained:
             return sets == INIT
         return sets not in drop or (unless is not None and unless(typed))
@@ -371,7 +376,8 @@ def check_claims(claims: Claims) -> None:
 
 def load_config(cfg: dict, folders: bool = False) -> Config:
     """A whole workflow config (a dict, as YAML and Snakemake give it), validated and typed once:
-    the schema, then the cross-field rules. ``folders``: that dataset.root and detect.root exist
+    the schema, the cross-field rules, then the base cell's least length (``pretrain.min_steps``:
+    ``cfg``'s epochs are raised with it). ``folders``: that dataset.root and detect.root exist
     too (off: the jobs that read them check them, so that `snakemake plan` runs before the data
     is staged)."""
     validate_schema(cfg, load_schema())
@@ -384,7 +390,8 @@ def load_config(cfg: dict, folders: bool = False) -> Config:
     check_probe(typed.probe)
     if typed.claims is not None:
         check_claims(typed.claims)
-    return typed
+    # after the checks, which judge the config as written (raising epochs keeps them true)
+    return training_set.lengthen_base(typed, cfg)  # pretrain.min_steps (updates cfg to agree)
 
 
 def load_stage_config(source: str | dict, sections: list[str]) -> dict:

@@ -17,8 +17,8 @@ import yaml
 from pipeline.dag.claims_plan import Budget, role_seeds
 from pipeline.dag.config import ConfigError, merge, pretrain_cell, to_dict
 from pipeline.dag.layout import AXES, QUEUE_POLICIES, is_resnet
-from pipeline.dag.sections import SYNTHETIC_CLASSES, Claims, Config, Detect, Grid, Pretrain, Resources
-from pipeline.dag.training_set import training_set
+from pipeline.dag.sections import Claims, Config, Detect, Grid, Pretrain, Resources
+from pipeline.dag.training_set import synthetic_images, training_set
 
 BASE_ID = "base"
 
@@ -98,7 +98,7 @@ def training_set_size(cfg: Config) -> int | None:
     """Known at DAG build for the embedded dataset; for other sources the stage checks it."""
     if cfg.dataset.source != "synthetic":
         return None
-    return len(SYNTHETIC_CLASSES) * cfg.dataset.synthetic.train_per_class
+    return synthetic_images(cfg.dataset)
 
 
 def check_cell(cid: str, base: Pretrain, override: dict, num_samples: int | None = None) -> Pretrain:

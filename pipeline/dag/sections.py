@@ -25,6 +25,7 @@ from pipeline.methods import METHODS, MethodSpec, method_spec
 RUNTIME = "runtime"  # resources, logging or monitoring: never changes a result's meaning
 JOBS = "jobs"  # which jobs exist (e.g. detect.trials), not what one of them computes
 INIT = "init"  # pretrain: with the seed, all an untrained (random-init) network depends on
+PLAN = "plan"  # read while the DAG is built to set other keys (e.g. epochs), never by a stage
 
 
 def key(
@@ -202,6 +203,15 @@ class Pretrain:
     m: float = key(0.99, "momentum of the key encoder, in [0, 1]", minimum=0, maximum=1)
     T: float = key(0.2, "softmax temperature", **POSITIVE)
     epochs: int = key(13, minimum=0, maximum=100_000)
+    min_steps: int = key(
+        520,
+        "the base cell's least number of steps: on a training set too small for them in `epochs`, the "
+        "workflow trains ceil(min_steps / steps per epoch) epochs instead (0 = off); cells that set "
+        "their own epochs (grid axes, claims) keep them",
+        sets=PLAN,
+        minimum=0,
+        maximum=10**9,
+    )
     batch_size: int = key(64, "global batch", minimum=2, maximum=2**20)
     lr: float = key(0.015, **POSITIVE)
     optimizer: str = key("auto", "auto = sgd (v1/v2), lars (v3 ResNet), adamw (v3 ViT)", enum=OPTIMIZERS)

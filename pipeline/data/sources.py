@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".webp", ".tif", ".tiff", ".gif"}
+from pipeline.dag.training_set import IMAGE_SUFFIXES
+
 FILE_KINDS = ("imagefolder", "unlabeled")
 ARRAY_KINDS = ("cifar10", "cifar100", "stl10")
 KINDS = FILE_KINDS + ARRAY_KINDS
