@@ -127,3 +127,6 @@ def test_snakemake_gives_the_pretraining_job_the_raised_epochs(tmp_path):
     shell = next(line for line in run.stdout.splitlines() if "pipeline.pretrain" in line)
     job = json.loads(shell.split("--config '")[1].split("' --data")[0])
     assert (job["pretrain"]["epochs"], job["pretrain"]["min_steps"]) == (24, 520)
+    assert "13 epochs of this training set are fewer than pretrain.min_steps=520 steps: the base cell trains 24" in (
+        run.stderr
+    )
