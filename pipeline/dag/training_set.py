@@ -14,15 +14,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.dag.errors import ConfigError
 from pipeline.dag.sections import SYNTHETIC_CLASSES, Config, Dataset
-
-# the file names a folder dataset's images may have (pipeline.data.sources reads these)
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".webp", ".tif", ".tiff", ".gif"}
+from pipeline.data.folders import count_images
 
 IMAGENET_TRAIN = 1_281_167  # ImageNet-1k (ILSVRC-2012) training images
 # torchvision's datasets: (training images, classes, what)
@@ -126,23 +123,4 @@ def _images_up_to(ds: Dataset, limit: int) -> int | None:
         return ds.train_images
     if _known(ds) in KNOWN:
         return KNOWN[_known(ds)][0]
-    return _count_images(Path(str(ds.root)).expanduser() / "train", limit)
-
-
-def _count_images(folder: Path, limit: int) -> int | None:
-    """Image files under ``folder`` (hidden ones skipped, linked folders followed once each, as
-    conversion reads them), counted up to ``limit``."""
-    if not folder.is_dir():
-        return None
-    count, seen = 0, set()
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        st = os.stat(dirpath)
-        if (st.st_dev, st.st_ino) in seen:  # a link back up the tree: its files are counted
-            dirnames[:] = []
-            continue
-        seen.add((st.st_dev, st.st_ino))
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        count += sum(1 for f in filenames if not f.startswith(".") and Path(f).suffix.lower() in IMAGE_SUFFIXES)
-        if count >= limit:
-            return count
-    return count
+    return count_images(Path(str(ds.root)).expanduser() / "train", ds.source, limit)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.dag.training_set import IMAGE_SUFFIXES
+from pipeline.data.folders import FolderWalk, split_images
 
 FILE_KINDS = ("imagefolder", "unlabeled")
 ARRAY_KINDS = ("cifar10", "cifar100", "stl10")
@@ -166,67 +166,6 @@ def to_rgb(im) -> np.ndarray:
     return np.array(im.convert("RGB"))
 
 
-class _Walk:
-    """Every visible file under the folders it is given, in a stable order.
-
-    Symlinked folders are followed (datasets are often linked from fast storage) but every
-    real folder is entered once (by device and inode), so a link back to an ancestor
-    (``loop -> .``) or a second link to a folder adds nothing; a file reached a second time
-    (through such a link, or a second link to one file) is listed in ``duplicates`` instead
-    of being taken again. Hidden files and folders are listed in ``ignored``.
-    """
-
-    def __init__(self):
-        self.folders: dict[tuple[int, int], str] = {}
-        self.files: dict[tuple[int, int], str] = {}
-        self.ignored: list[dict] = []
-        self.duplicates: list[dict] = []
-
-    def first_visit(self, path: str, seen: dict, kind: str) -> bool:
-        try:
-            st = os.stat(path)
-        except OSError as err:
-            self.ignored.append({"path": path, "reason": f"cannot read ({err.strerror}; a broken link?)"})
-            return False
-        key = (st.st_dev, st.st_ino)
-        if key in seen:
-            self.duplicates.append({"path": path, "same_as": seen[key], "kind": kind})
-            return False
-        seen[key] = path
-        return True
-
-    def __call__(self, folder: Path) -> list[Path]:
-        out: list[Path] = []
-        if not self.first_visit(str(folder), self.folders, "folder"):
-            return out
-        for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-            kept = []
-            for d in sorted(dirnames):
-                path = os.path.join(dirpath, d)
-                if d.startswith("."):
-                    self.ignored.append({"path": path, "reason": "hidden folder (not scanned)"})
-                elif self.first_visit(path, self.folders, "folder"):
-                    kept.append(d)
-            dirnames[:] = kept
-            for f in sorted(filenames):
-                path = os.path.join(dirpath, f)
-                if f.startswith("."):
-                    self.ignored.append({"path": path, "reason": "hidden file"})
-                elif self.first_visit(path, self.files, "file"):
-                    out.append(Path(path))
-        return out
-
-
-def _split_images(files: list[Path], ignored: list[dict]) -> list[Path]:
-    images = []
-    for f in files:
-        if f.suffix.lower() in IMAGE_SUFFIXES:
-            images.append(f)
-        else:
-            ignored.append({"path": str(f), "reason": f"not an image file name (suffix '{f.suffix}')"})
-    return images
-
-
 def _require_dir(root: Path, what: str) -> None:
     if not root.is_dir():
         raise SourceError(f"{what} not found: {root}")
@@ -234,42 +173,35 @@ def _require_dir(root: Path, what: str) -> None:
 
 def scan_imagefolder(root: Path, split: str) -> FileSource:
     _require_dir(root, "dataset split folder")
-    walk = _Walk()
-    walk.first_visit(str(root), walk.folders, "folder")  # a link back to the split is a loop too
-    entries = sorted(root.iterdir())
-    classes = [p.name for p in entries if p.is_dir() and not p.name.startswith(".")]
-    if not classes:
+    walk = FolderWalk()
+    by_class = split_images(root, "imagefolder", walk)
+    if not by_class:
         raise SourceError(f"{root}: no class folders (expected {root}/<class>/<image>)")
-    walk.ignored += [
-        {"path": str(p), "reason": "file outside the class folders"}
-        for p in entries
-        if p.is_file() and not p.name.startswith(".")
-    ]
+    linked = {d["path"]: d["same_as"] for d in walk.duplicates if d["kind"] == "folder"}
     items, labels = [], []
-    for label, name in enumerate(classes):
-        files = _split_images(walk(root / name), walk.ignored)
-        if not files and walk.duplicates and walk.duplicates[-1]["path"] == str(root / name):
+    for label, (name, files) in enumerate(by_class.items()):
+        if not files and str(root / name) in linked:
             raise SourceError(
-                f"{root / name}: class '{name}' is the folder {walk.duplicates[-1]['same_as']} "
+                f"{root / name}: class '{name}' is the folder {linked[str(root / name)]} "
                 "again (a symlink); its images would carry two labels"
             )
         if not files:
             raise SourceError(f"{root / name}: class '{name}' has no images (remove the folder or add images)")
         items += files
         labels += [label] * len(files)
-    return _file_source("imagefolder", root, split, classes, items, labels, walk)
+    return _file_source("imagefolder", root, split, list(by_class), items, labels, walk)
 
 
 def scan_unlabeled(root: Path, split: str) -> FileSource:
     _require_dir(root, "dataset split folder")
-    walk = _Walk()
-    files = _split_images(walk(root), walk.ignored)
+    walk = FolderWalk()
+    files = split_images(root, "unlabeled", walk)[""]
     if not files:
         raise SourceError(f"{root}: no images in the {split} split")
     return _file_source("unlabeled", root, split, [], files, [UNLABELED] * len(files), walk)
 
 
-def _file_source(kind, root, split, classes, items, labels, walk: _Walk) -> FileSource:
+def _file_source(kind, root, split, classes, items, labels, walk: FolderWalk) -> FileSource:
     src = FileSource(kind, root, split, classes, items, labels)
     src.ignored, src.duplicates = walk.ignored, walk.duplicates
     return src
