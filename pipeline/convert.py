@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -193,8 +194,6 @@ class _Watchdog:
     no thread of ours is alive while a worker is forked (a lock it held would be copied locked)."""
 
     def __init__(self, expected: int):
-        import threading
-
         self.expected = expected
         self.started: list = []  # the writer processes started so far
         self.failed: str | None = None
@@ -222,29 +221,33 @@ class _Watchdog:
                     os._exit(1)
 
         ffcv.writer.Process = Recorded
-        # interrupt_main does nothing while SIGINT is ignored (a job started in the background
-        # of a shell, nohup ... &): the wait for a dead writer would never end
+        # a SIGINT does nothing while it is ignored (a job started in the background of a
+        # shell, nohup ... &): the wait for a dead writer would never end
         self.sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.waiting = threading.get_ident()  # the main thread (signal.signal works in no other)
         return self
 
     def __exit__(self, *exc):
         import ffcv.writer
 
         ffcv.writer.Process = self.original
-        with self.lock:
-            self.done.set()
-        signal.signal(signal.SIGINT, self.sigint)
+        try:
+            with self.lock:  # a SIGINT the thread sends meanwhile is raised here
+                self.done.set()
+        finally:
+            signal.signal(signal.SIGINT, self.sigint)
 
     def _run(self):
-        import _thread
-
         while not self.done.wait(0.1):
             dead = [p for p in self.started if p.exitcode not in (None, 0)]
             if dead:
                 with self.lock:
                     if not self.done.is_set():
                         self.failed = f"writer process {dead[0].pid} exited with code {dead[0].exitcode}"
-                        _thread.interrupt_main()
+                        # a real signal: _thread.interrupt_main only marks SIGINT pending, and a main
+                        # thread blocked in a read (FFCV's wait for the writers' allocations once
+                        # every sample is counted) would never get back to run the handler
+                        signal.pthread_kill(self.waiting, signal.SIGINT)
                 return
 
     def reason(self) -> str:

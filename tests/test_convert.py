@@ -6,6 +6,7 @@ Reader (metadata + raw pixels), without compiling a Loader: fast, and independen
 """
 
 import dataclasses
+import errno
 import io
 import json
 import os
@@ -587,6 +588,36 @@ def test_kill_workers_kills_a_writer_that_outlives_sigterm(monkeypatch):
     assert writer.exitcode == -signal.SIGKILL
 
 
+def _writer_out_of_space(reading) -> None:
+    reading.wait()  # until the main thread is about to block in its read
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.timeout(60)  # without the fix: the main thread waits for ever
+def test_a_writer_dying_while_the_main_thread_blocks_in_a_read_is_caught():
+    """Once every sample is counted, FFCV waits for each writer's allocations in a blocking
+    queue read; a writer that fills the disk with its last page dies during that read (the
+    full-disk test hung there once in a full suite run). The watchdog must interrupt the read."""
+    import multiprocessing as mp
+
+    from pipeline.convert import _Watchdog
+    from pipeline.data import ffcv_runtime
+
+    ffcv_runtime.load()
+    import ffcv.writer
+
+    ctx = mp.get_context("fork")
+    reading, never_fed = ctx.Event(), ctx.Queue()
+    watchdog = _Watchdog(expected=1)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), watchdog:
+        ffcv.writer.Process(target=_writer_out_of_space, args=(reading,)).start()
+        reading.set()
+        never_fed.get()
+    assert watchdog.failed and "No space left on device" in watchdog.reason()
+    assert signal.getsignal(signal.SIGINT) == before
+
+
 def test_released_shared_memory_may_already_be_gone():
     """FFCV may have unlinked its metadata block itself: releasing it again is no error."""
     from multiprocessing.shared_memory import SharedMemory
@@ -604,7 +635,7 @@ def test_released_shared_memory_may_already_be_gone():
 @pytest.mark.timeout(60)  # without the fix: FFCV's writer waits for ever
 def test_dead_writer_is_caught_while_sigint_is_ignored(tmp_path):
     """A job started in the background of a shell (nohup ... &) ignores SIGINT, and then the
-    watchdog's interrupt_main does nothing: it installs Python's handler while it watches."""
+    watchdog's SIGINT does nothing: it installs Python's handler while it watches."""
     out = tmp_path / "out" / "train.beton"
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
