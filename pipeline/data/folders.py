@@ -19,7 +19,8 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".webp", ".ti
 
 
 class FolderWalk:
-    """The images under the folders it is given, in a stable order, up to ``limit`` in all.
+    """The images under the folders it is given, in a stable order; with ``limit``, the walk
+    stops at the end of the folder in which the images taken reach it.
 
     Symlinked folders are followed (datasets are often linked from fast storage) but every
     real folder is entered once, so a link back to an ancestor (``loop -> .``) or a second link
@@ -29,7 +30,7 @@ class FolderWalk:
     """
 
     def __init__(self, limit: int | None = None):
-        self.limit = limit  # stop once this many images are taken (None: never)
+        self.limit = limit  # stop after the folder in which this many are taken (None: never)
         self.taken = 0
         self.folders: dict[tuple[int, int], str] = {}
         self.files: dict[tuple[int, int], str] = {}
@@ -102,9 +103,10 @@ def split_images(root: Path, kind: str, walk: FolderWalk) -> dict[str, list[Path
 
 
 def count_images(root: Path, kind: str, limit: int | None = None) -> int | None:
-    """How many images conversion will read from the split folder ``root``, counted no further
-    than ``limit`` (an ImageNet folder stops after a few thousand files); None when ``root`` is
-    not a folder."""
+    """How many images conversion will read from the split folder ``root``; with ``limit``, at
+    least ``limit`` where there are as many (the count stops at the end of the folder that
+    reaches it: an ImageNet folder after a few thousand files); None when ``root`` is not a
+    folder."""
     if not root.is_dir():
         return None
     walk = FolderWalk(limit)
