@@ -86,7 +86,8 @@ def test_data_identity_without_a_report(tmp_path):
 
 
 def test_epoch_seeded_has_its_datasets_length():
-    from pipeline.detect import EpochSeeded, to_device
+    from pipeline.transfer.data import EpochSeeded
+    from pipeline.transfer.train import to_device
 
     data = torch.utils.data.TensorDataset(torch.arange(7))
     wrapped = EpochSeeded(data, seed=3)

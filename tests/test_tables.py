@@ -16,10 +16,10 @@ from conftest import REPO, require, run
 from pipeline.dag.config import merge
 from pipeline.dag.grid import parse_cell_id
 from pipeline.dag.layout import STUDY_NAMES
-from pipeline.detect import summarize_trials
 from pipeline.pretrain import LOG_COLUMNS, rows_to_csv
 from pipeline.report.writers import latex
 from pipeline.tables import run as write_tables
+from pipeline.transfer.summary import summarize_trials
 
 BASE = {
     "method": "moco",
