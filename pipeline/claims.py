@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.dag.claims_plan import PILOT_ROLES, Budget, needs
+from pipeline.dag.claims_plan import LARGE_BATCH, PILOT_ROLES, Budget, needs
 from pipeline.dag.config import DEFAULT_CONFIG, ConfigError, load_config, to_dict
 from pipeline.dag.grid import (
     BASE_ID,
@@ -519,6 +519,114 @@ def transfer(c: Cells) -> Claim:
     return accuracy_claim(text, SEED_BLOG, needs, comparisons, cells)
 
 
+# --- the rivals: SimCLR's batch against MoCo's queue, BYOL without negatives ----------------------
+
+EQUIVALENCE = 5.0  # "matches": the paired Δ's 90 % CI inside ±5 points
+EQUIVALENCE_LEVEL = 0.90
+
+
+def large_batch(c: Cells) -> Claim:
+    big = LARGE_BATCH * c.batch
+    text = (
+        f"In-batch negatives need a large batch: SimCLR at {big:,} beats SimCLR at {c.batch} "
+        f"(run: SimCLR at both batches, {_epochs(c)}, lr 0.3 x B/256)"
+    )
+    needs = f"{c.needs['large_batch'].text}; {pilot_needs(c)}"
+    verdict = gate(c, "large_batch")
+    if verdict:
+        return Claim(text, SEED_NOTES, needs, "", verdict, c.cells("simclr_large", "simclr"))
+    comparison = compare_roles(c, "simclr_large", "simclr", direction=1)
+    return accuracy_claim(text, SEED_NOTES, needs, [comparison], c.cells("simclr_large", "simclr"))
+
+
+def equivalent(d: stats.Estimate, margin: float) -> tuple[str, str]:
+    """(verdict, why) of "a matches b" from their paired Δ: holds when its 90 % CI lies inside
+    ±margin (two one-sided tests at 5 %), contradicted when its 95 % CI lies outside it."""
+    if d.half is None or d.std is None:
+        return INCONCLUSIVE, "one seed: no interval"
+    half90 = stats.t_quantile(0.5 + EQUIVALENCE_LEVEL / 2, d.n - 1) * d.std / d.n**0.5
+    low, high = d.mean - half90, d.mean + half90
+    ci = f"90 % CI [{low:+.1f}, {high:+.1f}]"
+    if -margin < low and high < margin:
+        return HOLDS, f"{ci} inside ±{margin:g}"
+    if d.mean - d.half > margin or d.mean + d.half < -margin:
+        return CONTRADICTED, f"95 % CI outside ±{margin:g}"
+    return INCONCLUSIVE, f"{ci} reaches past ±{margin:g}"
+
+
+def queue_vs_batch(c: Cells) -> Claim:
+    big = LARGE_BATCH * c.batch
+    text = (
+        f"MoCo's queue at batch {c.batch} matches SimCLR at {big:,} (the MoCo v2 report: 67.5 at 256 against "
+        f"66.6 at 8,192) (run: the reference vs SimCLR at {big:,}, {_epochs(c)})"
+    )
+    needs = f"{c.needs['queue_vs_batch'].text}; the paired Δ's 90 % CI inside ±{EQUIVALENCE:g}; {pilot_needs(c)}"
+    roles = ("reference", "simclr_large")
+    verdict = gate(c, "queue_vs_batch")
+    if verdict:
+        return Claim(text, SEED_NOTES, needs, "", verdict, c.cells(*roles))
+    x = compare_roles(c, *roles, direction=1)
+    if x.estimate is None or x.verdict == INCONCLUSIVE and "failed" in x.text:
+        return Claim(text, SEED_NOTES, needs, x.text, INCONCLUSIVE, c.cells(*roles))
+    verdict, why = equivalent(x.estimate, EQUIVALENCE)
+    measured = f"{x.label}: Δ {x.estimate.text(signed=True)} ({why})"
+    return Claim(text, SEED_NOTES, needs, measured, verdict, c.cells(*roles))
+
+
+def byol_learns(c: Cells) -> Claim:
+    text = f"BYOL learns without negatives: above random init (run: BYOL, {_epochs(c)}; random init)"
+    verdict = gate(c, "byol_learns")
+    roles = ("byol", "random")
+    if verdict:
+        return Claim(text, SEED_BLOG, c.needs["byol_learns"].text, "", verdict, c.cells(*roles))
+    comparison = compare_roles(c, *roles, direction=1)
+    return accuracy_claim(text, SEED_BLOG, c.needs["byol_learns"].text, [comparison], c.cells(*roles))
+
+
+def collapse_claim(c: Cells, role: str, key: str, text: str, source: str, readings: tuple[str, str]) -> Claim:
+    """A claim that an ablation of BYOL collapses: holds when every seed fails by BYOL's own rule
+    (its outputs' spread below the floor); contradicted when none does and its probe lies above
+    random init's (paired Δ's 95 % CI above 0); inconclusive otherwise. ``readings``: what each
+    outcome says (holds, contradicted)."""
+    needs = (
+        f"{c.needs[key].text}; holds when every seed collapses by BYOL's rule (the spread of its outputs below "
+        "its floor), contradicted when none does and its probe lies above random init's"
+    )
+    verdict = gate(c, key)
+    if verdict:
+        return Claim(text, source, needs, "", verdict, c.cells(role, "random"))
+    v = c.value(role)
+    runs = v.n + v.failed
+    d = stats.paired(c.by_seed(role, METRIC, failed_too=True), c.by_seed("random", METRIC))
+    above, why = stats.judge(d)
+    measured = (
+        f"{v.failed} of {runs} seeds collapsed or diverged; probe − random init: "
+        f"Δ {'no pair' if d is None else d.text(signed=True)} ({why})"
+    )
+    if runs >= 2 and v.failed == runs:
+        verdict, reading = HOLDS, readings[0]
+    elif runs >= 2 and v.failed == 0 and above == HOLDS:
+        verdict, reading = CONTRADICTED, readings[1]
+    else:
+        verdict, reading = INCONCLUSIVE, "neither reading"
+    return Claim(text, source, needs, f"{measured}: {reading}", verdict, c.cells(role, "random"))
+
+
+def byol_predictor(c: Cells) -> Claim:
+    text = f"BYOL without its predictor collapses (BYOL paper; SimSiam: 0.1 %) (run: predictor=false, {_epochs(c)})"
+    readings = ("the predictor is what keeps it apart", "it learnt without the predictor")
+    return collapse_claim(c, "byol_no_predictor", "byol_predictor", text, "BYOL paper, Table 5b", readings)
+
+
+def byol_ema(c: Cells) -> Claim:
+    text = (
+        "BYOL without the EMA (tau = 0) collapses, as the BYOL paper reports (0.3 %); SimSiam says a "
+        f"stop-gradient and a predictor suffice (run: m = 0, {_epochs(c)})"
+    )
+    readings = ("the BYOL paper's reading", "SimSiam's reading: no EMA needed")
+    return collapse_claim(c, "byol_no_ema", "byol_ema", text, "BYOL paper, Table 5a; SimSiam", readings)
+
+
 CLAIMS = [
     fifo_bound,
     low_momentum,
@@ -529,6 +637,11 @@ CLAIMS = [
     longer_schedule,
     memory_bank,
     transfer,
+    large_batch,
+    queue_vs_batch,
+    byol_learns,
+    byol_predictor,
+    byol_ema,
 ]
 
 

@@ -1,5 +1,5 @@
-"""Pretraining stage: MoCo v1/v2/v3, end-to-end, memory bank, or a supervised / random
-baseline, on an FFCV dataset.
+"""Pretraining stage: a registered method (MoCo v1/v2/v3, end-to-end, memory bank, SimCLR,
+BYOL) or a supervised / random baseline, on an FFCV dataset.
 
 Runs as one process, under torchrun, or as one srun task per GPU (rank and world size come
 from the environment; see pipeline.runtime.distributed). Resumes exactly from ``--state`` (a folder
@@ -38,9 +38,11 @@ from pipeline.data.loaders import Centre, Reading, Views, data_identity, eval_lo
 from pipeline.eval.features import features_of
 from pipeline.eval.knn import knn_accuracy
 from pipeline.methods.build import arch_of, bn_guard_text, build_model
-from pipeline.moco.ema_check import EmaRecord
-from pipeline.moco.split_bn import max_splits
+from pipeline.methods.ema_check import EmaRecord
+from pipeline.methods.momentum_target import MomentumTarget
+from pipeline.methods.split_bn import max_splits
 from pipeline.nets.fast_path import FastPath
+from pipeline.nets.method import Method, Step
 from pipeline.nets.models import build_backbone
 from pipeline.nets.optim import build_optimizer, pretrain_schedule
 from pipeline.runtime import checkpoint, cpus, distributed, preempt, provenance
@@ -50,10 +52,13 @@ from pipeline.runtime.stage_log import stage_log
 from pipeline.runtime.stopwatch import Stopwatch
 
 SECTIONS = ["data", "pretrain"]
+# log.csv's columns, in this order where a row has them; a method's other metrics and
+# diagnostics follow in the order it reports them (the summary's "final" row holds them all)
 LOG_COLUMNS = [
     "epoch",
     "loss",
     "inst_acc",
+    "spread",
     "knn",
     "lr",
     "m",
@@ -65,10 +70,9 @@ LOG_COLUMNS = [
     "negative_drift_max",
     "seconds",
 ]
-# A pretext loss this close to the method's chance loss (Method.chance_loss: ln(candidates) for
-# one cross-entropy) means every logit is alike: the encoder tells the positive from no negative
-# any more (the paper's "training fails" at m = 0)
-CHANCE_LOSS_FRACTION = 0.99
+DECIMALS = {"inst_acc": 3}  # a metric's decimals in the log (a percentage: 3), others 5
+# what a row holds that log.csv leaves to the summary: a reference value, not a measurement
+SUMMARY_ONLY = {"chance_loss"}
 
 
 log = stage_log("pretrain")
@@ -118,7 +122,7 @@ class Outcome:
     log_rows: list[dict]
     bn_guard: str
     diverged: bool = False
-    key_encoder: dict | None = None  # the momentum encoder's check (pipeline.moco.ema_check)
+    key_encoder: dict | None = None  # the momentum target's check (pipeline.methods.ema_check)
     failure: str | None = None  # why the run counts as failed (pipeline.pretrain.failure)
 
 
@@ -155,7 +159,7 @@ class Trainer:
             self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         self.fast.model(self.model.to(self.device))
         self.optimizer = build_optimizer(p, self.model.parameters())
-        self.net: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = self.model
+        self.net: Callable[..., Step] = self.model
         if env.world_size > 1:
             # buffers (queue, BN statistics) are kept identical by the method itself
             self.net = nn.parallel.DistributedDataParallel(self.model, broadcast_buffers=False)
@@ -180,8 +184,8 @@ class Trainer:
         self.log_rows: list[dict] = []
         self._resume_rng: dict | None = None  # the RNG state to restore mid-epoch (load_state)
         self.board: Board | None = None  # TensorBoard scalars (rank 0; set by train())
-        # methods with a momentum key encoder: checked on this run (pipeline.moco.ema_check)
-        self.ema_record = EmaRecord(self.model) if self.model.has_momentum_encoder else None
+        # methods with a momentum target: checked on this run (pipeline.methods.ema_check)
+        self.ema_record = EmaRecord(self.model) if isinstance(self.model, MomentumTarget) else None
         self.eval_loaders: dict = {}
 
     # --- resume state (pipeline.runtime.checkpoint) ---------------------------------------------
@@ -339,19 +343,19 @@ class Trainer:
         x1, x2 = self.aug1(self.to_device(v1)), self.aug2(self.to_device(v2))
         return self.fast.images(x1), self.fast.images(x2)
 
-    def optimize(self, x1, x2, labels, index) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimisation step on augmented views; returns its (loss, logits), detached."""
+    def optimize(self, x1, x2, labels, index) -> Step:
+        """One optimisation step on augmented views; returns its Step, the loss detached."""
         index, labels = (t.to(self.device, torch.long, non_blocking=True).clone() for t in (index, labels))
         if self.ema_record is not None and self.in_last_steps(self.ema_record.span):
             self.ema_record.before_step()  # only near the end: copies of a few tensors, no cost before
         with self.fast.autocast():
-            loss, logits, target = self.net(x1, x2, index, labels)
+            loss, metrics, logits = self.net(x1, x2, index, labels)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
-        self.stats.add(loss, logits, target)
+        self.stats.add(loss, metrics, x1.shape[0])
         self.model.after_step(self.epoch * len(self.loader) + self.step_in_epoch)
-        return loss.detach(), logits.detach()
+        return Step(loss.detach(), metrics, None if logits is None else logits.detach())
 
     def in_last_steps(self, n: int) -> bool:
         """Is the step about to run one of the run's last ``n``?"""
@@ -365,19 +369,15 @@ class Trainer:
     def epoch_row(self) -> dict:
         s, model = self.stats, self.model
         seen = max(s.seen * self.env.world_size, 1)
-        loss, correct = s.loss.clone(), s.correct.clone()
+        sums = {"loss": s.loss.clone(), **{name: value.clone() for name, value in s.metrics.items()}}
         if self.env.world_size > 1:
-            torch.distributed.all_reduce(loss)
-            torch.distributed.all_reduce(correct)
-        row = {
-            "epoch": self.epoch + 1,
-            "loss": round(float(loss) / seen, 5),
-            "inst_acc": round(100.0 * float(correct) / seen, 3),
-            "lr": round(s.lr, 6),
-            "seconds": round(s.seconds, 2),
-        }
+            for value in sums.values():
+                torch.distributed.all_reduce(value)
+        means = {name: float(value) / seen for name, value in sums.items()}
+        row = {"epoch": self.epoch + 1, "loss": round(means.pop("loss"), 5)}
+        row.update({name: round(value, DECIMALS.get(name, 5)) for name, value in means.items()})  # the method's
+        row.update({"lr": round(s.lr, 6), "seconds": round(s.seconds, 2)})
         row.update(model.diagnostics())  # m, drifts, queue ages: whatever the method reports
-        row["chance_loss"] = round(model.chance_loss(max(s.candidates, 1)), 5)
         return row
 
 
@@ -407,7 +407,7 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
     key_encoder = trainer.ema_record.report(trainer.optimizer) if trainer.ema_record is not None else None
     if key_encoder is not None and not key_encoder["holds"]:
         log(f"warning: the key encoder check failed: {key_encoder}")
-    failed = failure(trainer.log_rows)
+    failed = failure(trainer.log_rows, trainer.model)
     if failed and ok:
         log(f"warning: training failed ({failed}); the cell is reported as failed")
     outcome = Outcome(
@@ -425,18 +425,16 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
     return summary
 
 
-def failure(log_rows: list[dict]) -> str | None:
-    """Why a run counts as failed, or None: its loss diverged, or its last epoch's pretext loss
-    sits at the method's chance loss (the paper's m = 0 row: training fails)."""
+def failure(log_rows: list[dict], method: Method) -> str | None:
+    """Why a run counts as failed, or None: its loss diverged, or its last epoch's row meets the
+    method's own failure rule (Method.failure: a contrastive loss at chance, the paper's m = 0
+    row; BYOL's outputs collapsed to a point)."""
     if not log_rows:
         return None
     last = log_rows[-1]
     if not math.isfinite(last["loss"]):
         return f"diverged: loss {last['loss']} at epoch {last['epoch']}"
-    chance = last.get("chance_loss")
-    if chance and last["loss"] >= CHANCE_LOSS_FRACTION * chance:
-        return f"collapsed: loss {last['loss']:.3f} at chance ({chance:.3f}: every logit alike)"
-    return None
+    return method.failure(last)
 
 
 def finish(job: Job, outcome: Outcome, out_dir: Path, env, watch: Stopwatch) -> dict:
@@ -474,9 +472,17 @@ def finish(job: Job, outcome: Outcome, out_dir: Path, env, watch: Stopwatch) -> 
     return summary
 
 
+def log_columns(rows: list[dict]) -> list[str]:
+    """log.csv's header: LOG_COLUMNS where the rows have them, then the rows' other keys."""
+    present = {k: None for row in rows for k in row if k not in SUMMARY_ONLY}
+    return [c for c in LOG_COLUMNS if c in present or c in ("epoch", "loss")] + [
+        k for k in present if k not in LOG_COLUMNS
+    ]
+
+
 def rows_to_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=LOG_COLUMNS, extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=log_columns(rows), extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()

@@ -71,6 +71,7 @@ def test_bench_step_measures_the_floor_beside_the_steps(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     measured: dict = {}
     medians = {"supervised": 2.0, "key_forward": 0.5, "moco_v2": 3.0, "moco_v3": 6.0, "moco_v2_unguarded": 2.5}
+    medians |= {"end_to_end": 4.0, "simclr": 4.4, "byol": 6.3}
     monkeypatch.setattr(step, "interleaved", set_medians(step, medians, measured))
     result = step.main(["--batch", "16", "--size", "16", "--width", "4", "--rounds", "1"])
     assert set(measured) == set(medians) and all(r["median_s"] > 0 for r in measured.values())
@@ -80,6 +81,8 @@ def test_bench_step_measures_the_floor_beside_the_steps(tmp_path, monkeypatch):
     assert result["moco_v2_over_measured_floor"] == 1.2  # 1.5 / 1.25
     assert result["floor"] == {"moco_v2": 1.333, "moco_v3": 2.667}  # (3 + 1) / 3 and (2 * 3 + 2) / 3
     assert result["samples_per_s"]["supervised"] == 8.0  # 16 images in 2.0 s
+    # each rival over its nearest MoCo step: SimCLR 4.4 / end-to-end 4.0, BYOL 6.3 / v3 6.0
+    assert result["rival_ratios"] == {"simclr/end_to_end": 1.1, "byol/moco_v3": 1.05}
 
 
 def test_bench_step_on_the_fast_path(tmp_path, monkeypatch):

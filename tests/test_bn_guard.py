@@ -8,9 +8,9 @@ from torch import nn
 
 from pipeline.dag.config import ConfigError, section
 from pipeline.methods.build import bn_guard_text, build_model
-from pipeline.moco import MoCo
-from pipeline.moco.mechanisms import EndToEnd
-from pipeline.moco.split_bn import SplitBatchNorm2d, default_splits, split_batch_norm
+from pipeline.methods.moco.builder import MoCo
+from pipeline.methods.moco.mechanisms import EndToEnd
+from pipeline.methods.split_bn import SplitBatchNorm2d, default_splits, split_batch_norm
 from pipeline.nets.method import Encoder
 from pipeline.nets.models import build_backbone
 

@@ -41,17 +41,20 @@ KEY_ENCODER_OK = {
     "ema_replay": {"steps": 3, "max_relative_error": 2e-7},
 }
 ORDER = ["fifo", "low m", "m = 0", "key encoder", "larger K", "m = 0.9999", "longer", "memory bank", "transfer"]
+ORDER += ["large batch", "queue vs batch", "byol learns", "byol predictor", "byol ema"]
 COLLAPSED = "collapsed: loss 8.318 at chance (8.318: every logit alike)"
+COLLAPSED_BYOL = "collapsed: spread of the outputs 0.004 below 0.1 (every image near one point)"
 
 
 def cell(results, cid, top1, failure=None, **final):
     """A cell as the pipeline writes it, with its last log row's queue values and checks (random
-    init trains nothing: no key-encoder check)."""
+    init trains nothing, SimCLR has no momentum target: no key-encoder check)."""
     fake_cell(results, cid, top1)
     path = results / "cells" / cid / "pretrain" / "summary.json"
     summary = json.loads(path.read_text())
     summary["final"].update(final)
-    summary.update(failure=failure, key_encoder=None if "method=random" in cid else KEY_ENCODER_OK)
+    no_target = "method=random" in cid or "method=simclr" in cid
+    summary.update(failure=failure, key_encoder=None if no_target else KEY_ENCODER_OK)
     path.write_text(json.dumps(summary))
 
 
@@ -88,6 +91,17 @@ ROLES = {
         dict(queue_age_max=300, negative_drift_max=4.0),
     ),
     "memory_bank": ({"epochs": 15, "mechanism": "memory_bank"}, [45.0, 35.0, 55.0], None, {}),
+    # the rivals: SimCLR at 256 and at 4 x 256, BYOL, without its predictor, without the EMA
+    "simclr": ({"epochs": 15, "method": "simclr"}, [50.0, 41.0, 60.0], None, {}),
+    "simclr_large": ({"epochs": 15, "method": "simclr", "batch_size": 1024}, [59.0, 50.0, 69.0], None, {}),
+    "byol": ({"epochs": 15, "method": "byol"}, [40.0, 35.0, 45.0], None, {}),
+    "byol_no_predictor": (
+        {"epochs": 15, "method": "byol", "predictor": False},
+        [10.2, 11.1, 9.3],
+        COLLAPSED_BYOL,
+        {},
+    ),
+    "byol_no_ema": ({"epochs": 15, "method": "byol", "m": 0.0}, [10.0, 12.0, 8.0], COLLAPSED_BYOL, {}),
 }
 
 
@@ -131,6 +145,11 @@ def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
         "mechanism=memory_bank,epochs=15",
         "base",  # 30 epochs: the base
         "method=random",  # random init: m = 0's direct measure
+        "method=simclr,epochs=15",
+        "method=simclr,epochs=15,batch_size=1024",
+        "method=byol,epochs=15",
+        "method=byol,epochs=15,predictor=false",
+        "method=byol,m=0.0,epochs=15",
     ]
     # claims.seeds = 3 of each cell a decidable claim needs, paired by seed; the reference and
     # random init also at the pilot seeds 3 and 4. No run of m = 0.999 or 0.9999: only "m = 0.9999
@@ -145,7 +164,7 @@ def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
     # with enough steps (200 epochs: 39,000 >= 34,656) m = 0.999 and 0.9999 get 3 as well: 9
     # compared groups x 3, the 3 invariant ones x 2, the pilot's 2 roles x 2
     longer = claims_cells(load_config({**CONFIG, "claims": {**CLAIMS, "epochs": 200, "long_epochs": 400}}))
-    assert len(longer) == 9 * 3 + 3 * 2 + 2 * 2
+    assert len(longer) == (9 + 5) * 3 + 3 * 2 + 2 * 2  # + the 5 rivals' cells
     assert all(p.epochs == 15 for c, p in cells.items() if group_id(c) not in ("base", "method=random"))
 
 
@@ -194,6 +213,11 @@ def test_every_claim_judged_on_what_was_measured(tmp_path):
         "longer": HOLDS,
         "memory bank": HOLDS,
         "transfer": got["transfer"],  # CONFIG runs no supervised baseline, no Mask R-CNN: below
+        "large batch": HOLDS,
+        "queue vs batch": HOLDS,
+        "byol learns": HOLDS,
+        "byol predictor": HOLDS,
+        "byol ema": HOLDS,
     }
     assert got["larger K"].startswith(NOT_DECIDABLE) and got["m = 0.9999"].startswith(NOT_DECIDABLE)
     fifo = rows["fifo"]["measured"]
@@ -219,11 +243,46 @@ def test_every_claim_judged_on_what_was_measured(tmp_path):
     assert "pilot runs (seeds 3–4, not compared)" in rows["longer"]["needs"]
     # 5 half-lives of 0.99: 5 ln 0.5 / ln 0.99 = 5 x 68.97 = 344.8
     assert rows["low m"]["needs"].startswith("≥ 345 steps (5 EMA half-lives of m = 0.99)")
+    # SimCLR at 1,024 − at 256: 9, 9, 9: std 0, the CI [+9.0, +9.0]
+    assert (
+        "method=simclr,epochs=15,batch_size=1024 − method=simclr,epochs=15: Δ +9.0 ± 0.0 (n=3)"
+        in (rows["large batch"]["measured"])
+    )
+    # 50,000 images // 1,024 = 48 steps an epoch, x 15
+    assert rows["large batch"]["needs"].startswith("a batch of 1,024 (4 x 256): 720 steps in 15 epochs")
+    # the reference − SimCLR at 1,024: 1, 0, 1: mean 0.667, std 0.577; 90 % half-width
+    # t(0.95, 2) = 2.920 x 0.577 / sqrt 3 = 0.97: [-0.3, +1.6], inside ±5
+    assert "90 % CI [-0.3, +1.6] inside ±5" in rows["queue vs batch"]["measured"]
+    # BYOL − random init: 30, 24, 36; without its predictor, and without the EMA, every seed
+    # collapsed by BYOL's own rule: the BYOL paper's reading
+    assert "method=byol,epochs=15 − method=random: Δ +30.0" in rows["byol learns"]["measured"]
+    assert rows["byol predictor"]["measured"].startswith("3 of 3 seeds collapsed or diverged")
+    assert rows["byol ema"]["measured"].endswith("the BYOL paper's reading")
     momentum = (tmp_path / "tables" / "claims_momentum.md").read_text()
     assert "| 0.0 | 0 | 16 | fail (3 of 3) |" in momentum
     assert "| 0.5 | 1 | 16 | 52.7 ± 24.9 (n=3) |" in momentum  # 52, 43, 63: std 10.02, half 4.303 * 10.02 / sqrt 3
     # m = 0.9999 is no claims cell at this budget (undecidable): a result in the folder is not read
     assert "| 0.9999 | 6,931 | 16 | — |" in momentum
+
+
+def test_byol_learning_without_the_ema_is_simsiams_reading(tmp_path):
+    """No seed of tau = 0 collapses and its probe lies above random init (20, 13, 26): the data
+    side with SimSiam against the BYOL paper; one collapsed seed of three decides neither."""
+    full_results(tmp_path, byol_no_ema=([30.0, 24.0, 35.0], None, {}))
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["byol ema"]
+    assert row["verdict"] == CONTRADICTED and row["measured"].endswith("SimSiam's reading: no EMA needed")
+    full_results(tmp_path, byol_no_ema=([30.0, 24.0, 10.0], [None, None, COLLAPSED_BYOL], {}))
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["byol ema"]
+    assert row["verdict"] == INCONCLUSIVE and row["measured"].startswith("1 of 3 seeds collapsed")
+
+
+def test_simclr_at_the_large_batch_far_from_moco_contradicts_the_match(tmp_path):
+    """The reference − SimCLR at 1,024: 20, 19, 21: the 95 % CI [+17.5, +22.5] lies outside ±5."""
+    full_results(tmp_path, simclr_large=([40.0, 31.0, 49.0], None, {}))
+    write_claims(tmp_path, CONFIG)
+    assert verdicts(tmp_path)["queue vs batch"] == CONTRADICTED
 
 
 def test_the_queue_claim_on_data_large_enough_to_decide_it(tmp_path):
@@ -344,7 +403,7 @@ def test_another_claims_runs_seeds_in_the_folder_are_never_judged(tmp_path):
         cell(tmp_path, seed_cell({"method": "random"}, s), rand)
     write_claims(tmp_path, confirmatory)
     alone = {k: (r["measured"], r["verdict"]) for k, r in rows_by_claim(tmp_path).items()}
-    assert alone["longer"][1] == HOLDS and alone["key encoder"][0].startswith("26 of 26")
+    assert alone["longer"][1] == HOLDS and alone["key encoder"][0].startswith("35 of 35")  # 26 MoCo runs, 9 BYOL
     full_results(tmp_path, long=([40.0, 30.0, 50.0], None, {}))  # the earlier run: longer loses
     write_claims(tmp_path, confirmatory)
     assert {k: (r["measured"], r["verdict"]) for k, r in rows_by_claim(tmp_path).items()} == alone
@@ -355,7 +414,7 @@ def test_claims_cli_and_its_errors(tmp_path):
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(CONFIG))
     out = run([sys.executable, "-m", "pipeline.claims", str(tmp_path), "--config", str(cfg)])
-    assert "### The seeds' claims, measured" in out.stdout and out.stdout.count(f"| {HOLDS} |") == 6
+    assert "### The seeds' claims, measured" in out.stdout and out.stdout.count(f"| {HOLDS} |") == 11
     # two a priori, and the transfer claim: CONFIG fine-tunes no supervised cell
     assert out.stdout.count(f"| {NOT_DECIDABLE} (") == 3
     bad = run([sys.executable, "-m", "pipeline.claims", str(tmp_path / "nowhere")], check=False)

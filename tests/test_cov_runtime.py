@@ -336,7 +336,7 @@ def test_keys_without_sample_index_enter_the_queue_as_unknown():
 
 def test_memory_bank_needs_enough_samples_and_each_index():
     from pipeline.methods.build import bn_guard_text
-    from pipeline.moco.mechanisms import MemoryBank
+    from pipeline.methods.moco.mechanisms import MemoryBank
 
     model = tiny_model(mechanism="memory_bank")
     assert bn_guard_text(model, 1) == "not applicable (no key batch normalised apart from its queries)"
@@ -348,7 +348,7 @@ def test_memory_bank_needs_enough_samples_and_each_index():
 
 
 def test_momentum_update_refuses_encoders_of_different_structure():
-    from pipeline.moco.momentum import momentum_update
+    from pipeline.methods.momentum_target import momentum_update
 
     key, query = torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="key and query encoders differ in structure"):
@@ -358,7 +358,7 @@ def test_momentum_update_refuses_encoders_of_different_structure():
 def test_key_encoder_check_needs_two_recorded_steps():
     import math
 
-    from pipeline.moco.ema_check import EmaRecord
+    from pipeline.methods.ema_check import EmaRecord
 
     record = EmaRecord(tiny_model())
     steps, error = record.replay_error()
@@ -369,14 +369,14 @@ def test_key_encoder_check_needs_two_recorded_steps():
 
 
 def test_split_batch_norm_refuses_a_batch_it_cannot_split():
-    from pipeline.moco.split_bn import SplitBatchNorm2d
+    from pipeline.methods.split_bn import SplitBatchNorm2d
 
     with pytest.raises(ValueError, match="a batch of 3 cannot be split into 2 equal sub-batches"):
         SplitBatchNorm2d(4, splits=2)(torch.randn(3, 4, 2, 2))
 
 
 def test_split_batch_norm_without_running_statistics_normalises_each_sub_batch():
-    from pipeline.moco.split_bn import SplitBatchNorm2d
+    from pipeline.methods.split_bn import SplitBatchNorm2d
 
     x = torch.randn(4, 3, 2, 2, generator=torch.Generator().manual_seed(0)) * 5 + 2
     y = SplitBatchNorm2d(3, splits=2, track_running_stats=False, affine=False)(x)
@@ -388,7 +388,7 @@ def test_split_batch_norm_without_running_statistics_normalises_each_sub_batch()
 def test_split_batch_norm_cumulative_average_is_batch_norms_per_sub_batch():
     """momentum=None: the running statistics are the plain average over the batches seen, as
     BatchNorm's; the split one holds the mean of its sub-batches' statistics."""
-    from pipeline.moco.split_bn import SplitBatchNorm2d
+    from pipeline.methods.split_bn import SplitBatchNorm2d
 
     g = torch.Generator().manual_seed(0)
     batches = [torch.randn(4, 3, 2, 2, generator=g) * (1 + i) + i for i in range(2)]
@@ -407,7 +407,7 @@ def test_parameter_sketch_follows_its_module_to_another_device():
     """The model moves to its training device after the sketch was made: the bins follow.
     "meta" (every torch has it) stands for the GPU; a move to meta makes new Parameter objects
     where a move to a GPU keeps them, so the sketch is pointed at the moved ones."""
-    from pipeline.moco.staleness import ParameterSketch
+    from pipeline.methods.moco.staleness import ParameterSketch
 
     module = torch.nn.Linear(3, 2)
     sketch = ParameterSketch(module, buckets=8)
@@ -419,7 +419,7 @@ def test_parameter_sketch_follows_its_module_to_another_device():
 
 # --- across two gloo ranks: gradients through the gather, the bank's shared negatives -------------
 def _two_rank_gather_worker(rank, world, port, out):
-    from pipeline.moco.distributed import gather_with_grad
+    from pipeline.methods.gather import gather_with_grad
 
     _init(rank, world, port)
     x = torch.full((2, 1), rank + 1.0, requires_grad=True)
@@ -428,7 +428,7 @@ def _two_rank_gather_worker(rank, world, port, out):
     bank = tiny_model(mechanism="memory_bank", K=16)  # the same bank on every rank (seed 0)
     torch.manual_seed(10 + rank)  # the draw of negatives, different on each rank unless shared
     x1, _ = views(4)
-    _, logits, _ = bank(x1, x1, torch.arange(4))
+    _, _, logits = bank(x1, x1, torch.arange(4))
     torch.save({"gathered": gathered.detach(), "grad": x.grad, "logits": logits.detach()}, f"{out}/rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -498,7 +498,7 @@ def test_a_collapsed_run_is_reported_as_failed(ffcv_small, tmp_path, monkeypatch
     the stage warns and its summary carries the failure, which the tables count."""
     from pipeline import pretrain
 
-    monkeypatch.setattr(pretrain, "failure", lambda rows: "collapsed: loss 5.545 at chance")
+    monkeypatch.setattr(pretrain, "failure", lambda rows, method: "collapsed: loss 5.545 at chance")
     summary = pretrain.run(pretrain_cfg(), ffcv_small, tmp_path / "out", tmp_path / "state", progress=False)
     assert summary["failure"] == "collapsed: loss 5.545 at chance" and summary["diverged"] is False
     assert "warning: training failed (collapsed: loss 5.545 at chance); the cell is reported as failed" in (
@@ -510,9 +510,9 @@ def test_a_key_encoder_that_misses_its_update_is_reported(ffcv_small, tmp_path, 
     """The key encoder never takes its momentum update: the stage's EMA replay sees it and
     warns, and the summary records the failed check."""
     from pipeline import pretrain
-    from pipeline.moco import builder
+    from pipeline.methods import momentum_target
 
-    monkeypatch.setattr(builder, "momentum_update", lambda key, query, m: None)
+    monkeypatch.setattr(momentum_target, "momentum_update", lambda key, query, m: None)
     summary = pretrain.run(pretrain_cfg(), ffcv_small, tmp_path / "out", tmp_path / "state", progress=False)
     replay = summary["key_encoder"]["ema_replay"]
     assert summary["key_encoder"]["holds"] is False and replay["max_relative_error"] > replay["tolerance"]

@@ -57,7 +57,7 @@ def test_bf16_channels_last_step_on_gpu():
 def test_nccl_single_rank_collectives():
     import torch.distributed as dist
 
-    from pipeline.moco.distributed import gather_all, shuffle_across_ranks, unshuffle_across_ranks
+    from pipeline.methods.gather import gather_all, shuffle_across_ranks, unshuffle_across_ranks
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

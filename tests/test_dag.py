@@ -172,7 +172,7 @@ def test_a_config_whose_claims_cannot_run_fails_that_target_alone(tmp_path):
 def test_queue_policies_have_one_source():
     from pipeline.dag.config import load_schema
     from pipeline.dag.layout import QUEUE_POLICIES
-    from pipeline.moco.queue import POLICIES
+    from pipeline.methods.moco.queue import POLICIES
 
     assert (
         load_schema()["properties"]["pretrain"]["properties"]["queue_policy"]["enum"]

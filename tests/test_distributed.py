@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 
 from pipeline.dag.config import section
 from pipeline.methods.build import build_model
-from pipeline.moco.distributed import shuffle_across_ranks, unshuffle_across_ranks
+from pipeline.methods.gather import shuffle_across_ranks, unshuffle_across_ranks
 from pipeline.nets.optim import build_optimizer
 
 B, STEPS = 4, 3
@@ -110,7 +110,7 @@ def _bn_worker(rank, world, port, out):
     rows = slice(rank * B, (rank + 1) * B)
     torch.manual_seed(7 + rank)  # each rank its own stream: only rank 0's broadcast can align them
     with torch.no_grad():
-        _, logits, _ = model(x1[rows], x2[rows], idx[rows])
+        _, _, logits = model(x1[rows], x2[rows], idx[rows])
     torch.save({**seen, "logits": logits, "shuffle_bn": model.shuffle_bn}, f"{out}/bn{rank}.pt")
     dist.destroy_process_group()
 

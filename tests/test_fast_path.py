@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from pipeline.moco.builder import info_nce
-from pipeline.moco.split_bn import max_splits
-from pipeline.moco.v3 import ctr_loss
+from pipeline.methods.moco.builder import info_nce
+from pipeline.methods.moco.v3 import ctr_loss
+from pipeline.methods.split_bn import max_splits
 from pipeline.nets.fast_path import FastPath
 from pipeline.pretrain import Job, Trainer, seed_everything
 from pipeline.runtime import distributed
@@ -84,13 +84,13 @@ def test_fast_path_step_is_the_fp32_step_within_tolerance(ffcv_small, tmp_path, 
     model_state = copy.deepcopy(trainer.model.state_dict())
     optimizer_state = copy.deepcopy(trainer.optimizer.state_dict())
     torch.manual_seed(1)  # the key shuffle's permutation
-    fast_loss, fast_logits = trainer.optimize(x1, x2, labels, index)
+    fast_loss, _, fast_logits = trainer.optimize(x1, x2, labels, index)
 
     trainer.model.load_state_dict(model_state)
     trainer.optimizer.load_state_dict(optimizer_state)
     trainer.fast = FastPath("off", trainer.device, trainer.p.backbone)  # the reference: fp32
     torch.manual_seed(1)
-    loss, logits = trainer.optimize(x1.contiguous(), x2.contiguous(), labels, index)
+    loss, _, logits = trainer.optimize(x1.contiguous(), x2.contiguous(), labels, index)
 
     assert fast_logits.dtype == logits.dtype == torch.float32
     assert torch.isfinite(fast_loss) and abs(float(fast_loss - loss)) <= LOSS_TOLERANCE

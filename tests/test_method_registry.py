@@ -3,6 +3,7 @@ here and nowhere else, goes through the config's validation, the grid, a real pr
 probe on the embedded data, the tables and the figures."""
 
 import csv
+import dataclasses
 import importlib
 
 import pytest
@@ -15,7 +16,7 @@ from pipeline.dag.grid import grid_cells
 from pipeline.dag.layout import cell_file
 from pipeline.dag.sections import Pretrain
 from pipeline.methods import METHODS, MethodSpec, method_spec, register
-from pipeline.nets.method import Encoder, Method
+from pipeline.nets.method import Encoder, Method, Step
 from pipeline.nets.models import feature_dim
 from pipeline.nets.optim import optimizer_name
 
@@ -33,7 +34,8 @@ class Toy(Method):
         q1, q2 = (F.normalize(self.encoder_q(x), dim=1) for x in (x1, x2))
         logits = q1 @ q2.T / self.T
         target = torch.arange(len(q1), device=logits.device)
-        return F.cross_entropy(logits, target), logits, target
+        # a metric of its own: the loop logs what a method reports, under its name
+        return Step(F.cross_entropy(logits, target), {"toy_top1": 100.0 * (logits.argmax(1) == target).double().mean()})
 
 
 def build_toy(p, backbone, num_classes, num_samples, world_size):
@@ -73,6 +75,8 @@ DATA = {"crop_size": 32, "workers": 1}
 def test_the_schema_takes_the_registered_methods(toy):
     assert load_schema()["properties"]["pretrain"]["properties"]["method"]["enum"] == [
         "moco",
+        "simclr",
+        "byol",
         "supervised",
         "random",
         "toy",
@@ -83,7 +87,7 @@ def test_the_schema_takes_the_registered_methods(toy):
 
 
 def test_an_unregistered_method_is_refused():
-    known = r"\['moco', 'supervised', 'random'\]"
+    known = r"\['moco', 'simclr', 'byol', 'supervised', 'random'\]"
     with pytest.raises(ConfigError, match=rf"config key 'pretrain.method': 'toy' is not one of {known}"):
         pretrain_cell(Pretrain(), {"method": "toy"})
 
@@ -91,8 +95,10 @@ def test_an_unregistered_method_is_refused():
 def test_the_registry_refuses_what_it_cannot_hold(toy):
     with pytest.raises(ValueError, match="method 'toy' is registered already"):
         register(TOY)
-    with pytest.raises(ValueError, match=r"unknown method 'byol' \(known: moco, supervised, random, toy\)"):
-        method_spec("byol")
+    with pytest.raises(
+        ValueError, match=r"unknown method 'dino' \(known: moco, simclr, byol, supervised, random, toy\)"
+    ):
+        method_spec("dino")
     with pytest.raises(ValueError, match="method 'random' trains nothing: it has no model to build"):
         method_spec("random").builder()
 
@@ -164,36 +170,64 @@ def pipeline_imports(path):
     return found
 
 
-def test_the_moco_core_imports_nothing_above_it():
-    """The algorithm core builds on torch, itself and what every method is (nets.method): no
-    config, stage, registry or network builder, not even for a type hint."""
-    core = REPO / "pipeline" / "moco"
-    for path in core.glob("*.py"):
-        above = {m for m in pipeline_imports(path) if not m.startswith("pipeline.moco") and m != "pipeline.nets.method"}
-        assert not above, f"{path.name} imports {sorted(above)}"
+SHARED_PARTS = {"momentum_target", "ema_check", "info_nce", "cross_entropy", "heads", "split_bn", "gather"}
 
 
-def test_each_method_is_one_module_holding_its_entry_check_and_model():
-    """Each registered method's entry, config check and build are defined in its own module
-    under pipeline/methods/, and nothing else in the package names a method's module: the
-    stages reach a model through the entry."""
+def test_the_algorithms_import_nothing_above_them():
+    """The methods' algorithms (every method folder's torch modules but its entry and its model
+    builder) and the parts they share build on torch, each other and what every method is
+    (nets.method): no config, stage, registry or network builder, not even for a type hint."""
+    methods = REPO / "pipeline" / "methods"
+    algorithms = [methods / f"{name}.py" for name in SHARED_PARTS]
+    algorithms += [p for p in methods.glob("*/*.py") if p.name not in ("__init__.py", "model.py")]
+    algorithms += [methods / name / "model.py" for name in ("simclr", "byol")]  # their algorithms
+    allowed = {f"pipeline.methods.{name}" for name in SHARED_PARTS} | {"pipeline.nets.method"}
+    for path in algorithms:
+        own = f"pipeline.methods.{path.parent.name}." if path.parent != methods else "-"
+        above = {m for m in pipeline_imports(path) if m not in allowed and not m.startswith(own)}
+        assert not above, f"{path.relative_to(REPO)} imports {sorted(above)}"
+    assert not (REPO / "pipeline" / "moco").exists()  # MoCo's algorithm lives in its folder
+
+
+def test_each_method_is_one_folder_holding_its_entry_check_keys_and_model():
+    """Each registered method's entry, config check, keys and build are defined in its own folder
+    (or module) under pipeline/methods/, beside the parts methods share; nothing else in the
+    package names a method's module: the stages reach a model through the entry."""
     methods = REPO / "pipeline" / "methods"
     modules = {p.stem for p in methods.iterdir() if p.stem not in ("__init__", "__pycache__", "registry", "build")}
     entries = {}
-    for stem in modules:
+    for stem in modules - SHARED_PARTS:
         module = importlib.import_module(f"pipeline.methods.{stem}")
         entries[module.ENTRY.name] = module.__name__
-        for part in (module.ENTRY.build, module.ENTRY.check):
+        for part in (module.ENTRY.build, module.ENTRY.check, module.ENTRY.keys, module.ENTRY.recipe):
             assert part is None or part.__module__ == module.__name__, (stem, part)
     assert entries == {
         "moco": "pipeline.methods.moco",
+        "simclr": "pipeline.methods.simclr",
+        "byol": "pipeline.methods.byol",
         "supervised": "pipeline.methods.supervised",
         "random": "pipeline.methods.random_init",
     }
+    shared = {"pipeline.methods.build"} | {f"pipeline.methods.{name}" for name in SHARED_PARTS}
     for path in (REPO / "pipeline").rglob("*.py"):
-        if methods in path.parents:
+        if methods in path.parents or "bench" in path.parts:  # benchmarks may name a method's module
             continue
         named = {
             m for m in pipeline_imports(path) if m.split(".")[:2] == ["pipeline", "methods"] and len(m.split(".")) > 2
         }
-        assert named <= {"pipeline.methods.build"}, f"{path.relative_to(REPO)} imports {sorted(named)}"
+        assert named <= shared, f"{path.relative_to(REPO)} imports {sorted(named)}"
+
+
+def test_a_method_owns_its_keys():
+    """MoCo's and BYOL's own keys are declared in their folders and held by Pretrain beside the
+    shared ones; the shared section holds none of them."""
+    from pipeline.dag.sections import SharedPretrain
+    from pipeline.methods.byol import ByolKeys
+    from pipeline.methods.moco import MocoKeys
+
+    own = {f.name for cls in (MocoKeys, ByolKeys) for f in dataclasses.fields(cls)}
+    shared = {f.name for f in dataclasses.fields(SharedPretrain)}
+    assert {"K", "queue_policy", "shuffle_bn", "mechanism", "variant"} <= own and "predictor" in own
+    assert not own & shared and {"m", "T", "dim", "mlp_dim", "batch_size"} <= shared
+    assert {f.name for f in dataclasses.fields(Pretrain)} == own | shared
+    assert Pretrain().predictor is True and Pretrain(K=1024).K == 1024

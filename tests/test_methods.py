@@ -10,7 +10,8 @@ from pipeline.dag.config import section
 from pipeline.data.augment import normalize
 from pipeline.data.loaders import Centre, Reading, eval_loader
 from pipeline.methods.build import build_model
-from pipeline.moco.v3 import ctr_loss, momentum_at
+from pipeline.methods.moco.v3 import ctr_loss
+from pipeline.methods.momentum_target import cosine_momentum as momentum_at
 from pipeline.nets.models import build_backbone
 from pipeline.nets.optim import build_optimizer
 
@@ -40,6 +41,8 @@ METHODS = {
     "end_to_end": {"mechanism": "end_to_end"},
     "memory_bank": {"mechanism": "memory_bank", "K": 32, "T": 0.1},
     "supervised": {"method": "supervised", "lr": 0.1},
+    "simclr": {"method": "simclr", "T": 0.1, "lr": 0.3, "optimizer": "lars", "mlp_dim": 64},
+    "byol": {"method": "byol", "m": 0.99, "lr": 0.2, "optimizer": "lars", "mlp_dim": 64},
 }
 
 
@@ -66,7 +69,7 @@ def views(x: torch.Tensor, g: torch.Generator):
 # fills with keys of an ever better encoder (and, without the BN-leak guard, it fell for the
 # wrong reason). What must improve is the representation: fresh views of the same image closer
 # than those of other images, with the query encoder in eval mode (no batch statistics).
-REPRESENTATION_CHECKED = {"v1", "v2"}
+REPRESENTATION_CHECKED = {"v1", "v2", "simclr"}
 EPOCHS = 10
 
 
@@ -250,13 +253,14 @@ def test_v3_vit_probe_lr_is_the_reference():
 
 def test_every_method_has_the_training_loops_interface():
     """pretrain.py calls only these hooks: a new method implements them beside its own code."""
+    from pipeline.methods.momentum_target import MomentumTarget
     from pipeline.nets.method import Method
 
     for name, p in METHODS.items():
         model = build_model(section("pretrain", {**BASE, **p}), image_size=32, num_classes=10, num_samples=64)
         assert isinstance(model, Method), name
-        with_ema = p.get("method", "moco") == "moco" and p.get("mechanism", "moco") == "moco"
-        assert model.has_momentum_encoder == with_ema, name
+        with_ema = p.get("method", "moco") in ("moco", "byol") and p.get("mechanism", "moco") == "moco"
+        assert isinstance(model, MomentumTarget) == with_ema, name
         model.on_step(0.5)
         keys = set(model.diagnostics())
         assert ({"m", "drift"} <= keys) == with_ema, name

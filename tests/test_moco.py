@@ -9,9 +9,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.dag.config import section
+from pipeline.methods.info_nce import info_nce
+from pipeline.methods.moco.builder import MoCo
 from pipeline.methods.moco.model import projection_head
-from pipeline.moco import KeyQueue, MoCo, momentum_update
-from pipeline.moco.builder import info_nce
+from pipeline.methods.moco.queue import KeyQueue
+from pipeline.methods.momentum_target import momentum_update
 from pipeline.nets.method import Encoder
 from pipeline.nets.models import build_backbone
 
@@ -170,7 +172,7 @@ def test_symmetric_loss_adds_the_swapped_direction_against_one_queue():
 
 
 def test_instance_accuracy_counts_ties_as_wrong():
-    from pipeline.runtime.checkpoint import strictly_top
+    from pipeline.methods.cross_entropy import strictly_top
 
     logits = torch.tensor([[1.0, 1.0, 1.0], [2.0, 1.0, 0.5], [0.1, 0.3, 0.2]])
     target = torch.zeros(3, dtype=torch.long)
@@ -193,7 +195,7 @@ def trained(model, steps, optimizer, record=None):
 
 
 def test_key_encoder_check_holds_on_a_run():
-    from pipeline.moco.ema_check import EmaRecord
+    from pipeline.methods.ema_check import EmaRecord
     from pipeline.nets.optim import build_optimizer
 
     torch.manual_seed(0)
@@ -209,7 +211,7 @@ def test_key_encoder_check_holds_on_a_run():
 
 
 def test_key_encoder_check_fails_when_the_key_encoder_is_trained_or_the_rule_is_off():
-    from pipeline.moco.ema_check import EmaRecord
+    from pipeline.methods.ema_check import EmaRecord
 
     torch.manual_seed(0)
     model = MoCo(tiny_encoder(), dim=16, K=32, m=0.9, T=0.2, shuffle_bn=False)

@@ -23,7 +23,7 @@ NESTED = {
     ("dataset", "synthetic"): sections.Synthetic,
     ("detect", "rpn"): sections.Rpn,
     ("grid", "resources"): sections.Resources,
-    ("grid", "supervised"): sections.SupervisedRecipe,
+    ("grid", "supervised"): sections.MethodRecipe,
     ("detect", "voc"): sections.Voc,
     ("launch", "slurm"): sections.LaunchSlurm,
 }
@@ -200,7 +200,13 @@ def test_the_printed_schema_validates_config_yaml_as_an_editor_would():
     from conftest import run
 
     schema = json.loads(run([sys.executable, "-m", "pipeline.dag.schema"]).stdout)
-    assert schema["properties"]["pretrain"]["properties"]["method"]["enum"] == ["moco", "supervised", "random"]
+    assert schema["properties"]["pretrain"]["properties"]["method"]["enum"] == [
+        "moco",
+        "simclr",
+        "byol",
+        "supervised",
+        "random",
+    ]
     jsonschema.validate(load_yaml(DEFAULT_CONFIG), schema)
     bad = load_yaml(DEFAULT_CONFIG)
     bad["probe"]["mode"] = "streaming"

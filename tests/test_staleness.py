@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline.methods.moco.builder import MoCo
+from pipeline.methods.moco.mechanisms import EndToEnd
 from pipeline.methods.moco.model import projection_head
-from pipeline.moco import MoCo
-from pipeline.moco.mechanisms import EndToEnd
-from pipeline.moco.queue import KeyQueue
-from pipeline.moco.staleness import NegativeDrift, ParameterSketch, history_length
-from pipeline.moco.v3 import MoCoV3
+from pipeline.methods.moco.queue import KeyQueue
+from pipeline.methods.moco.staleness import NegativeDrift, ParameterSketch, history_length
+from pipeline.methods.moco.v3 import MoCoV3
 from pipeline.nets.method import Encoder
 from pipeline.nets.models import build_backbone
 from pipeline.pretrain import failure
@@ -127,12 +127,13 @@ def rows(*losses, candidates=257):
 
 def test_a_loss_at_chance_is_a_failure():
     # what m = 0 does on the embedded data: the loss climbs to ln(K + 1) and stays there
-    collapsed = failure(rows(5.16622, 5.54896, 5.54902, 5.54903))
+    moco = MoCo(small_encoder(), dim=16, K=32, m=0.9, shuffle_bn=False)  # MoCo's rule: the cross-entropy family's
+    collapsed = failure(rows(5.16622, 5.54896, 5.54902, 5.54903), moco)
     assert collapsed == "collapsed: loss 5.549 at chance (5.549: every logit alike)"
-    assert failure(rows(5.3, float("nan"))).startswith("diverged")
-    assert failure(rows(5.2, 4.9, 4.5)) is None  # learning: well below chance
-    assert failure(rows(5.5, 5.4, 5.45)) is None  # 5.45 < 0.99 ln 257 = 5.494: still learning
-    assert failure([]) is None and failure([{"epoch": 1, "loss": 5.6}]) is None  # logs of older runs
+    assert failure(rows(5.3, float("nan")), moco).startswith("diverged")
+    assert failure(rows(5.2, 4.9, 4.5), moco) is None  # learning: well below chance
+    assert failure(rows(5.5, 5.4, 5.45), moco) is None  # 5.45 < 0.99 ln 257 = 5.494: still learning
+    assert failure([], moco) is None and failure([{"epoch": 1, "loss": 5.6}], moco) is None  # logs of older runs
 
 
 class Constant(nn.Module):
@@ -161,6 +162,6 @@ def test_each_method_reports_its_own_chance_loss(make, chance):
     loss its forward logs when every logit is alike."""
     model = make()
     x = torch.zeros(8, 3, 4, 4)
-    loss, logits, _ = model(x, x, torch.arange(8))
+    loss, _, logits = model(x, x, torch.arange(8))
     assert float(loss.detach()) == pytest.approx(chance, rel=1e-5)
     assert model.chance_loss(logits.shape[1]) == pytest.approx(chance, rel=1e-9)

@@ -267,6 +267,7 @@ PRESETS = {  # preset -> the config files it is used with, as its header documen
     "imagenet-mocov3-r50": ["imagenet-mocov2", "imagenet-mocov3-r50"],
     "imagenet-mocov2-coco": ["imagenet-mocov2", "imagenet-mocov2-coco"],
     "imagenet-mocov2-coco-fpn": ["imagenet-mocov2", "imagenet-mocov2-coco", "imagenet-mocov2-coco-fpn"],
+    "imagenet-rivals": ["imagenet-mocov2", "imagenet-rivals"],
     "cifar10": ["cifar10"],
 }
 
@@ -411,10 +412,33 @@ SOURCES = {  # the reference files the values below are read from (docs/configur
     "v1-paper": "He et al. 2020 (MoCo v1), Table 1: momentum measured at K = 4,096",
     "moco-det": "facebookresearch/moco@7397dfe detection/configs/coco_R_50_C4_2x_moco.yaml (MASK_ON)",
     "d2-fpn": "facebookresearch/detectron2 configs/COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_1x.yaml",
+    "simclr": "Chen et al. 2020 (SimCLR), 2.3 Default setting and B.1 (LARS, wd 1e-6, warmup, head), Table 5 (T)",
+    "byol": "Grill et al. 2020 (BYOL), 3.3 and Appendix C (LARS, wd 1.5e-6, tau 0.996, batch 4096, heads)",
+    "mocov2-report": "Chen et al. 2020 (MoCo v2 report), Table 2: SimCLR at batch 256 and 8,192, 200 epochs",
 }
-MOCO, LINCLS, FFCV, TORCHVISION, DEMO, V3, V3_VIT, V3_LINCLS, PAPER_V1, MOCO_DET, D2_FPN = SOURCES
+MOCO, LINCLS, FFCV, TORCHVISION, DEMO, V3, V3_VIT, V3_LINCLS, PAPER_V1, MOCO_DET, D2_FPN, SIMCLR, BYOL, V2_REPORT = (
+    SOURCES
+)
 COCO_SIZES = [640, 672, 704, 736, 768, 800]  # Detectron2's MIN_SIZE_TRAIN for COCO (test: 800)
 REFERENCE = {  # preset -> [(key, the reference's value, where it is written)]
+    "imagenet-rivals": [
+        ("grid.product.batch_size", [256, 8192], V2_REPORT),
+        ("grid.simclr.optimizer", "lars", SIMCLR),
+        ("grid.simclr.weight_decay", 1e-6, SIMCLR),
+        ("grid.simclr.warmup_epochs", 10, SIMCLR),
+        ("grid.simclr.T", 0.1, SIMCLR),
+        ("grid.simclr.dim", 128, SIMCLR),
+        ("grid.simclr.mlp_dim", 2048, SIMCLR),
+        ("grid.simclr.crop_scale_min", 0.08, SIMCLR),
+        ("grid.simclr.jitter_scale", 2.0, SIMCLR),  # colour distortion strength 1.0 (0.8, 0.8, 0.8, 0.2)
+        ("grid.byol.optimizer", "lars", BYOL),
+        ("grid.byol.weight_decay", 1.5e-6, BYOL),
+        ("grid.byol.warmup_epochs", 10, BYOL),
+        ("grid.byol.batch_size", 4096, BYOL),
+        ("grid.byol.m", 0.996, BYOL),  # tau_base, raised to 1 by a cosine
+        ("grid.byol.dim", 256, BYOL),
+        ("grid.byol.mlp_dim", 4096, BYOL),
+    ],
     "imagenet-mocov2-coco": [
         ("detect.task", "segmentation", MOCO_DET),
         ("detect.head", "c4", MOCO_DET),
@@ -569,6 +593,19 @@ def test_preset_holds_its_references_values(name):
     cfg = preset_config(name)
     wrong = [(key, _at(cfg, key), ref, src) for key, ref, src in REFERENCE[name] if _at(cfg, key) != pytest.approx(ref)]
     assert wrong == []
+
+
+def test_the_rivals_cells_take_their_papers_lr_rule_at_their_batch():
+    """imagenet-rivals: each SimCLR cell's lr is 0.3 x B/256 at its own batch, BYOL's 0.2 x B/256,
+    both LARS (the papers' rules: pipeline/methods/<name>.recipe)."""
+    from pipeline.dag.config import load_config
+    from pipeline.dag.grid import grid_cells
+
+    cells = {cid: c.pretrain for cid, c in grid_cells(load_config(preset_config("imagenet-rivals"))).items()}
+    small, large, byol = cells["method=simclr"], cells["method=simclr,batch_size=8192"], cells["method=byol"]
+    assert (small.lr, large.lr, byol.lr) == (pytest.approx(0.3), pytest.approx(9.6), pytest.approx(3.2))
+    assert small.optimizer == large.optimizer == byol.optimizer == "lars" and byol.m == 0.996
+    assert cells["base"].method == "moco" and cells["base"].batch_size == 256
 
 
 def test_supervised_baseline_trains_with_its_own_recipe():

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from pipeline.bench.timing import interleaved, write
-from pipeline.moco.momentum import momentum_update
+from pipeline.methods.momentum_target import momentum_update
 from pipeline.nets.models import build_backbone
 
 

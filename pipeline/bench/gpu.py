@@ -21,7 +21,7 @@ from pipeline.bench.timing import sync, write
 from pipeline.dag.config import section
 from pipeline.dag.sections import Pretrain
 from pipeline.methods.build import build_model
-from pipeline.moco.split_bn import max_splits
+from pipeline.methods.split_bn import max_splits
 from pipeline.nets.fast_path import FastPath
 from pipeline.nets.optim import build_optimizer
 

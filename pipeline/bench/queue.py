@@ -11,7 +11,7 @@ import torch
 from torch.nn import functional as F
 
 from pipeline.bench.timing import interleaved, write
-from pipeline.moco.queue import KeyQueue
+from pipeline.methods.moco.queue import KeyQueue
 
 
 def main(argv=None) -> dict:

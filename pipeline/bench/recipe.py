@@ -33,6 +33,7 @@ from pathlib import Path
 from pipeline.bench.epoch import base_cell_config
 from pipeline.bench.timing import cpu
 from pipeline.dag.config import merge, section
+from pipeline.methods import method_spec
 from pipeline.runtime.io import atomic_write_text
 from pipeline.runtime.stage_log import stage_log
 
@@ -87,8 +88,19 @@ CANDIDATES: dict[str, dict] = {
     # issue 34: colour jitter at SimCLR's strength 1.0 (v2's x 2)
     "e13_bg8_jitter2": {**BASE_E13, "jitter_scale": 2.0, "synthetic": {"backgrounds": 8}},
     "e13_bg0_jitter2": {**BASE_E13, "jitter_scale": 2.0},
+    # issue 47: the rivals on the demo's data at the base budget, each by its paper's recipe
+    # (its entry's rule: pipeline.methods.<name>.recipe, lr by the batch), then one knob away
+    **{f"{m}_bg1": {"method": m, "epochs": 13, "synthetic": {"backgrounds": 1}} for m in ("simclr", "byol")},
+    "simclr_bg1_T0.2": {"method": "simclr", "epochs": 13, "T": 0.2, "synthetic": {"backgrounds": 1}},
+    # BYOL at the paper rule (lr 0.05 at batch 64) stayed at random init on seed 0: a larger lr, as
+    # solo-learn's CIFAR recipe (LARS 1.0 x B/256) and twice that
+    **{
+        f"byol_bg1_lr{lr}": {"method": "byol", "epochs": 13, "lr": lr, "synthetic": {"backgrounds": 1}}
+        for lr in (0.25, 0.5)
+    },
 }
 BASELINES = {"random", "supervised"}  # methods a candidate may set: the floor and the ceiling
+RIVALS = {"simclr", "byol"}  # methods a candidate may set, with their entries' recipes beneath
 # the knobs a candidate may set: none defines an ablation (K, m, the BN-leak guard, aug, ...)
 STUDY_KNOBS = {
     *("lr", "warmup_epochs", "batch_size", "bn_splits", "T"),
@@ -115,12 +127,15 @@ def candidate_config(name: str, seed: int, threads: int) -> tuple[dict, dict]:
     """(data + pretrain sections of the run, dataset.synthetic of its data)."""
     values = dict(CANDIDATES[name])
     synthetic = {**OLD["synthetic"], **values.pop("synthetic", {})}
-    baseline = values.get("method") in BASELINES
-    outside = sorted(set(values) - STUDY_KNOBS - ({"method"} if baseline else set()))
+    method = values.get("method")
+    outside = sorted(set(values) - STUDY_KNOBS - ({"method"} if method in BASELINES | RIVALS else set()))
     outside += sorted(set(synthetic) - SYNTHETIC_KNOBS)
     if outside:
         raise ValueError(f"candidate {name} sets {outside}: the study varies only {sorted(STUDY_KNOBS)}")
     pretrain = {**OLD["pretrain"], **values, "seed": seed, "threads": threads, "knn_every": 0}
+    rule = method_spec(method).recipe if method in RIVALS else None
+    if rule is not None:  # the rival's recipe beneath the candidate's own values
+        pretrain = {**pretrain, **rule({**base_cell_config()["pretrain"], **pretrain}), **values}
     cfg = base_cell_config()
     cfg = merge(cfg, {"pretrain": pretrain, "data": {"crop_size": synthetic["image_size"]}})
     return cfg, synthetic

@@ -9,6 +9,10 @@ encoder's forward alone (shuffled, split BN, no grad), timed beside the steps; t
 floor is (supervised + key forward) / supervised. ``moco_v2_unguarded`` (no BN-leak guard)
 shows what the guard costs.
 
+The rivals beside their nearest MoCo mechanism: SimCLR against end-to-end (one encoder, in-batch
+negatives, keys with gradients; SimCLR adds the symmetric loss over 2N views), BYOL against MoCo v3
+(both views through both encoders, symmetric, a predictor): ``rival_ratios``.
+
     python -m pipeline.bench step [--batch 128 --size 32 --width 64 --rounds 3]
 """
 
@@ -27,12 +31,13 @@ from pipeline.bench.timing import OUT_DIR, interleaved, write
 from pipeline.dag.config import section
 from pipeline.dag.sections import Pretrain
 from pipeline.methods.build import build_model
-from pipeline.moco import MoCo
-from pipeline.moco.split_bn import max_splits
+from pipeline.methods.moco.builder import MoCo
+from pipeline.methods.split_bn import max_splits
 from pipeline.nets.fast_path import FastPath
 from pipeline.nets.optim import build_optimizer
 
 FLOORS = {"moco_v2": 4 / 3, "moco_v3": 8 / 3}
+RIVALS = {"simclr": "end_to_end", "byol": "moco_v3"}  # each rival's step over its nearest MoCo step's
 
 
 def optimizer_step(loss_of, opt):
@@ -115,12 +120,14 @@ def main(argv=None) -> dict:
         "supervised": {"method": "supervised"},
         "moco_v2": {"method": "moco", "variant": "v2"},
         "moco_v3": {"method": "moco", "variant": "v3", "T": 1.0, "m": 0.99},
+        "end_to_end": {"method": "moco", "variant": "v2", "mechanism": "end_to_end"},
+        "simclr": {"method": "simclr", "T": 0.1, "optimizer": "lars"},
+        "byol": {"method": "byol", "m": 0.99, "optimizer": "lars"},
     }
     if args.all_methods:
         variants.update(
             {
                 "moco_v1": {"method": "moco", "variant": "v1"},
-                "end_to_end": {"method": "moco", "variant": "v2", "mechanism": "end_to_end"},
                 "memory_bank": {"method": "moco", "variant": "v2", "mechanism": "memory_bank"},
                 "moco_v3_vit_tiny": {
                     "method": "moco",
@@ -166,6 +173,10 @@ def main(argv=None) -> dict:
         "floor": {k: round(v, 3) for k, v in FLOORS.items()},
         "moco_v2_measured_floor": measured_floor,
         "moco_v2_over_measured_floor": round(ratios["moco_v2"] / measured_floor, 3),
+        "rival_ratios": {
+            f"{rival}/{mine}": round(res[rival]["median_s"] / res[mine]["median_s"], 3)
+            for rival, mine in RIVALS.items()
+        },
         "samples_per_s": {k: round(args.batch / v["median_s"], 1) for k, v in res.items()},
         "split_bn_channels_last_over_contiguous": (
             round(res["moco_v2_channels_last"]["median_s"] / res["moco_v2"]["median_s"], 3)
@@ -189,6 +200,8 @@ def main(argv=None) -> dict:
         f"  moco_v2 floor measured on this CPU: {measured_floor:.3f} "
         f"(supervised + key forward); moco_v2 is {ratios['moco_v2'] / measured_floor:.3f}x that floor"
     )
+    for pair, ratio in result["rival_ratios"].items():
+        print(f"  {pair}: {ratio:.3f}x")
     print(f"({path})")
     return result
 

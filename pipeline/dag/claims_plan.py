@@ -25,6 +25,10 @@ HALF_LIVES = 5
 # so that a queue holds at most a tenth of each class's images
 QUEUE_SHARE = 0.1
 LOW_M_AGAINST = 0.99  # "m < 0.99 loses": each m below it against m = 0.99
+# SimCLR's large batch: this many times the base cell's (the MoCo v2 report compares 256 with
+# 8,192); the same epochs, so the large batch takes that many times fewer steps, as in the report
+LARGE_BATCH = 4
+BYOL_TAU = 0.99  # BYOL's target decay on the embedded data (pipeline.methods.byol.recipe)
 
 
 def half_life(m: float) -> float:
@@ -35,7 +39,7 @@ def half_life(m: float) -> float:
 
 
 PILOT_ROLES = ("pilot", "pilot_random")  # the reference and random init at the pilot seeds
-ACCURACY_CLAIMS = ("low_m", "larger_K", "slow_m", "longer", "memory_bank")  # resting on the pilot
+ACCURACY_CLAIMS = ("low_m", "larger_K", "slow_m", "longer", "memory_bank", "large_batch", "queue_vs_batch")
 # invariants hold when every run satisfies them: their own cells need only claims.invariant_seeds
 INVARIANT_CLAIMS = ("fifo",)
 
@@ -86,6 +90,17 @@ def small_queue(b: Budget, ks: list[int]) -> tuple[str, str | None]:
     return text, f"needs K ≤ {limit:,}; K = {', '.join(f'{k:,}' for k in too_large)} too large for this data"
 
 
+def large_batch(b: Budget) -> tuple[str, str | None]:
+    """SimCLR at LARGE_BATCH x the base batch: at least a step per epoch, and as many steps as
+    the EMA of the base cell needs, so that the comparison is of negatives, not of too short a run."""
+    big = LARGE_BATCH * b.batch
+    steps = b.images // big * b.epochs
+    text = f"a batch of {big:,} ({LARGE_BATCH} x {b.batch}): {steps:,} steps in {b.epochs} epochs"
+    if b.images // big < 1:
+        return text, f"needs ≥ {big:,} training images for one batch of {big:,}, has {b.images:,}"
+    return text, None
+
+
 def queue_turnover(b: Budget, ks: list[int]) -> tuple[str, str | None]:
     """The largest queue turned over twice, so that random replacement can keep older keys."""
     need = 2 * max(ks) // b.batch
@@ -112,6 +127,12 @@ def needs(claims: Claims, b: Budget) -> dict[str, Need]:
     out["slow_m"] = Need(("m=0.999", "m=0.9999", *pilot), *ema_steps(b, 0.9999))
     out["longer"] = Need(("long", "reference", *pilot), "", None)
     out["memory_bank"] = Need(("memory_bank", "reference", *pilot), "", None)
+    # the rivals: SimCLR's batch against MoCo's queue, BYOL without negatives and its ablations
+    out["large_batch"] = Need(("simclr_large", "simclr", *pilot), *large_batch(b))
+    out["queue_vs_batch"] = Need(("reference", "simclr_large", *pilot), *large_batch(b))
+    out["byol_learns"] = Need(("byol", "random"), *ema_steps(b, BYOL_TAU))
+    out["byol_predictor"] = Need(("byol_no_predictor", "random"), "≥ 2 seeds of each", None)
+    out["byol_ema"] = Need(("byol_no_ema", "random"), "≥ 2 seeds of each", None)
     return out
 
 

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import yaml
 
-from pipeline.dag.claims_plan import Budget, role_seeds
+from pipeline.dag.claims_plan import LARGE_BATCH, Budget, role_seeds
 from pipeline.dag.config import ConfigError, merge, pretrain_cell, to_dict
 from pipeline.dag.layout import AXES, QUEUE_POLICIES, is_resnet
 from pipeline.dag.sections import Claims, Config, Detect, Grid, Pretrain, Resources
 from pipeline.dag.training_set import synthetic_images, training_set
+from pipeline.methods import method_spec
 
 BASE_ID = "base"
 
@@ -26,7 +27,7 @@ BASE_ID = "base"
 @dataclass(frozen=True)
 class Cell:
     """One cell of the grid: its pretrain section, typed and validated, and what it sets over
-    the base cell (its override, grid.supervised's recipe included)."""
+    the base cell (its override, its method's recipe included: grid.supervised, ...)."""
 
     pretrain: Pretrain
     override: dict
@@ -119,8 +120,9 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
     """The cells the claims study needs (``snakemake claims``), as overrides of the base cell,
     by role: a reference cell trained ``claims.epochs``; around it each m, each K under each
     queue policy and the memory bank; the reference trained ``claims.long_epochs``; random init
-    (m = 0's direct measure); and the pilot: the reference and random init at the seeds after
-    the compared ones (whether the reference learnt something, never compared)."""
+    (m = 0's direct measure); the pilot: the reference and random init at the seeds after the
+    compared ones (whether the reference learnt something, never compared); and the rivals:
+    SimCLR at the base batch and at LARGE_BATCH x it, BYOL, without its predictor, without the EMA."""
     first = claims.seed(base.seed)
     start = {} if first == base.seed else {"seed": first}  # at the base's seed a cell's id has none
     short = {"epochs": claims.epochs, **start}
@@ -138,6 +140,12 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
         "random": {"method": "random", **start},  # the grid's baseline cell: no training, any length
         "pilot": {**short, **pilot},
         "pilot_random": {"method": "random", **pilot},
+        # the rivals at the reference's epochs, each with its recipe (pipeline.dag.grid.with_recipe)
+        "simclr": {**short, "method": "simclr"},
+        "simclr_large": {**short, "method": "simclr", "batch_size": LARGE_BATCH * base.batch_size},
+        "byol": {**short, "method": "byol"},
+        "byol_no_predictor": {**short, "method": "byol", "predictor": False},
+        "byol_no_ema": {**short, "method": "byol", "m": 0.0},
     }
 
 
@@ -166,12 +174,19 @@ def claims_cells(cfg: Config) -> dict[str, Cell]:
     return _cells(cfg, [r for role, o in overrides.items() for r in _replicates([o], seeds[role], base)], 1)
 
 
-def with_recipe(grid: Grid, override: dict) -> dict:
-    """A supervised cell's override with the baseline's own recipe (grid.supervised, its set
-    keys) beneath it; every other cell's as given. The recipe is not part of the cell's id."""
-    if override.get("method") != "supervised":
+def with_recipe(grid: Grid, override: dict, base: dict) -> dict:
+    """A cell's override with its method's own recipe beneath it: the keys its entry's rule sets
+    for the cell (MethodSpec.recipe: SimCLR's and BYOL's paper recipes, lr by the batch), under
+    the set keys of grid.<method> (grid.supervised, grid.simclr, grid.byol). A cell that names
+    no method is as given. The recipe is not part of the cell's id."""
+    method = override.get("method")
+    if method is None:
         return override
-    return {**{k: v for k, v in to_dict(grid.supervised).items() if v is not None}, **override}
+    recipe = grid.recipe(method)
+    stated = {k: v for k, v in to_dict(recipe).items() if v is not None} if recipe is not None else {}
+    rule = method_spec(method).recipe
+    ruled = rule({**base, **stated, **override}) if rule is not None else {}
+    return {**ruled, **stated, **override}
 
 
 def _cells(cfg: Config, overrides: list[dict], seeds: int | None = None) -> dict[str, Cell]:
@@ -181,7 +196,7 @@ def _cells(cfg: Config, overrides: list[dict], seeds: int | None = None) -> dict
     cells: dict[str, Cell] = {}
     for override in _replicates(overrides, seeds, cfg.pretrain):
         cid = cell_id(base, {**base, **override})
-        override = with_recipe(cfg.grid, override)
+        override = with_recipe(cfg.grid, override, base)
         cells.setdefault(cid, Cell(check_cell(cid, cfg.pretrain, override, num_samples), override))
     return cells
 
@@ -198,7 +213,7 @@ def only(cells: dict[str, Cell], chosen: Sequence[str] | None) -> dict[str, Cell
 
 def cell_params(cfg: Config, cid: str) -> Cell:
     """A cell given by id, whether or not it is in the declared grid."""
-    override = with_recipe(cfg.grid, parse_cell_id(cid))
+    override = with_recipe(cfg.grid, parse_cell_id(cid), to_dict(cfg.pretrain))
     return Cell(check_cell(cid, cfg.pretrain, override, num_samples=training_set_size(cfg)), override)
 
 

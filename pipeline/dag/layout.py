@@ -16,7 +16,7 @@ RESNETS = ("resnet18", "resnet50")  # their blocks and depths: pipeline.nets.mod
 # name: (embed_dim, depth, heads): ViT-Ti as DeiT; ViT-S/B as the MoCo v3 reference (12 heads
 # in ViT-S, where DeiT-S has 6)
 VITS = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 12), "vit_base": (768, 12, 12)}
-# the queue's replacement rules: pipeline.moco.queue.POLICIES, which building the DAG cannot
+# the queue's replacement rules: pipeline.methods.moco.queue.POLICIES, which building the DAG cannot
 # import (torch); tests/test_dag.py holds the two and the schema's enum equal
 QUEUE_POLICIES = ("fifo", "random")
 BACKBONE_LABELS = {
@@ -43,7 +43,7 @@ STUDY_NAMES = [
 TABLE_FORMATS = {"md": "Markdown", "csv": "CSV", "tex": "LaTeX"}
 # written by `snakemake claims` (pipeline.claims), not by the default target
 CLAIMS_TABLES = ["claims", "claims_momentum", "claims_queue"]
-FIGURES = ["accuracy_vs_K", "accuracy_vs_m", "staleness", "bn_leak"]  # + curves/<cell>
+FIGURES = ["accuracy_vs_K", "accuracy_vs_m", "staleness", "bn_leak", "methods"]  # + curves/<cell>
 FIGURE_FORMATS = ("png", "pdf")
 
 
@@ -66,6 +66,7 @@ AXES = (
     "dim",
     "queue_policy",
     "symmetric",
+    "predictor",
     "seed",
 )
 # a cell of the grid as its folder under results/cells names it: base, or axis=value pairs

@@ -12,63 +12,29 @@ Standard library only: Snakemake imports this while it builds the DAG (no torch,
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from pipeline.dag.layout import AXES, BACKBONES, CELL_ID, QUEUE_POLICIES, is_vit
+from pipeline.dag.keys import (  # noqa: E402, F401  (declared there: a method's folder declares its keys too)
+    BATCH,
+    CHECKPOINT_EVERY,
+    COUNT,
+    EPOCHS,
+    INIT,
+    JOBS,
+    NON_NEGATIVE,
+    PLAN,
+    POSITIVE,
+    RUNTIME,
+    SEED,
+    THREADS,
+    WORKERS,
+    key,
+    like_pretrain,
+    runtime,
+)
+from pipeline.dag.layout import AXES, BACKBONES, CELL_ID, is_vit
 from pipeline.methods import METHODS, MethodSpec, method_spec
-
-# What a key sets (its "sets"); unmarked keys determine their stage's result. A rule's params,
-# which Snakemake compares to decide a rerun, and a pretraining run's fingerprint, which decides
-# a resume, hold the result keys only (pipeline.dag.config.result_part).
-RUNTIME = "runtime"  # resources, logging or monitoring: never changes a result's meaning
-JOBS = "jobs"  # which jobs exist (e.g. detect.trials), not what one of them computes
-INIT = "init"  # pretrain: with the seed, all an untrained (random-init) network depends on
-PLAN = "plan"  # read while the DAG is built to set other keys (e.g. epochs), never by a stage
-
-
-def key(
-    default: Any = None,
-    doc: str = "",
-    *,
-    sets: str | None = None,
-    unless: Callable | None = None,
-    factory: Callable | None = None,
-    **rules: Any,
-) -> Any:
-    """One config key: its default (``factory`` for a nested section or a dict), what it means
-    (the schema's description) and JSON Schema ``rules`` on its value (a callable rule is called
-    when the schema is made: a list another module keeps, e.g. the registered methods). ``sets``:
-    what it determines (above); ``unless(section)``: where a RUNTIME key does change the result."""
-    metadata = {"doc": doc, "rules": rules, "sets": sets, "unless": unless}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def runtime(default: Any, doc: str = "", unless: Callable | None = None, **rules: Any) -> Any:
-    """A RUNTIME key. Thread and worker counts change float rounding only (the order of summed
-    terms, measured in docs/methods.md, "A run resumes only from its own state"): the same
-    experiment, as on a GPU run to run."""
-    return key(default, doc, sets=RUNTIME, unless=unless, **rules)
-
-
-def like_pretrain() -> Any:
-    """A grid.supervised key: the same-named pretrain key's rules, or null (the base cell's value)."""
-    return field(default=None, metadata={"like": "pretrain"})
-
-
-SEED: dict[str, Any] = {"minimum": 0, "maximum": 2**31 - 1}
-THREADS: dict[str, Any] = {"minimum": 1, "maximum": 1024}
-WORKERS: dict[str, Any] = {"minimum": 1, "maximum": 256}
-COUNT: dict[str, Any] = {"minimum": 1, "maximum": 100_000}  # images, epochs, proposals: a 1e12 is a typo
-EPOCHS: dict[str, Any] = {"minimum": 1, "maximum": 100_000}
-BATCH: dict[str, Any] = {"minimum": 1, "maximum": 2**20}
-POSITIVE: dict[str, Any] = {"exclusiveMinimum": 0}
-NON_NEGATIVE: dict[str, Any] = {"minimum": 0}
-CHECKPOINT_EVERY: dict[str, Any] = {"minimum": 0, "maximum": 10**9}
-
 
 # the embedded dataset's shape classes, in label order (pipeline.synthetic draws them)
 SYNTHETIC_CLASSES = ("disk", "square", "triangle", "diamond", "ring", "frame", "plus", "cross", "bars", "checker")
@@ -164,24 +130,15 @@ AUGS = ["v1", "v2", "v3", "cifar", "none"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class Pretrain:
-    """One pretraining cell (the base cell of the grid)."""
+class SharedPretrain:
+    """The pretrain keys every method reads or may read; each method's own keys are declared in
+    its folder (its entry's ``keys``) and joined to these in Pretrain."""
 
     method: str = key(
         "moco",
         "moco, or a baseline through the same stages (supervised, random): a registered method (pipeline.methods)",
         sets=INIT,
         enum=lambda: list(METHODS),
-    )
-    variant: str = key(
-        "v2",
-        "v1 (linear head), v2 (MLP head, aug+, cosine), v3 (no queue, predictor, symmetric loss)",
-        enum=["v1", "v2", "v3"],
-    )
-    mechanism: str = key(
-        "moco",
-        "how negatives are produced (MoCo paper, Figure 3); v1/v2 only",
-        enum=["moco", "end_to_end", "memory_bank"],
     )
     backbone: str = key("resnet18", sets=INIT, enum=list(BACKBONES))
     width: int = key(16, "ResNet: channels of the first stage", sets=INIT, minimum=4, maximum=256)
@@ -199,7 +156,6 @@ class Pretrain:
     )
     mlp_dim: int = key(4096, "hidden width of v3's projector and predictor", minimum=8, maximum=65536)
     dim: int = key(128, "embedding dimension", minimum=2, maximum=4096)
-    K: int = key(256, "queue size (number of negatives); a multiple of the global batch", minimum=1, maximum=2**24)
     m: float = key(0.99, "momentum of the key encoder, in [0, 1]", minimum=0, maximum=1)
     T: float = key(0.2, "softmax temperature", **POSITIVE)
     epochs: int = key(13, minimum=0, maximum=100_000)
@@ -238,30 +194,9 @@ class Pretrain:
         maximum=2.5,
     )
     crop_scale_min: float = key(0.5, exclusiveMinimum=0, maximum=1)
-    mask_same_source: bool = key(False)
-    symmetric: bool = key(False, "v1/v2: add the loss with the two views swapped (2B keys enqueued per step)")
     freeze_patch_embed: bool | None = key(
         None, "ViT: keep the random patch projection fixed (MoCo v3's stop_grad_conv1); null = for MoCo only"
     )
-    queue_policy: str = key(
-        "fifo",
-        "how a new key takes a queue slot: fifo (the oldest, the paper's) or random (a seeded uniform draw, "
-        "for the staleness study)",
-        enum=list(QUEUE_POLICIES),
-    )
-    shuffle_bn: bool = key(
-        True,
-        "the BN-leak guard (MoCo paper 3.3, v1/v2 and end-to-end): keys shuffled across ranks and across "
-        "each rank's split-BN sub-batches around the key encoder; ignored without BatchNorm",
-    )
-    bn_splits: int | None = key(
-        None,
-        "sub-batches in which BatchNorm normalises each rank's batch (v1/v2 and end-to-end); null = 1 across "
-        "ranks, in one process the most (up to 8) of at least 16 images",
-        minimum=1,
-        maximum=64,
-    )
-    bank_m: float = key(0.5, "momentum of memory-bank entries", minimum=0, maximum=1)
     fast_path: str | bool = key(
         "auto",
         "the GPU fast path of a step, one switch: channels_last (ResNets) and bf16 autocast; auto = on for "
@@ -278,6 +213,15 @@ class Pretrain:
     )
     seed: int = key(0, sets=INIT, **SEED)
     threads: int = runtime(1, **THREADS)
+
+
+# each registered method's own keys (pipeline.methods: MethodSpec.keys), in registration order
+METHOD_KEYS = tuple(spec.keys for spec in METHODS.values() if spec.keys is not None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pretrain(*reversed(METHOD_KEYS), SharedPretrain):  # type: ignore[misc]  # bases from the registry
+    """One pretraining cell (the base cell of the grid): the shared keys, then each method's own."""
 
     # what the method registry (pipeline.methods) and the backbone list say of this cell
     @property
@@ -528,8 +472,9 @@ class Resources:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SupervisedRecipe:
-    """grid.supervised: the supervised baseline's own recipe; each None keeps the base cell's."""
+class MethodRecipe:
+    """grid.<method>: a method's own recipe beneath its cells (grid.supervised, grid.simclr,
+    grid.byol); each None keeps the base cell's. Not part of a cell's id."""
 
     epochs: int | None = like_pretrain()
     batch_size: int | None = like_pretrain()
@@ -541,6 +486,11 @@ class SupervisedRecipe:
     warmup_epochs: float | None = like_pretrain()
     aug: str | None = like_pretrain()  # none: the loader's RandomResizedCrop + flip only
     crop_scale_min: float | None = like_pretrain()
+    jitter_scale: float | None = like_pretrain()
+    T: float | None = like_pretrain()
+    m: float | None = like_pretrain()
+    dim: int | None = like_pretrain()
+    mlp_dim: int | None = like_pretrain()
 
 
 # the grid's experiment design, which config.yaml sets for the demo; absent, no sweep, one seed
@@ -557,7 +507,12 @@ class Grid:
 
     one_at_a_time: dict = key(factory=dict, doc="axis (a pretrain key) -> values, each varied alone", **SWEEP)
     product: dict = key(factory=dict, doc="axis (a pretrain key) -> values, every combination", **SWEEP)
-    baselines: tuple = key((), items={"enum": ["random", "supervised"]}, uniqueItems=True)
+    baselines: tuple = key(
+        (),
+        "the other methods trained beside the base cell, each a cell method=<name> (its recipe: grid.<name>)",
+        items={"enum": [name for name in METHODS if name != "moco"]},
+        uniqueItems=True,
+    )
     only: tuple | None = key(
         None,
         "run only these cells of the grid (ids as under results/cells, e.g. [base, method=random]); null = every cell",
@@ -577,9 +532,19 @@ class Grid:
         "nodes = max(nodes, ceil(batch_size / batch_per_node)), runtime = overhead_minutes + "
         "minutes_per_epoch * epochs * backbone_cost / nodes",
     )
-    supervised: SupervisedRecipe = key(
-        factory=SupervisedRecipe, doc="the supervised baseline's recipe (pretrain keys); null = the base cell's value"
+    supervised: MethodRecipe = key(
+        factory=MethodRecipe, doc="the supervised baseline's recipe (pretrain keys); null = the base cell's value"
     )
+    simclr: MethodRecipe = key(
+        factory=MethodRecipe, doc="SimCLR's recipe (pretrain keys) over its paper's rule (pipeline.methods.simclr)"
+    )
+    byol: MethodRecipe = key(
+        factory=MethodRecipe, doc="BYOL's recipe (pretrain keys) over its paper's rule (pipeline.methods.byol)"
+    )
+
+    def recipe(self, method: str | None) -> MethodRecipe | None:
+        """The recipe beneath a cell of ``method`` (None: the base cell's settings)."""
+        return {"supervised": self.supervised, "simclr": self.simclr, "byol": self.byol}.get(method or "")
 
 
 NOT_ONE: dict[str, Any] = {"not": {"const": 1}}

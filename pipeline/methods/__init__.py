@@ -1,7 +1,14 @@
-"""The pretraining methods, one module (or folder) each: its model, heads, config check and
-registry entry together. A method's module registers its entry when imported; the line at the
-end imports each one. Adding a method: its module here and its name on that line
-(tests/test_method_registry.py registers a toy method from the test file alone).
+"""The pretraining methods, one folder (or module) each: its algorithm, model, heads, loss, its
+own config keys, its config check, its failure rule and its registry entry together. A method's
+folder registers its entry when imported; the line at the end imports each one. Adding a method:
+its folder here and its name on that line (tests/test_method_registry.py registers a toy method
+from the test file alone).
+
+Beside the methods, the parts several of them share, named for what they are: the momentum
+(EMA) target and its check on the run (momentum_target.py, ema_check.py: MoCo and BYOL), InfoNCE
+(info_nce.py: MoCo and SimCLR), the cross-entropy family's report and failure rule
+(cross_entropy.py), their MLP heads (heads.py), split BN (split_bn.py) and gathering across
+ranks (gather.py).
 
 Standard library only (pipeline.methods.registry): a method's torch half is imported when its
 model is built, so that building the DAG imports no torch.
@@ -11,7 +18,7 @@ from pipeline.methods.registry import METHODS, MethodSpec, is_moco, method_label
 
 # isort: off
 # each registers its entry, in the order of the schema's enum and the error messages
-from pipeline.methods import moco, supervised, random_init  # noqa: E402, F401
+from pipeline.methods import moco, simclr, byol, supervised, random_init  # noqa: E402, F401
 # isort: on
 
 __all__ = ["METHODS", "MethodSpec", "is_moco", "method_label", "method_spec", "register", "row_order"]

@@ -11,7 +11,7 @@ from torch import nn
 
 from pipeline.dag.layout import VITS, is_resnet
 from pipeline.dag.sections import Pretrain
-from pipeline.moco.split_bn import has_batch_norm, max_splits
+from pipeline.methods.split_bn import has_batch_norm, max_splits
 from pipeline.nets.method import Method
 from pipeline.nets.models import build_backbone
 

@@ -47,6 +47,14 @@ class MethodSpec:
     # its cross-field rules, ``check(p, where, num_samples)`` raising ConfigError; None: none
     # beyond every cell's
     check: Callable[[Pretrain, str, int | None], None] | None = None
+    # its own pretrain keys: a frozen, kw_only dataclass of pipeline.dag.keys.key fields, which
+    # the Pretrain section holds beside the shared keys (flat: pretrain.K, pretrain.predictor);
+    # read when pipeline.dag.sections is first imported, so registered by pipeline.methods' import line
+    keys: type | None = None
+    # its recipe where a cell switches to it from the base cell's method: ``recipe(cell)`` (the
+    # cell's pretrain values) -> the keys it sets (e.g. lr by its paper's rule from the batch);
+    # grid.<method> and the cell's own values override them. None: the base cell's settings
+    recipe: Callable[[dict], dict] | None = None
 
     def builder(self) -> Builder:
         if self.build is None:

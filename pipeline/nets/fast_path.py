@@ -25,7 +25,7 @@ class FastPath:
         if setting not in SETTINGS:
             raise ValueError(f"pretrain.fast_path must be one of {SETTINGS}, not {setting!r}")
         self.on = setting in ("on", True) or (setting == "auto" and device.type == "cuda")
-        # Split BN (bn_splits > 1, pipeline.moco.split_bn) regroups the batch into channels: from
+        # Split BN (bn_splits > 1, pipeline.methods.split_bn) regroups the batch into channels: from
         # channels_last that reshape copies every activation it normalises, which cost more
         # than channels_last saved (python -m pipeline.bench step --fast-path on: the guarded
         # v2 step x1.55 slower on CPU, x1.03 with the BN outputs copied back): such models stay

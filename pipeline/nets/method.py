@@ -1,16 +1,31 @@
 """What the training loop asks of every pretraining method (MoCo v1/v2/v3, end-to-end, memory
-bank, supervised), and the encoder each one trains. Each method implements the hooks that apply
-to it beside its own code, so the loop (pipeline.pretrain) never inspects a model: a new method
-is its own module under pipeline/methods/ plus one line there.
+bank, SimCLR, BYOL, supervised), and the encoder each one trains. Each method implements the
+hooks that apply to it beside its own code, so the loop (pipeline.pretrain) never inspects a
+model: it logs what a method reports (``Step.metrics``, ``diagnostics``) and asks the method
+whether its run failed (``failure``). A new method is its own folder under pipeline/methods/
+plus one line there.
 
-Plain torch: the MoCo core (pipeline.moco) builds on it and imports nothing above it.
+Plain torch: the methods' algorithms build on it, and it imports nothing of the package.
 """
 
 from __future__ import annotations
 
-import math
+from typing import NamedTuple
 
+import torch
 from torch import nn
+
+
+class Step(NamedTuple):
+    """What one training step of a method returns: the loss the optimiser minimises and the
+    step's own measurements (means over its rows, e.g. instance accuracy), which the loop
+    averages over the epoch's rows and logs as columns of that name."""
+
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor | float]
+    # the scores behind the metrics where a method has them (a contrastive method's logits, rows
+    # x candidates), for tests and benchmarks; the loop never reads them
+    logits: torch.Tensor | None = None
 
 
 class Encoder(nn.Module):
@@ -26,21 +41,16 @@ class Encoder(nn.Module):
 
 
 class Method(nn.Module):
-    """``forward(x1, x2, index, labels) -> (loss, logits, target)``; ``encoder_q.backbone`` is
-    what transfers. The hooks below do nothing unless a method overrides them."""
+    """``forward(x1, x2, index, labels) -> Step``; ``encoder_q.backbone`` is what transfers. The
+    hooks below do nothing unless a method overrides them. A method with a momentum target
+    derives from pipeline.methods.momentum_target.MomentumTarget."""
 
-    # a key encoder updated as the EMA of the query encoder (encoder_k, encoder_q, m): the run
-    # checks it never gets a gradient or optimizer state (pipeline.moco.ema_check)
-    has_momentum_encoder = False
     # the BN-leak guard (pipeline.methods.build.bn_guard_text): True/False for methods that encode a
     # key batch apart from its queries (MoCo v1/v2, end-to-end), None where there is none
     shuffle_bn: bool | None = None
     # normalise over the global batch with SyncBatchNorm on several GPUs (MoCo v3's heads)
     sync_batch_norm = False
-    encoder_q: Encoder  # every method's query encoder
-    # the methods with a momentum encoder: its copy updated as the EMA, at momentum m
-    encoder_k: nn.Module
-    m: float
+    encoder_q: Encoder  # every method's query (online) encoder
 
     def on_step(self, progress: float) -> None:
         """Before each optimisation step; ``progress`` runs from 0 to 1 over the whole run."""
@@ -48,10 +58,11 @@ class Method(nn.Module):
     def after_step(self, step: int) -> None:
         """After optimisation step ``step`` (counted from 0 over the whole run)."""
 
-    def chance_loss(self, candidates: int) -> float:
-        """The logged loss when every logit is alike (no positive stands out from its
-        ``candidates`` - 1 negatives): one cross-entropy over uniform logits, ln(candidates)."""
-        return math.log(candidates)
+    def failure(self, row: dict) -> str | None:
+        """Why a run of this method failed, read from its last epoch's log row (the loop's loss
+        and this method's metrics), or None. Each method states its own rule; a non-finite
+        loss is every method's failure and the loop's to see."""
+        return None
 
     def diagnostics(self) -> dict:
         """This method's values for the epoch's log row (log.csv columns)."""

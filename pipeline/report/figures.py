@@ -23,7 +23,7 @@ import pandas as pd
 
 from pipeline.dag.grid import format_value
 from pipeline.dag.layout import FIGURE_FORMATS, FIGURES, cell_file
-from pipeline.report.studies import MECHANISMS, groups, mechanism_groups, shuffle_bn_groups, value
+from pipeline.report.studies import MECHANISMS, groups, mechanism_groups, method_groups, shuffle_bn_groups, value
 from pipeline.runtime.io import atomic_path
 
 
@@ -129,6 +129,28 @@ def accuracy_vs_m(gs):
     return fig
 
 
+def methods(gs):
+    """The main table's rows as a figure: each method's linear top-1 by seed (one grey line per
+    seed across the methods: the pairing of the paired Δs), its mean and 95 % CI beside."""
+    fig, ax = pyplot().subplots(figsize=(max(5, 1.1 * len(gs) + 2), 3.5))
+    rows = [(" ".join(k for k in keys[:2] if k), g) for keys, g in method_groups(gs) if g is not None]
+    vals = [value(g.cells, "top1") for _, g in rows]
+    xs = list(range(len(rows)))
+    for seed in sorted({s for v in vals for s in v.by_seed}):
+        pts = [(x, v.by_seed[seed]) for x, v in zip(xs, vals) if seed in v.by_seed]
+        ax.plot([x for x, _ in pts], [y for _, y in pts], color="0.75", lw=0.8, marker=".", zorder=1)
+    _mark_fails(ax, _plot_values(ax, xs, vals, color="C0", ls="none", label="mean ± 95 % CI", zorder=2))
+    if rows:
+        ax.set_xticks(xs, [label for label, _ in rows], rotation=20, ha="right", fontsize=8)
+        ax.legend(fontsize=7)
+    else:
+        _no_data(ax)
+    ax.set(ylabel="linear top-1 (%)", title="Methods, paired by seed (grey: one seed)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def read_log(results: Path, cell: str) -> pd.DataFrame:
     try:
         return pd.read_csv(cell_file(results, cell, "log"))
@@ -209,13 +231,17 @@ def curves(results: Path, cell: str, status: str):
             _no_data(ax, "no pretraining epochs" if status != "missing" else "not computed yet")
     else:
         axes[0].plot(log["epoch"], log["loss"], marker=".")
-        axes[1].plot(log["epoch"], log["inst_acc"], marker=".", label="instance (pretext)")
+        if "inst_acc" in log:  # a cross-entropy method's pretext accuracy
+            axes[1].plot(log["epoch"], log["inst_acc"], marker=".", label="instance (pretext)")
+        if "spread" in log:  # BYOL's collapse measure (0: collapsed, ~1: spread), in % of its healthy value
+            axes[1].plot(log["epoch"], 100 * log["spread"], marker=".", label="output spread x 100 (pretext)")
         if "knn" in log and log["knn"].notna().any():  # the kNN monitor (every knn_every epochs)
             knn = log[["epoch", "knn"]].dropna()
             axes[1].plot(knn["epoch"], knn["knn"], marker="o", label="kNN monitor (val)")
-        axes[1].legend(fontsize=7)
+        if axes[1].lines:
+            axes[1].legend(fontsize=7)
     axes[0].set(xlabel="epoch", ylabel="loss", title="pretraining loss")
-    axes[1].set(xlabel="epoch", ylabel="accuracy (%)", title="instance accuracy")
+    axes[1].set(xlabel="epoch", ylabel="%", title="pretext metrics")
     curve = pd.DataFrame(probe.get("curve") or [])
     if not curve.empty:
         axes[2].plot(curve["epoch"], curve["val_top1"], label="linear probe (val)")
@@ -245,6 +271,7 @@ def write_figures(df: pd.DataFrame, results: Path) -> list[Path]:
         "accuracy_vs_m": lambda: accuracy_vs_m(gs),
         "staleness": lambda: staleness(results, cells),
         "bn_leak": lambda: bn_leak(results, gs),
+        "methods": lambda: methods(gs),
     }
     assert list(figs) == FIGURES
     written = []

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pipeline.dag.layout import cell_file
 
-# the last epoch's queue diagnostics (pipeline.moco.staleness), read from summary.json "final"
+# the last epoch's queue diagnostics (pipeline.methods.moco.staleness), read from summary.json "final"
 QUEUE_METRICS = ["queue_age_p99", "queue_age_max", "negative_drift_mean", "negative_drift_max"]
 DETECTION_KEYS = ["AP50", "AP", "AP75", "APs", "APm", "APl"]
 TRANSFER_KEYS = DETECTION_KEYS + [f"mask_{k}" for k in DETECTION_KEYS]  # a detect.json's AP keys

@@ -534,12 +534,19 @@ def has_masks(gs: dict[str, Group]) -> bool:
     return any(g.cells is not None and g.cells["mask_AP"].notna().any() for g in gs.values())
 
 
+def methods_title(gs) -> str:
+    """'MoCo vs supervised vs random init', with the rivals the grid ran between."""
+    others = {g.pretrain.method for g in gs.values()} - {"moco", "supervised", "random"}
+    rivals = [method_label(m) for m in sorted(others, key=row_order)]
+    return " vs ".join(["MoCo", *rivals, "supervised", "random init"])
+
+
 def methods(gs, prov, supervised_recipe: dict | None = None) -> Table:
     """The main table: each method with its paired Δ against random init, a sentence on the
     base cell that states no direction its CI does not support, and how supervised trained.
     Mask AP columns join the box AP where a cell was fine-tuned for segmentation."""
     metrics = ABLATION_METRICS + (MASK_METRICS if has_masks(gs) else [])
-    table = _methods_like(gs, prov, "methods", "MoCo vs supervised vs random init", metrics)
+    table = _methods_like(gs, prov, "methods", methods_title(gs), metrics)
     if SUPERVISED_ID in gs:
         table.notes.append(supervised_note(supervised_recipe or {}))
     compare(table, find(gs, RANDOM_ID), RANDOM_LABEL)

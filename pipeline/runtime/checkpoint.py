@@ -76,49 +76,44 @@ def set_cuda_rng_states(states: list[torch.Tensor]) -> None:
         torch.cuda.set_rng_state(state, device)
 
 
-def strictly_top(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """True where the target's logit beats every other one. argmax would count a collapsed
-    encoder (all logits equal) as 100% correct, since ties resolve to index 0, the positive."""
-    target_logit = logits.gather(1, target[:, None])
-    others = logits.scatter(1, target[:, None], float("-inf"))
-    return target_logit.squeeze(1) > others.max(1).values
-
-
 class EpochStats:
-    """Loss and accuracy summed on the device (no host sync per step); saved with the state."""
+    """The epoch's loss and the method's metrics (pipeline.nets.method.Step), summed over rows on
+    the device (no host sync per step); saved with the state."""
 
     def __init__(self, device, state: dict | None = None):
-        # a new epoch; a saved one (states written before "candidates" existed lack it)
+        # a new epoch, or a saved one (a state written before methods reported their own metrics
+        # holds none: the resumed epoch's metrics then cover its steps after the resume)
         state = {
             "loss": torch.zeros((), dtype=torch.float64),
-            "correct": torch.zeros((), dtype=torch.float64),
+            "metrics": {},
             "seen": 0,
             "seconds": 0.0,
             "lr": 0.0,
-            "candidates": 0,
             **(state or {}),
         }
-        self.loss, self.correct = state["loss"].to(device), state["correct"].to(device)
+        self.device = device
+        self.loss = state["loss"].to(device)
+        self.metrics: dict[str, torch.Tensor] = {k: v.to(device) for k, v in state["metrics"].items()}
         self.seen, self.seconds = state["seen"], state["seconds"]
         self.lr = state["lr"]  # of the last step: the epoch's row reports it
-        self.candidates = state["candidates"]  # logits per row: the positive and its negatives
 
-    def add(self, loss, logits, target) -> None:
-        n = target.shape[0]
-        self.loss += loss.detach().double() * n
-        self.correct += strictly_top(logits.detach(), target).sum().double()
-        self.seen += n
-        self.candidates = logits.shape[1]
+    def add(self, loss: torch.Tensor, metrics: dict, rows: int) -> None:
+        """One step of ``rows`` samples: its loss and its metrics (means over those rows)."""
+        self.loss += loss.detach().double() * rows
+        for name, value in metrics.items():
+            value = value.detach().double() if torch.is_tensor(value) else torch.tensor(value, dtype=torch.float64)
+            if name not in self.metrics:
+                self.metrics[name] = torch.zeros((), dtype=torch.float64, device=self.device)
+            self.metrics[name] += value.to(self.device) * rows
+        self.seen += rows
 
     def state(self) -> dict:
-        return {
-            "loss": self.loss,
-            "correct": self.correct,
-            "seen": self.seen,
-            "seconds": self.seconds,
-            "lr": self.lr,
-            "candidates": self.candidates,
-        }
+        return {"loss": self.loss, "metrics": self.metrics, "seen": self.seen, "seconds": self.seconds, "lr": self.lr}
+
+
+def on_cpu(values: dict) -> dict:
+    """A (nested) dict of tensors and plain values with every tensor on the CPU."""
+    return {k: on_cpu(v) if isinstance(v, dict) else v.cpu() if torch.is_tensor(v) else v for k, v in values.items()}
 
 
 class Resumed(NamedTuple):
@@ -134,7 +129,7 @@ def save_resume_state(path: Path, model, optimizer, stats: EpochStats, env, **fi
     between the epoch-end averages) with the model, optimizer and the method's diagnostics
     state; rank 0 writes."""
     rngs = distributed.gather_objects(rng_state())
-    sums = distributed.gather_objects({k: v.cpu() if torch.is_tensor(v) else v for k, v in stats.state().items()})
+    sums = distributed.gather_objects(on_cpu(stats.state()))
     bn = distributed.gather_objects({k: v.cpu() for k, v in distributed.bn_statistics(model).items()})
     if env.is_main:
         save(

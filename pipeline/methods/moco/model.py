@@ -8,10 +8,11 @@ from torch import nn
 
 from pipeline.dag.errors import ConfigError
 from pipeline.dag.sections import Pretrain
-from pipeline.moco import MoCo
-from pipeline.moco.mechanisms import EndToEnd, MemoryBank
-from pipeline.moco.split_bn import default_splits, has_batch_norm, split_batch_norm
-from pipeline.moco.v3 import MoCoV3
+from pipeline.methods.heads import bn_mlp
+from pipeline.methods.moco.builder import MoCo
+from pipeline.methods.moco.mechanisms import EndToEnd, MemoryBank
+from pipeline.methods.moco.v3 import MoCoV3
+from pipeline.methods.split_bn import default_splits, has_batch_norm, split_batch_norm
 from pipeline.nets.method import Encoder, Method
 from pipeline.nets.models import feature_dim
 
@@ -21,20 +22,6 @@ def projection_head(in_dim: int, out_dim: int, mlp: bool) -> nn.Module:
     if not mlp:
         return nn.Linear(in_dim, out_dim)
     return nn.Sequential(nn.Linear(in_dim, in_dim), nn.ReLU(inplace=True), nn.Linear(in_dim, out_dim))
-
-
-def bn_mlp(num_layers: int, in_dim: int, hidden: int, out_dim: int, last_bn: bool = True) -> nn.Sequential:
-    """MoCo v3's heads: Linear-BN-ReLU blocks, then Linear (+ BN without affine)."""
-    layers = []
-    for i in range(num_layers):
-        d_in = in_dim if i == 0 else hidden
-        if i < num_layers - 1:
-            layers += [nn.Linear(d_in, hidden, bias=False), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True)]
-        else:
-            layers.append(nn.Linear(d_in, out_dim, bias=False))
-            if last_bn:
-                layers.append(nn.BatchNorm1d(out_dim, affine=False))
-    return nn.Sequential(*layers)
 
 
 def bn_splits(p: Pretrain, world_size: int = 1) -> int:

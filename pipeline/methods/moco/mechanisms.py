@@ -1,5 +1,5 @@
-"""The two mechanisms the MoCo paper compares against (its Figure 3), behind MoCo's interface
-``forward(x1, x2, index) -> (loss, logits, target)``.
+"""The two mechanisms the MoCo paper compares against (its Figure 3), through the same
+interface as MoCo.
 
 - EndToEnd: keys come from the query encoder itself, with gradients; the negatives are the
   other samples of the (all-gathered) batch, so the dictionary size is the batch size.
@@ -14,13 +14,14 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from pipeline.moco.builder import ZeroLabels, info_nce, similarities
-from pipeline.moco.distributed import encode_shuffled, gather_all, gather_with_grad, rank, world_size
-from pipeline.moco.split_bn import has_batch_norm
-from pipeline.nets.method import Encoder, Method
+from pipeline.methods.cross_entropy import CrossEntropyMethod
+from pipeline.methods.gather import encode_shuffled, gather_all, gather_with_grad, world_size
+from pipeline.methods.info_nce import ZeroLabels, in_batch_info_nce, info_nce
+from pipeline.methods.split_bn import has_batch_norm
+from pipeline.nets.method import Encoder, Step
 
 
-class EndToEnd(Method):
+class EndToEnd(CrossEntropyMethod):
     """shuffle_bn: the same BN-leak guard as MoCo's (the paper uses it for both), here with
     gradients through the shuffle."""
 
@@ -37,13 +38,11 @@ class EndToEnd(Method):
     def forward(self, x1, x2, index=None, labels=None):
         q = F.normalize(self.encoder_q(x1), dim=1)
         k = F.normalize(self.encode_keys(x2), dim=1)
-        k_all = gather_with_grad(k)
-        logits = similarities(q, k_all) / self.T
-        target = torch.arange(q.shape[0], device=q.device) + rank() * q.shape[0]
-        return F.cross_entropy(logits, target), logits, target
+        loss, logits, target = in_batch_info_nce(q, k, self.T, with_grad=True)
+        return Step(loss, self.report(logits, target), logits)
 
 
-class MemoryBank(Method):
+class MemoryBank(CrossEntropyMethod):
     bank: torch.Tensor  # a buffer: one normalised embedding per training sample
 
     def __init__(
@@ -73,7 +72,7 @@ class MemoryBank(Method):
         loss, logits = info_nce(q, positives, negatives, self.T, mask, target)
         if self.training:
             self.update(gather_all(q.detach()), gather_all(index))
-        return loss, logits, target
+        return Step(loss, self.report(logits, target), logits)
 
     @torch.no_grad()
     def update(self, q: torch.Tensor, index: torch.Tensor) -> None:

@@ -1,7 +1,7 @@
 """The distributed pieces of MoCo: gathering keys and ShuffleBN.
 
 In one process the gathers are the identity and the shuffle permutes the batch, which
-matters only with split BatchNorm (pipeline.moco.split_bn): it moves each key into another
+matters only with split BatchNorm (pipeline.methods.split_bn): it moves each key into another
 sub-batch than its query's.
 """
 

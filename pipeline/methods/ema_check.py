@@ -1,4 +1,5 @@
-"""The key encoder, checked on the run itself: it never appears in the optimizer (no parameter,
+"""The momentum target (pipeline.methods.momentum_target: MoCo's key encoder, BYOL's target),
+checked on the run itself: it never appears in the optimizer (no parameter,
 no state, no gradient), and its weights follow the EMA of the query's,
 theta_k <- m * theta_k + (1 - m) * theta_q, replayed over the last logged steps.
 
@@ -15,11 +16,11 @@ from collections import deque
 
 import torch
 
-from pipeline.nets.method import Method
+from pipeline.methods.momentum_target import MomentumTarget
 
 
 class EmaRecord:
-    def __init__(self, model: Method, steps: int = 3):
+    def __init__(self, model: MomentumTarget, steps: int = 3):
         self.model = model
         pairs = list(zip(model.encoder_k.named_parameters(), model.encoder_q.parameters()))
         picked = sorted({0, len(pairs) // 3, 2 * len(pairs) // 3, len(pairs) - 1})

@@ -1,0 +1,61 @@
+"""BYOL as a pretraining method: its registry entry, its own key and its config rules. The
+model (an online encoder and predictor regressing the momentum target, no negatives) is in
+.model (torch), imported when built.
+
+It shares m (its target decay tau: 0.996 in the paper, raised to 1 by a cosine), dim and mlp_dim
+(its projector and predictor, Linear-BN-ReLU-Linear) with the other methods, and owns
+``predictor`` (false: the ablation without a predictor, which the BYOL paper reports collapses).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pipeline.dag.keys import key
+from pipeline.methods.registry import MethodSpec, register
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from pipeline.dag.sections import Pretrain
+    from pipeline.nets.method import Method
+
+
+@dataclass(frozen=True, kw_only=True)
+class ByolKeys:
+    """BYOL's own pretrain keys."""
+
+    predictor: bool = key(True, "byol: the online predictor; false = the ablation without it (BYOL's collapse)")
+
+
+def optimizer(p: Pretrain) -> str:
+    """BYOL's recipe: LARS (lr 0.2 x B/256, weight decay 1.5e-6)."""
+    return "lars"
+
+
+def recipe(cell: dict) -> dict:
+    """BYOL's recipe (its paper, 3.3 and Appendix C): LARS, lr 0.2 x B/256, weight decay 1.5e-6;
+    tau 0.996 -> 1 in the paper over 300 epochs, here 0.99 -> 1 (its window of ~100 steps fits the
+    base budget's 520, as MoCo's m = 0.99 does; 0.996's 250 would be half the run); heads 256 wide."""
+    return {
+        "optimizer": "lars",
+        "lr": 0.2 * cell["batch_size"] / 256,
+        "weight_decay": 1.5e-6,
+        "m": 0.99,
+        "mlp_dim": 256,
+    }
+
+
+def build(p: Pretrain, backbone: nn.Module, num_classes: int, num_samples: int, world_size: int) -> Method:
+    from pipeline.methods.byol.model import BYOL
+    from pipeline.methods.heads import bn_mlp
+    from pipeline.nets.method import Encoder
+    from pipeline.nets.models import feature_dim
+
+    projector = bn_mlp(2, feature_dim(backbone), p.mlp_dim, p.dim, last_bn=False)
+    predictor = bn_mlp(2, p.dim, p.mlp_dim, p.dim, last_bn=False) if p.predictor else None
+    return BYOL(Encoder(backbone, projector), predictor, m=p.m)
+
+
+ENTRY = register(MethodSpec("byol", "BYOL", 14, build, optimizer=optimizer, recipe=recipe, keys=ByolKeys))

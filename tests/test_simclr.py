@@ -1,0 +1,90 @@
+"""SimCLR (pipeline/methods/simclr): NT-Xent by its definition, its 2N - 2 negatives, its chance
+loss, its recipe by the paper's rule, and a real pretraining on the embedded data."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from pipeline import pretrain
+from pipeline.dag.config import load_config
+from pipeline.dag.grid import grid_cells
+from pipeline.methods.simclr.model import SimCLR, nt_xent
+
+DATA = {"crop_size": 32, "workers": 1}
+
+
+def nt_xent_by_definition(z1, z2, T):
+    """SimCLR's eq. 1, one anchor at a time: l(i, j) = -log exp(s_ij / T) / sum_{k != i} exp(s_ik / T),
+    averaged over the 2N anchors (both views of every image)."""
+    z = torch.cat([z1, z2]).double()
+    n2, total = len(z), 0.0
+    for i in range(n2):
+        j = (i + n2 // 2) % n2
+        denom = sum(math.exp(float(z[i] @ z[k]) / T) for k in range(n2) if k != i)
+        total += -math.log(math.exp(float(z[i] @ z[j]) / T) / denom)
+    return total / n2
+
+
+def test_nt_xent_is_the_papers_loss():
+    torch.manual_seed(0)
+    z1, z2 = F.normalize(torch.randn(5, 8), dim=1), F.normalize(torch.randn(5, 8), dim=1)
+    loss, logits, target = nt_xent(z1, z2, T=0.1)
+    assert float(loss) == pytest.approx(nt_xent_by_definition(z1, z2, 0.1), rel=1e-5)
+    # each row: its positive (the other view), 2N - 2 negatives, itself masked out
+    assert logits.shape == (10, 10) and torch.isinf(logits.diagonal()).all()
+    assert int(torch.isfinite(logits).sum(1)[0]) == 1 + 2 * 5 - 2
+    assert target.tolist() == [5, 6, 7, 8, 9, 0, 1, 2, 3, 4]
+
+
+class Constant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return self.w.expand(x.shape[0], -1)
+
+
+def test_a_constant_encoder_sits_at_its_chance_loss_and_is_flagged():
+    """Every view alike: the loss is ln(2N - 1) (uniform over the other views), and the cross-entropy
+    family's rule flags it."""
+    model = SimCLR(Constant(), T=0.1)
+    x = torch.zeros(8, 3, 4, 4)
+    loss, metrics, _ = model(x, x)
+    assert float(loss.detach()) == pytest.approx(math.log(15), rel=1e-5)
+    assert metrics["chance_loss"] == pytest.approx(math.log(15)) and float(metrics["inst_acc"]) == 0.0
+    row = {"epoch": 1, "loss": float(loss), "chance_loss": metrics["chance_loss"]}
+    assert model.failure(row).startswith("collapsed")
+    assert model.failure({**row, "loss": 0.5 * float(loss)}) is None
+
+
+def test_the_recipe_follows_the_papers_rule_at_every_batch():
+    """SimCLR's cells take LARS, lr 0.3 x B/256, weight decay 1e-6, T 0.1 (the paper's), at the base
+    batch and at 4x it; the cell's own values win."""
+    cfg = load_config({"grid": {"one_at_a_time": {"batch_size": [256]}, "baselines": ["simclr"]}})
+    cells = grid_cells(cfg)
+    simclr = cells["method=simclr"].pretrain
+    assert (simclr.optimizer, simclr.lr, simclr.weight_decay, simclr.T) == ("lars", 0.3 * 64 / 256, 1e-6, 0.1)
+    assert cells["base"].pretrain.lr == 0.015  # MoCo's base cell keeps its own
+    from pipeline.dag.grid import cell_params
+
+    big = cell_params(cfg, "method=simclr,batch_size=256").pretrain
+    assert big.batch_size == 256 and big.lr == pytest.approx(0.3)
+    own = cell_params(load_config({"grid": {"simclr": {"T": 0.2}}}), "method=simclr").pretrain
+    assert own.T == 0.2 and own.optimizer == "lars"
+
+
+def test_simclr_pretrains_on_the_embedded_data(ffcv_small, tmp_path):
+    """A real run through the stage: it logs what SimCLR reports (instance accuracy over the 2N - 1
+    other views, its chance loss) and has no momentum target to check. (That it learns is
+    tests/test_methods.py's: the instance loss on fresh views falls.)"""
+    params = {"method": "simclr", "width": 8, "dim": 16, "mlp_dim": 32, "epochs": 2, "batch_size": 16}
+    params |= {"lr": 0.3, "optimizer": "lars", "T": 0.1, "knn_every": 0}
+    summary = pretrain.run({"data": DATA, "pretrain": params}, ffcv_small, tmp_path / "out", tmp_path / "state", False)
+    final = summary["final"]
+    assert summary["key_encoder"] is None and summary["bn_guard"].startswith("not applicable")
+    assert final["chance_loss"] == pytest.approx(math.log(31), abs=1e-4)  # 2 x 16 views, less itself
+    assert 0 <= final["inst_acc"] <= 100 and math.isfinite(final["loss"])
