@@ -13,6 +13,7 @@ from pipeline.methods.build import build_model
 from pipeline.methods.byol.model import BYOL, SPREAD_FLOOR, regression_loss, spread
 from pipeline.methods.moco.builder import MoCo
 from pipeline.methods.momentum_target import MomentumTarget
+from pipeline.nets.method import Encoder
 from pipeline.nets.optim import build_optimizer
 
 DATA = {"crop_size": 32, "workers": 1}
@@ -102,3 +103,22 @@ def test_byol_pretrains_on_the_embedded_data(ffcv_small, tmp_path, predictor):
     assert header[:3] == ["epoch", "loss", "spread"] and "inst_acc" not in header
     if predictor:
         assert summary["failure"] is None and final["spread"] > SPREAD_FLOOR
+
+
+def test_a_momentum_schedule_must_be_known():
+    with pytest.raises(ValueError, match="momentum schedule 'linear' is not one of constant, cosine"):
+        BYOL(Encoder(ConstantBackbone(), nn.Identity()), None).init_target(0.99, schedule="linear")
+
+
+def test_a_byol_cells_curves_show_its_spread(tmp_path):
+    """The cell's curves plot what BYOL reports (its spread), not an instance accuracy it has not."""
+    from pipeline.pretrain import rows_to_csv
+    from pipeline.report import figures
+
+    log = tmp_path / "cells" / "method=byol" / "pretrain" / "log.csv"
+    log.parent.mkdir(parents=True)
+    log.write_text(rows_to_csv([{"epoch": e, "loss": 1.0 / e, "spread": 0.5, "lr": 0.1, "m": 0.99} for e in (1, 2)]))
+    fig = figures.curves(tmp_path, "method=byol", "ok")
+    labels = [line.get_label() for line in fig.axes[1].lines]
+    assert labels == ["output spread x 100 (pretext)"]
+    assert list(fig.axes[1].lines[0].get_ydata()) == [50.0, 50.0]

@@ -285,6 +285,23 @@ def test_simclr_at_the_large_batch_far_from_moco_contradicts_the_match(tmp_path)
     assert verdicts(tmp_path)["queue vs batch"] == CONTRADICTED
 
 
+def test_a_failed_run_of_simclr_at_the_large_batch_leaves_the_match_undecided(tmp_path):
+    full_results(tmp_path, simclr_large=([59.0, 50.0, 69.0], [None, "diverged: loss nan at epoch 2", None], {}))
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["queue vs batch"]
+    assert row["verdict"] == INCONCLUSIVE and "1 of 3 seeds failed" in row["measured"]
+
+
+def test_a_large_batch_the_data_cannot_fill_is_not_decidable_a_priori():
+    """4 x 256 = 1,024 images a batch from 500: not one step; known from the config alone."""
+    from pipeline.dag.claims_plan import Budget, large_batch
+
+    assert large_batch(Budget(images=500, classes=10, batch=256, epochs=15)) == (
+        "a batch of 1,024 (4 x 256): 0 steps in 15 epochs",
+        "needs ≥ 1,024 training images for one batch of 1,024, has 500",
+    )
+
+
 def test_the_queue_claim_on_data_large_enough_to_decide_it(tmp_path):
     full_results(tmp_path)
     write_claims(tmp_path, LARGE)
@@ -363,6 +380,12 @@ def test_one_seed_is_inconclusive(tmp_path):
     write_claims(tmp_path, CONFIG)
     row = rows_by_claim(tmp_path)["low m"]
     assert row["verdict"] == INCONCLUSIVE and "Δ -8.0 (n=1) (n = 1: no interval)" in row["measured"]
+    for s in (1, 2):  # SimCLR at 1,024 too: one seed cannot show a match
+        for f in (tmp_path / "cells" / seed_cell(ROLES["simclr_large"][0], s)).rglob("*.json"):
+            f.unlink()
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["queue vs batch"]
+    assert row["verdict"] == INCONCLUSIVE and row["measured"].endswith("(one seed: no interval)")
 
 
 def test_a_pilot_that_learnt_nothing_decides_no_accuracy_claim(tmp_path):

@@ -26,8 +26,27 @@ def test_candidates_vary_no_ablation_knob(repo):
         run_cfg, synthetic = recipe.candidate_config(name, seed=3, threads=1)
         p = run_cfg["pretrain"]
         assert p["seed"] == 3 and p["knn_every"] == 0  # the kNN monitor would read the val split
-        assert {k: p[k] for k in ablations if k in p} == {k: cfg["pretrain"][k] for k in ablations if k in p}, name
+        # a rival's target decay (BYOL's tau) is its own recipe's, no MoCo ablation
+        mine = ablations - ({"m"} if p.get("method") in recipe.RIVALS else set())
+        assert {k: p[k] for k in mine if k in p} == {k: cfg["pretrain"][k] for k in mine if k in p}, name
         assert run_cfg["data"]["crop_size"] == synthetic["image_size"]
+
+
+def test_a_rivals_candidate_trains_by_its_papers_recipe():
+    """SimCLR's and BYOL's candidates take their entries' recipes (lr by the rule at batch 64, LARS)
+    beneath their own values."""
+    from pipeline.bench import recipe
+
+    simclr = recipe.candidate_config("simclr_bg1", seed=0, threads=1)[0]["pretrain"]
+    assert (simclr["method"], simclr["optimizer"], simclr["lr"], simclr["T"]) == ("simclr", "lars", 0.075, 0.1)
+    byol = recipe.candidate_config("byol_bg1_lr0.25", seed=0, threads=1)[0]["pretrain"]
+    assert (byol["method"], byol["optimizer"], byol["lr"], byol["m"], byol["weight_decay"]) == (
+        "byol",
+        "lars",
+        0.25,
+        0.99,
+        1.5e-6,
+    )
 
 
 def test_a_candidate_outside_the_study_knobs_is_refused(monkeypatch):

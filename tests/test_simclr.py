@@ -88,3 +88,12 @@ def test_simclr_pretrains_on_the_embedded_data(ffcv_small, tmp_path):
     assert summary["key_encoder"] is None and summary["bn_guard"].startswith("not applicable")
     assert final["chance_loss"] == pytest.approx(math.log(31), abs=1e-4)  # 2 x 16 views, less itself
     assert 0 <= final["inst_acc"] <= 100 and math.isfinite(final["loss"])
+
+
+def test_simclr_and_byol_take_lars_under_optimizer_auto():
+    """A config whose base cell is SimCLR or BYOL (a preset's) trains with its paper's optimiser."""
+    from pipeline.dag.sections import Pretrain
+    from pipeline.nets.optim import optimizer_name
+
+    assert optimizer_name(Pretrain(method="simclr")) == optimizer_name(Pretrain(method="byol")) == "lars"
+    assert optimizer_name(Pretrain()) == "sgd"  # MoCo v2's

@@ -385,6 +385,19 @@ def test_method_comparison_and_detection(results):
     assert "SyncBN over 16 images" in (results / "tables" / "detection.tex").read_text()
 
 
+def test_the_rivals_join_the_main_table_and_its_figure(tmp_path):
+    """SimCLR and BYOL cells stand between MoCo and the baselines (their registry order), the title
+    names them, and the methods figure draws each method's seeds paired."""
+    for s in (0, 1):
+        seed = f",seed={s}" if s else ""
+        for cid, top1 in (("base", 60.0), ("method=simclr", 58.0), ("method=byol", 40.0), ("method=random", 20.0)):
+            fake_cell(tmp_path, (cid + seed).removeprefix("base,") if s else cid, top1 + s)
+    write_tables(tmp_path, {"grid": {"seeds": 2}})
+    assert list(md_rows(tmp_path, "methods")) == ["MoCo (base cell)", "SimCLR", "BYOL", "supervised", "random init"]
+    assert "### MoCo vs SimCLR vs BYOL vs supervised vs random init" in (tmp_path / "tables" / "main.md").read_text()
+    assert (tmp_path / "figures" / "methods.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_the_main_table_says_how_the_supervised_baseline_trained(results, tmp_path):
     # CONFIG sets no grid.supervised: the baseline trained on MoCo's views, and the footnote says so
     main = (results / "tables" / "main.md").read_text()
