@@ -50,6 +50,7 @@ def test_moco_v3_recipe_excludes_biases_and_norm_parameters():
     """build_optimizer on MoCo v3's ResNet recipe: LARS; after one step each weight moved by
     lr * trust_coefficient * ||w|| along -(g + wd w); each bias and BN parameter by -lr * g."""
     p = dataclasses.replace(Pretrain(), method="moco", variant="v3", backbone="resnet18", optimizer="auto")
+    p = dataclasses.replace(p, lars_trust=0.02)  # the trust coefficient the config sets (0.001 by default)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
     opt = build_optimizer(p, model.parameters())
@@ -62,7 +63,7 @@ def test_moco_v3_recipe_excludes_biases_and_norm_parameters():
     for name, (w, g) in before.items():
         if w.ndim > 1:
             u = g + p.weight_decay * w
-            expected = -p.lr * 0.001 * w.norm() * u / u.norm()
+            expected = -p.lr * 0.02 * w.norm() * u / u.norm()
         else:  # 0.bias, 1.weight, 1.bias (BN), 3.bias
             expected = -p.lr * g
         torch.testing.assert_close(moved[name], expected, rtol=1e-5, atol=1e-8, msg=name)

@@ -173,6 +173,13 @@ class SharedPretrain:
     optimizer: str = key("auto", "auto = sgd (v1/v2), lars (v3 ResNet), adamw (v3 ViT)", enum=OPTIMIZERS)
     weight_decay: float = key(0.0005, **NON_NEGATIVE)
     sgd_momentum: float = key(0.9, minimum=0, maximum=1)
+    lars_trust: float = key(
+        0.001,
+        "LARS's trust coefficient: a weight matrix's step is lr x this x its norm over its update's (0.001: "
+        "MoCo v3's, SimCLR's, BYOL's at batch 4096; small-batch recipes take larger ones)",
+        exclusiveMinimum=0,
+        maximum=1,
+    )
     warmup_epochs: float = key(0, **NON_NEGATIVE)
     schedule: str = key("cosine", "cosine, or step (x0.1 at lr_step_epochs)", enum=SCHEDULES)
     lr_step_epochs: tuple[int, ...] | None = key(
@@ -487,6 +494,7 @@ class MethodRecipe:
     aug: str | None = like_pretrain()  # none: the loader's RandomResizedCrop + flip only
     crop_scale_min: float | None = like_pretrain()
     jitter_scale: float | None = like_pretrain()
+    lars_trust: float | None = like_pretrain()
     T: float | None = like_pretrain()
     m: float | None = like_pretrain()
     dim: int | None = like_pretrain()

@@ -64,7 +64,7 @@ def build_optimizer(p: Pretrain, params) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=p.lr, momentum=p.sgd_momentum, weight_decay=wd)
     if name == "lars":
-        return LARS(params, lr=p.lr, weight_decay=wd, momentum=p.sgd_momentum)
+        return LARS(params, lr=p.lr, weight_decay=wd, momentum=p.sgd_momentum, trust_coefficient=p.lars_trust)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=p.lr, weight_decay=wd)
     raise ValueError(f"unknown optimizer '{name}' (sgd, lars, adamw)")
