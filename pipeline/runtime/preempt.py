@@ -32,20 +32,35 @@ def install() -> None:
     except ValueError:
         return
     if not _fork_hook:
-        os.register_at_fork(after_in_child=_uninstall_in_child)
+        os.register_at_fork(before=_block_signals, after_in_parent=_restore_mask, after_in_child=_uninstall_in_child)
         _fork_hook.append(True)
 
 
 _fork_hook: list[bool] = []  # registered once per process
+_mask_before_fork: list[set] = []  # the forking thread's signal mask, restored after the fork
+
+
+def _block_signals() -> None:
+    """Before a fork: hold the warning signals pending, so that one sent to the new child before
+    it resets its handlers (a pool's terminate() right after the pool forked) is not caught by
+    the inherited flag-setting handler and lost, but delivered once the child can die of it."""
+    _mask_before_fork.append(signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS))
+
+
+def _restore_mask() -> None:
+    if _mask_before_fork:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _mask_before_fork.pop())
 
 
 def _uninstall_in_child() -> None:
     """A process forked from this one (a loader worker, a pool or writer process) dies on SIGTERM
     as usual: with the flag-setting handler it would outlive its parent's terminate() and the
-    join after it (a pool's workers wait on a lock the terminating parent holds)."""
+    join after it (a pool's workers wait on a lock the terminating parent holds). The default
+    actions first, then the mask of before the fork: a signal held pending since is delivered."""
     for sig in SIGNALS:
         if signal.getsignal(sig) is _handler:
             signal.signal(sig, signal.SIG_DFL)
+    _restore_mask()
 
 
 def requested() -> bool:
