@@ -414,7 +414,7 @@ class Detect:
         maximum=100,
     )
     threads: int = runtime(1, **THREADS)
-    # each flip is drawn from (seed, epoch, image) (pipeline.detect.EpochSeeded): the count changes no result
+    # each flip is drawn from (seed, epoch, image) (pipeline.transfer.data.EpochSeeded): the count changes no result
     workers: int = runtime(
         0,
         "image-decoding processes of the training loader (0 = in the main process; 4-8 on GPU nodes)",
