@@ -111,3 +111,16 @@ def test_one_schedule_by_hand():
     assert [step.factor(s) for s in (99, 17999, 18000, 21999, 22000)] == pytest.approx([1, 1, 0.1, 0.1, 0.01])
     moco = Schedule(200, "step", drops=share_of(200, STEP_DROPS))  # MoCo's drops at 120 and 160 of 200
     assert [moco.factor(s) for s in (119, 120, 159, 160, 199)] == pytest.approx([1, 0.1, 0.1, 0.01, 0.01])
+
+
+def test_lars_leaves_a_group_without_gradients_as_it_was():
+    """A parameter group none of whose tensors got a gradient (a frozen part) takes no step."""
+    frozen, live = nn.Linear(3, 2), nn.Linear(3, 2)
+    opt = LARS([{"params": frozen.parameters()}, {"params": live.parameters()}], lr=0.5)
+    before = [t.detach().clone() for t in frozen.parameters()]
+    live(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, frozen.parameters()))
+    assert all("momentum_buffer" in opt.state[t] for t in live.parameters()) and not opt.state.keys() & set(
+        frozen.parameters()
+    )

@@ -398,6 +398,13 @@ def test_the_rivals_join_the_main_table_and_its_figure(tmp_path):
     assert (tmp_path / "figures" / "methods.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_methods_figure_without_cells_says_so():
+    from pipeline.report import figures
+
+    fig = figures.methods({})
+    assert [t.get_text() for t in fig.axes[0].texts] == ["no data yet"]
+
+
 def test_the_main_table_says_how_the_supervised_baseline_trained(results, tmp_path):
     # CONFIG sets no grid.supervised: the baseline trained on MoCo's views, and the footnote says so
     main = (results / "tables" / "main.md").read_text()
