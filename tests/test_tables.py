@@ -50,6 +50,9 @@ CONFIG = {
         "baselines": ["random", "supervised"],
     },
 }
+# the studies CONFIG's grid sweeps (its one_at_a_time axes, Faster R-CNN transfer): not the BN
+# leak (no shuffle_bn cell) nor segmentation (boxes only)
+SWEPT_HERE = ["methods", "ablation_K", "ablation_m", "ablation_epochs", "mechanisms", "detection", "grid"]
 T_975 = {1: 12.706, 2: 4.303}  # t(0.975, dof), from a printed table
 
 
@@ -186,8 +189,8 @@ def md_rows(results, name) -> dict[str, list[str]]:
     return out
 
 
-def test_every_study_written_in_three_formats(results):
-    for name in STUDY_NAMES:
+def test_every_swept_study_written_in_three_formats(results):
+    for name in SWEPT_HERE:
         for ext in ("md", "csv", "tex"):
             assert (results / "tables" / f"{name}.{ext}").is_file(), f"{name}.{ext}"
     assert (results / "tables" / "main.md").read_text() == (results / "tables" / "methods.md").read_text()
@@ -198,6 +201,31 @@ def test_every_study_written_in_three_formats(results):
     base = next(r for r in cells if r["cell"] == "base")
     assert float(base["queue_age_max"]) == 16 and float(base["negative_drift_mean"]) == 0.5
     assert float(base["negative_drift_max"]) == 1.0
+
+
+def test_a_study_the_grid_does_not_sweep_is_listed_with_its_command_not_written(results):
+    """Issue 47 item 6: no one-row ablation, no one-point figure; all.md says how to run them."""
+    for name in set(STUDY_NAMES) - set(SWEPT_HERE):
+        assert not (results / "tables" / f"{name}.md").exists(), name
+    assert not (results / "figures" / "bn_leak.png").exists()
+    text = (results / "tables" / "all.md").read_text()
+    skipped = text[text.index("### Studies these cells do not sweep") :]
+    assert "The BN leak" in skipped and "one_at_a_time: {shuffle_bn: [false]}" in skipped
+    assert "only: [base, shuffle_bn=false]" in skipped
+    assert "instance segmentation" in skipped and "detect='{enabled: true, task: segmentation}'" in skipped
+    assert "Ablation over the queue size K" not in skipped  # swept: its own table
+
+
+def test_a_table_of_a_study_no_longer_swept_is_removed(tmp_path):
+    r = tmp_path / "r"
+    fake_cell(r, "base", 60.0)
+    fake_cell(r, "shuffle_bn=false", 40.0)
+    write_tables(r, {})
+    assert (r / "tables" / "shuffle_bn.md").is_file() and (r / "figures" / "bn_leak.pdf").is_file()
+    shutil.rmtree(r / "cells" / "shuffle_bn=false")
+    write_tables(r, {})
+    assert not (r / "tables" / "shuffle_bn.md").exists() and not (r / "figures" / "bn_leak.pdf").exists()
+    assert (r / "tables" / "methods.md").is_file()
 
 
 def test_k_ablation_numbers_and_missing_cell(results):
@@ -227,7 +255,7 @@ def test_seeds_mean_and_confidence_interval(results):
 
 
 def test_every_table_says_how_many_runs_stand_behind_its_numbers(results):
-    for name in STUDY_NAMES:
+    for name in SWEPT_HERE:
         text = (results / "tables" / f"{name}.md").read_text()
         assert "(n=" in text and "a ± b (n=k)" in text, name
     tex = (results / "tables" / "ablation_K.tex").read_text()
@@ -446,7 +474,7 @@ def test_epochs_and_grid_tables(results):
 
 
 def test_every_table_states_its_provenance(results):
-    for name in STUDY_NAMES:
+    for name in SWEPT_HERE:
         text = (results / "tables" / f"{name}.md").read_text()
         for word in (
             "dataset: embedded synthetic shapes (10 classes, 500 train",
@@ -484,7 +512,7 @@ def check_latex_structure(tex: str) -> None:
 
 
 def test_latex_is_booktabs_with_consistent_columns(results):
-    for name in STUDY_NAMES:
+    for name in SWEPT_HERE:
         tex = (results / "tables" / f"{name}.tex").read_text()
         check_latex_structure(tex)
         assert "—" not in tex and "±" not in tex and "Δ" not in tex  # pdflatex-safe: ---, $\pm$, $\Delta$
@@ -506,7 +534,7 @@ def test_latex_escapes_specials():
 def test_latex_compiles(results, tmp_path):
     # make test installs TeX (texlive-latex-base/-recommended); outside CI it may be absent
     require(shutil.which("pdflatex") is not None, "no TeX engine (pdflatex): structural checks only")
-    inputs = "\n".join(rf"\input{{{results / 'tables' / name}.tex}}" for name in STUDY_NAMES)
+    inputs = "\n".join(rf"\input{{{results / 'tables' / name}.tex}}" for name in SWEPT_HERE)
     doc = tmp_path / "doc.tex"
     doc.write_text(
         f"\\documentclass{{article}}\n\\usepackage{{booktabs}}\n\\begin{{document}}\n{inputs}\n\\end{{document}}\n"
@@ -529,7 +557,6 @@ def test_figures_png_and_pdf(results):
         "accuracy_vs_K",
         "accuracy_vs_m",
         "staleness",
-        "bn_leak",
         "curves/base",
         "curves/m=0",
         "curves/method=random",
@@ -556,7 +583,8 @@ def test_cli_without_snakemake(tmp_path):
 def test_empty_results(tmp_path):
     text = write_tables(tmp_path, figures=False)
     assert "No cell results" in text
-    assert md_rows(tmp_path, "ablation_m")["0.9"] == ["6.58", "?"] + ["—"] * 7
+    assert md_rows(tmp_path, "methods")["MoCo (base cell)"][-1] == "—"
+    assert sorted(p.stem for p in (tmp_path / "tables").glob("*.md")) == ["all", "grid", "main", "methods"]
     check_latex_structure((tmp_path / "tables" / "methods.tex").read_text())
 
 

@@ -27,8 +27,8 @@ BACKBONE_LABELS = {
     "vit_base": "ViT-B",
 }
 
-# tables always written (outputs of the `tables` rule); ablation_<axis> tables of other
-# single-axis sweeps are written when such cells exist
+# the studies' tables, each written where the cells sweep it (pipeline.dag.sweeps); ablation_<axis>
+# tables of other single-axis sweeps are written when such cells exist
 STUDY_NAMES = [
     "methods",
     "ablation_K",
@@ -105,9 +105,9 @@ def table_files(results, names=tuple(STUDY_NAMES)) -> dict[tuple[str, str], str]
     return {(name, ext): f"{results}/tables/{name}.{ext}" for name in names for ext in TABLE_FORMATS}
 
 
-def figure_files(results, cells) -> list[str]:
-    """Every file the tables stage's figures write for these cells."""
-    stems = [*FIGURES, *(f"curves/{c}" for c in cells)]
+def figure_files(results, cells, names=FIGURES) -> list[str]:
+    """Every file the tables stage's figures ``names`` and these cells' curves write."""
+    stems = [*names, *(f"curves/{c}" for c in cells)]
     return [f"{results}/figures/{s}.{ext}" for s in stems for ext in FIGURE_FORMATS]
 
 

@@ -260,8 +260,9 @@ def curves(results: Path, cell: str, status: str):
     return fig
 
 
-def write_figures(df: pd.DataFrame, results: Path) -> list[Path]:
-    """Every figure; returns the paths written (without suffix)."""
+def write_figures(df: pd.DataFrame, results: Path, names=FIGURES) -> list[Path]:
+    """The figures ``names`` (pipeline.dag.sweeps.drawn: those of the studies swept) and every
+    cell's curves; returns the paths written (without suffix)."""
     out = results / "figures"
     (out / "curves").mkdir(parents=True, exist_ok=True)
     gs = groups(df) if not df.empty else {}
@@ -275,8 +276,8 @@ def write_figures(df: pd.DataFrame, results: Path) -> list[Path]:
     }
     assert list(figs) == FIGURES
     written = []
-    for name, make in figs.items():
-        save(make(), out / name)
+    for name in names:
+        save(figs[name](), out / name)
         written.append(out / name)
     for cell, status in zip(cells, df["status"] if cells else []):
         save(curves(results, cell, status), out / "curves" / cell)

@@ -14,8 +14,6 @@ from pipeline.dag.sections import JOBS, RUNTIME
 from pipeline.dag.layout import (
     CELL_ID,
     CLAIMS_TABLES,
-    FIGURES,
-    STUDY_NAMES,
     cell_file,
     TABLE_FORMATS,
     figure_files,
@@ -24,7 +22,12 @@ from pipeline.dag.layout import (
     table_files,
 )
 
+from pipeline.dag.sweeps import drawn, fine_tuned, swept
+
 R = CFG.results
+# the studies the grid sweeps: their tables and figures are the tables stage's outputs
+SWEPT = swept(CELLS, fine_tuned(CFG.detect, CELLS))
+DRAWN = drawn(SWEPT)
 
 PY = shlex.quote(sys.executable)  # the interpreter running snakemake (.venv), also on SLURM nodes
 CONDA_ENV = "../envs/moco.yaml"
@@ -190,7 +193,7 @@ def for_report(path, caption, **marks):
     return report(path, caption=f"../report/{caption}.rst", **marks)
 
 
-def reported_tables(names=STUDY_NAMES, category="Tables"):
+def reported_tables(names=SWEPT, category="Tables"):
     """The tables in the report; the claims come first (the report lists categories A-Z)."""
     return [
         for_report(
@@ -203,7 +206,7 @@ def reported_tables(names=STUDY_NAMES, category="Tables"):
 def reported_figures():
     """The PNGs in the report (figures/<name>.png, figures/curves/<cell>.png); PDFs alongside."""
     figures = [
-        for_report(f"{R}/figures/{name}.png", name, category="Figures", labels={"figure": name}) for name in FIGURES
+        for_report(f"{R}/figures/{name}.png", name, category="Figures", labels={"figure": name}) for name in DRAWN
     ]
     curves = [
         for_report(f"{R}/figures/curves/{cell}.png", "curves", category="Training curves", labels={"cell": cell})

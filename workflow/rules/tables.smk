@@ -20,7 +20,7 @@ rule tables:
         all=f"{R}/tables/all.md",
         tables=reported_tables(),
         figures=reported_figures(),
-        pdfs=[f for f in figure_files(R, CELLS) if f.endswith(".pdf")],
+        pdfs=[f for f in figure_files(R, CELLS, DRAWN) if f.endswith(".pdf")],
     log:
         f"{R}/logs/tables.log",
     benchmark:
