@@ -37,6 +37,7 @@ from pipeline.data.augment import view_recipes
 from pipeline.data.loaders import Centre, Reading, Views, data_identity, eval_loader, is_converted, two_view_loader
 from pipeline.eval.features import features_of
 from pipeline.eval.knn import knn_accuracy
+from pipeline.methods import Metric, method_spec
 from pipeline.methods.build import arch_of, bn_guard_text, build_model
 from pipeline.methods.ema_check import EmaRecord
 from pipeline.methods.momentum_target import MomentumTarget
@@ -52,13 +53,12 @@ from pipeline.runtime.stage_log import stage_log
 from pipeline.runtime.stopwatch import Stopwatch
 
 SECTIONS = ["data", "pretrain"]
-# log.csv's columns, in this order where a row has them; a method's other metrics and
-# diagnostics follow in the order it reports them (the summary's "final" row holds them all)
+# log.csv's columns, in this order where a row has them, the method's own metrics (its entry's
+# MethodSpec.metrics) after the loss; other metrics and diagnostics follow in the order reported
+# (the summary's "final" row holds them all, the metrics not logged too)
 LOG_COLUMNS = [
     "epoch",
     "loss",
-    "inst_acc",
-    "spread",
     "knn",
     "lr",
     "m",
@@ -70,9 +70,6 @@ LOG_COLUMNS = [
     "negative_drift_max",
     "seconds",
 ]
-DECIMALS = {"inst_acc": 3}  # a metric's decimals in the log (a percentage: 3), others 5
-# what a row holds that log.csv leaves to the summary: a reference value, not a measurement
-SUMMARY_ONLY = {"chance_loss"}
 
 
 log = stage_log("pretrain")
@@ -375,7 +372,8 @@ class Trainer:
                 torch.distributed.all_reduce(value)
         means = {name: float(value) / seen for name, value in sums.items()}
         row = {"epoch": self.epoch + 1, "loss": round(means.pop("loss"), 5)}
-        row.update({name: round(value, DECIMALS.get(name, 5)) for name, value in means.items()})  # the method's
+        decimals = {m.name: m.decimals for m in method_spec(self.p.method).metrics}
+        row.update({name: round(value, decimals.get(name, 5)) for name, value in means.items()})  # the method's
         row.update({"lr": round(s.lr, 6), "seconds": round(s.seconds, 2)})
         row.update(model.diagnostics())  # m, drifts, queue ages: whatever the method reports
         return row
@@ -464,7 +462,7 @@ def finish(job: Job, outcome: Outcome, out_dir: Path, env, watch: Stopwatch) -> 
             log=log_rows,
             config=job.stated,
         )
-        atomic_write_text(rows_to_csv(log_rows), out_dir / "log.csv")
+        atomic_write_text(rows_to_csv(log_rows, method_spec(job.pretrain.method).metrics), out_dir / "log.csv")
         summary["timing"] = watch.report()
         atomic_write_json(summary, out_dir / "summary.json")
         atomic_write_json(job.stated, out_dir / "config.json")
@@ -472,17 +470,19 @@ def finish(job: Job, outcome: Outcome, out_dir: Path, env, watch: Stopwatch) -> 
     return summary
 
 
-def log_columns(rows: list[dict]) -> list[str]:
-    """log.csv's header: LOG_COLUMNS where the rows have them, then the rows' other keys."""
-    present = {k: None for row in rows for k in row if k not in SUMMARY_ONLY}
-    return [c for c in LOG_COLUMNS if c in present or c in ("epoch", "loss")] + [
-        k for k in present if k not in LOG_COLUMNS
-    ]
+def log_columns(rows: list[dict], metrics: tuple[Metric, ...] = ()) -> list[str]:
+    """log.csv's header: epoch, loss, the method's logged ``metrics``, LOG_COLUMNS where the rows
+    have them, then the rows' other keys."""
+    unlogged = {m.name for m in metrics if not m.logged}
+    present = {k: None for row in rows for k in row if k not in unlogged}
+    own = [m.name for m in metrics if m.name in present]
+    first = [*LOG_COLUMNS[:2], *own, *(c for c in LOG_COLUMNS[2:] if c in present)]  # epoch, loss always
+    return first + [k for k in present if k not in first]
 
 
-def rows_to_csv(rows: list[dict]) -> str:
+def rows_to_csv(rows: list[dict], metrics: tuple[Metric, ...] = ()) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=log_columns(rows), extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=log_columns(rows, metrics), extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()

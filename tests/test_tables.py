@@ -16,7 +16,8 @@ from conftest import REPO, require, run
 from pipeline.dag.config import merge
 from pipeline.dag.grid import parse_cell_id
 from pipeline.dag.layout import STUDY_NAMES
-from pipeline.pretrain import LOG_COLUMNS, rows_to_csv
+from pipeline.methods import method_spec
+from pipeline.pretrain import LOG_COLUMNS, log_columns, rows_to_csv
 from pipeline.report.writers import latex
 from pipeline.tables import run as write_tables
 from pipeline.transfer.summary import summarize_trials
@@ -91,9 +92,10 @@ def fake_cell(
             for e in (1, 2)
         ]
     )
-    # a MoCo cell's log: every column pretrain writes, in its order, but BYOL's spread
-    assert all(list(row) == [c for c in LOG_COLUMNS if c != "spread"] for row in rows), "the fake log lacks a column"
-    (d / "pretrain" / "log.csv").write_text(rows_to_csv(rows))
+    # a MoCo cell's log: every column pretrain writes for MoCo, in its order (its metric after the loss)
+    moco = method_spec("moco").metrics
+    assert all(log_columns([row], moco) == ["epoch", "loss", "inst_acc", *LOG_COLUMNS[2:]] for row in rows)
+    (d / "pretrain" / "log.csv").write_text(rows_to_csv(rows, moco))
     (d / "pretrain" / "summary.json").write_text(
         json.dumps(
             {

@@ -14,11 +14,33 @@ Standard library only (pipeline.methods.registry): a method's torch half is impo
 model is built, so that building the DAG imports no torch.
 """
 
-from pipeline.methods.registry import METHODS, MethodSpec, is_moco, method_label, method_spec, register, row_order
+from pipeline.methods.registry import (
+    CROSS_ENTROPY_METRICS,
+    METHODS,
+    MethodSpec,
+    Metric,
+    is_moco,
+    method_label,
+    method_spec,
+    register,
+    reported_metrics,
+    row_order,
+)
 
 # isort: off
 # each registers its entry, in the order of the schema's enum and the error messages
 from pipeline.methods import moco, simclr, byol, supervised, random_init  # noqa: E402, F401
 # isort: on
 
-__all__ = ["METHODS", "MethodSpec", "is_moco", "method_label", "method_spec", "register", "row_order"]
+__all__ = [
+    "CROSS_ENTROPY_METRICS",
+    "METHODS",
+    "MethodSpec",
+    "Metric",
+    "is_moco",
+    "method_label",
+    "method_spec",
+    "register",
+    "reported_metrics",
+    "row_order",
+]

@@ -35,6 +35,26 @@ def recipe_optimizer(p: Pretrain) -> str:
 
 
 @dataclass(frozen=True)
+class Metric:
+    """A metric a method reports with each step (``Step.metrics``): how log.csv holds it and how
+    a cell's curves figure draws it. The loop logs whatever a method reports; this says how."""
+
+    name: str
+    label: str | None = None  # its line on the curves' pretext axis (%); None: not drawn
+    scale: float = 1.0  # drawn as value x scale (a fraction on the % axis: 100)
+    decimals: int = 5  # in log.csv
+    logged: bool = True  # False: a reference value, not a measurement: the summary's, not log.csv's
+
+
+# the cross-entropy family's (a loss over candidates: MoCo, SimCLR, supervised; their report is
+# pipeline.methods.cross_entropy): the instance accuracy (%) and the loss at chance, its reference
+CROSS_ENTROPY_METRICS = (
+    Metric("inst_acc", "instance (pretext)", decimals=3),
+    Metric("chance_loss", logged=False),
+)
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     name: str  # pretrain.method's value (the schema's enum: pipeline.dag.config.load_schema)
     label: str  # its rows' label in the method and detection tables
@@ -55,6 +75,7 @@ class MethodSpec:
     # cell's pretrain values) -> the keys it sets (e.g. lr by its paper's rule from the batch);
     # grid.<method> and the cell's own values override them. None: the base cell's settings
     recipe: Callable[[dict], dict] | None = None
+    metrics: tuple[Metric, ...] = ()  # what its Step.metrics hold (others are logged as reported)
 
     def builder(self) -> Builder:
         if self.build is None:
@@ -86,6 +107,11 @@ def is_moco(name: str | None) -> bool:
 def method_label(name: str) -> str:
     """The tables' label of a method (one no longer registered: its name)."""
     return METHODS[name].label if name in METHODS else name
+
+
+def reported_metrics() -> dict[str, Metric]:
+    """Every registered method's metrics by name (the curves figure draws the ones a log holds)."""
+    return {m.name: m for spec in METHODS.values() for m in spec.metrics}
 
 
 def row_order(name: str | None) -> int:

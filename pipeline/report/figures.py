@@ -23,6 +23,7 @@ import pandas as pd
 
 from pipeline.dag.grid import format_value
 from pipeline.dag.layout import FIGURE_FORMATS, FIGURES, cell_file
+from pipeline.methods import reported_metrics
 from pipeline.report.studies import MECHANISMS, groups, mechanism_groups, method_groups, shuffle_bn_groups, value
 from pipeline.runtime.io import atomic_path
 
@@ -231,10 +232,9 @@ def curves(results: Path, cell: str, status: str):
             _no_data(ax, "no pretraining epochs" if status != "missing" else "not computed yet")
     else:
         axes[0].plot(log["epoch"], log["loss"], marker=".")
-        if "inst_acc" in log:  # a cross-entropy method's pretext accuracy
-            axes[1].plot(log["epoch"], log["inst_acc"], marker=".", label="instance (pretext)")
-        if "spread" in log:  # BYOL's collapse measure (0: collapsed, ~1: spread), in % of its healthy value
-            axes[1].plot(log["epoch"], 100 * log["spread"], marker=".", label="output spread x 100 (pretext)")
+        for metric in reported_metrics().values():  # the pretext metrics its method reports
+            if metric.label and metric.name in log:
+                axes[1].plot(log["epoch"], metric.scale * log[metric.name], marker=".", label=metric.label)
         if "knn" in log and log["knn"].notna().any():  # the kNN monitor (every knn_every epochs)
             knn = log[["epoch", "knn"]].dropna()
             axes[1].plot(knn["epoch"], knn["knn"], marker="o", label="kNN monitor (val)")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.dag.keys import key
-from pipeline.methods.registry import MethodSpec, register
+from pipeline.methods.registry import MethodSpec, Metric, register
 
 if TYPE_CHECKING:
     from torch import nn
@@ -58,4 +58,8 @@ def build(p: Pretrain, backbone: nn.Module, num_classes: int, num_samples: int, 
     return BYOL(Encoder(backbone, projector), predictor, m=p.m)
 
 
-ENTRY = register(MethodSpec("byol", "BYOL", 14, build, optimizer=optimizer, recipe=recipe, keys=ByolKeys))
+# its collapse measure (pipeline.methods.byol.model.spread: 0 collapsed, ~1 spread), drawn x 100 on the % axis
+SPREAD = Metric("spread", "output spread x 100 (pretext)", scale=100)
+ENTRY = register(
+    MethodSpec("byol", "BYOL", 14, build, optimizer=optimizer, recipe=recipe, keys=ByolKeys, metrics=(SPREAD,))
+)

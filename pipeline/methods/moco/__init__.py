@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from pipeline.dag.errors import ConfigError
 from pipeline.dag.keys import key
 from pipeline.dag.layout import QUEUE_POLICIES
-from pipeline.methods.registry import MethodSpec, register
+from pipeline.methods.registry import CROSS_ENTROPY_METRICS, MethodSpec, register
 
 if TYPE_CHECKING:
     from torch import nn
@@ -99,4 +99,16 @@ def build(p: Pretrain, backbone: nn.Module, num_classes: int, num_samples: int, 
     return build_moco(p, backbone, num_samples, world_size)
 
 
-ENTRY = register(MethodSpec("moco", "MoCo", 10, build, moco=True, has_queue=has_queue, check=check, keys=MocoKeys))
+ENTRY = register(
+    MethodSpec(
+        "moco",
+        "MoCo",
+        10,
+        build,
+        moco=True,
+        has_queue=has_queue,
+        check=check,
+        keys=MocoKeys,
+        metrics=CROSS_ENTROPY_METRICS,
+    )
+)

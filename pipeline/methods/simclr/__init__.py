@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.methods.registry import MethodSpec, register
+from pipeline.methods.registry import CROSS_ENTROPY_METRICS, MethodSpec, register
 
 if TYPE_CHECKING:
     from torch import nn
@@ -40,4 +40,6 @@ def build(p: Pretrain, backbone: nn.Module, num_classes: int, num_samples: int, 
     return SimCLR(Encoder(backbone, head), T=p.T)
 
 
-ENTRY = register(MethodSpec("simclr", "SimCLR", 12, build, optimizer=optimizer, recipe=recipe))
+ENTRY = register(
+    MethodSpec("simclr", "SimCLR", 12, build, optimizer=optimizer, recipe=recipe, metrics=CROSS_ENTROPY_METRICS)
+)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.methods.registry import MethodSpec, register
+from pipeline.methods.registry import CROSS_ENTROPY_METRICS, MethodSpec, register
 
 if TYPE_CHECKING:
     from torch import nn
@@ -20,4 +20,4 @@ def build(p: Pretrain, backbone: nn.Module, num_classes: int, num_samples: int, 
     return Supervised(backbone, num_classes)
 
 
-ENTRY = register(MethodSpec("supervised", "supervised", 20, build))
+ENTRY = register(MethodSpec("supervised", "supervised", 20, build, metrics=CROSS_ENTROPY_METRICS))
