@@ -59,6 +59,10 @@ DECIMALS = {"drift": 2, "negative_drift_mean": 3, "negative_drift_max": 3}  # dr
 ABLATION_METRICS = ["top1", "knn_top1", "AP50", "AP", "AP75"]
 DETECTION_METRICS = ["AP50", "AP", "AP75"]
 MASK_METRICS = [f"mask_{k}" for k in DETECTION_METRICS]  # Mask R-CNN's (detect.task: segmentation)
+# detect.task -> the model fine-tuned and what it scores; detect.head -> its name (the report's
+# captions, workflow/report/*.rst, name them alike: tests/test_report_captions.py)
+DETECTORS = {"detection": ("Faster R-CNN", "box AP"), "segmentation": ("Mask R-CNN", "box and mask AP")}
+HEAD_LABELS = {"fpn": "FPN", "c4": "C4"}
 SAMPLES = "_samples"  # column suffix: a metric's values per trial within the cell
 PAPER_M = [0, 0.5, 0.9, 0.99, 0.999, 0.9999]  # the MoCo paper's momentum rows, and the seeds' m = 0.5
 MECHANISMS = {"end_to_end": "end-to-end", "memory_bank": "memory bank", "moco": "MoCo"}
@@ -575,7 +579,7 @@ def direction_sentence(row: str, ref: str, d: Delta | None, metric: str) -> str:
 
 
 def detection(gs, prov) -> Table:
-    table = _methods_like(gs, prov, "detection", "Transfer to detection (Faster R-CNN)", DETECTION_METRICS)
+    table = _methods_like(gs, prov, "detection", "Transfer to detection (box AP)", DETECTION_METRICS)
     return transfer_notes(compare(table, find(gs, RANDOM_ID), RANDOM_LABEL, metric="AP50"), gs)
 
 
@@ -684,12 +688,11 @@ def protocol_text(stated: Stated, df: pd.DataFrame, results: Path) -> str:
     text = f"linear probe on frozen features{how}; kNN top-1 (k={knn.knn_k}, T={knn.knn_t})"
     det = stated.detect
     if det is None:  # no config given: what every detection record shares
-        return text + "; detection: Faster R-CNN fine-tuned, box AP"
+        return text + "; detection: {} fine-tuned, {}".format(*DETECTORS["detection"])
     if det.enabled:
         length = f"{det.iterations} iterations" if det.iterations else _epochs(det.epochs)
         how = ", ".join(x for x in (length, det.norm, det.trials > 1 and f"mean of {det.trials} trials") if x)
-        head = {"fpn": "FPN", "c4": "C4"}[det.head]
-        model, scores = ("Mask R-CNN", "box and mask AP") if det.task == "segmentation" else ("Faster R-CNN", "box AP")
+        head, (model, scores) = HEAD_LABELS[det.head], DETECTORS[det.task]
         text += f"; detection: {model} + {head} fine-tuned ({how}), {scores} on {det.root or 'the embedded scenes'}"
     return text
 
