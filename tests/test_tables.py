@@ -402,6 +402,10 @@ def test_method_comparison_and_detection(results):
     assert det["supervised"][2:5] == ["36.0 (n=1)", "18.0 (n=1)", "14.4 (n=1)"]
     assert det["MoCo (base cell)"][2:5] == ["32.0 ± 25.4 (n=2)", "16.0 ± 12.7 (n=2)", "12.8 ± 10.2 (n=2)"]
     assert det["random init"][2] == "6.0 (n=1)"
+    # Δ AP50 against supervised (the transfer claim's), paired by seed: only seed 0 has both;
+    # base 30 − 36, random init 6 − 36
+    assert det["supervised"][-1] == "reference"
+    assert det["MoCo (base cell)"][-1] == "-6.0 (n=1)" and det["random init"][-1] == "-30.0 (n=1)"
     rows = {r["method"]: r for r in read_csv(results, "detection")}
     assert rows["supervised"]["AP_n"] == "1" and rows["supervised"]["AP_std"] == ""
     # which normalisation and batch each number came from, and how it was scored
@@ -615,10 +619,12 @@ def test_segmentation_table_and_the_main_tables_mask_columns(results, tmp_path):
     """Mask AP as the detection study: trials averaged within a seed, the CI over seeds.
     Seed 0: mask AP trials 10, 12 -> 11; seed 1: 14, 16 -> 15: mean 13, std 2.83, half
     12.706 * 2.83 / sqrt 2 = 25.4. Mask AP50 (twice): 22, 30 -> 26 ± 50.8. Paired Δ in mask
-    AP50 against random init's one seed (mask AP 3: AP50 6): seed 0 only, 22 − 6 = +16."""
+    AP50 against supervised's one seed (mask AP 5: AP50 10): seed 0 only, 22 − 10 = +12; random
+    init's (mask AP 3: AP50 6): 6 − 10 = −4."""
     fake_cell(tmp_path, "base", 60.0, ap=[20.0, 22.0], mask_ap=[10.0, 12.0])
     fake_cell(tmp_path, "seed=1", 62.0, ap=[24.0, 26.0], mask_ap=[14.0, 16.0])
     fake_cell(tmp_path, "method=random", 20.0, ap=4.0, mask_ap=3.0)
+    fake_cell(tmp_path, "method=supervised", 70.0, ap=6.0, mask_ap=5.0)
     write_tables(tmp_path, CONFIG)
     seg = md_rows(tmp_path, "segmentation")  # variant, backbone, AP50, AP, AP75, mask AP50, AP, AP75, Δ
     assert seg["MoCo (base cell)"][3] == "23.0 ± 25.4 (n=2)"  # box AP: 21, 25
@@ -626,9 +632,9 @@ def test_segmentation_table_and_the_main_tables_mask_columns(results, tmp_path):
         "26.0 ± 50.8 (n=2)",
         "13.0 ± 25.4 (n=2)",
         "10.4 ± 20.3 (n=2)",
-        "+16.0 (n=1)",
+        "+12.0 (n=1)",
     ]
-    assert seg["random init"][-1] == "reference" and seg["supervised"][2:8] == ["—"] * 6
+    assert seg["supervised"][-1] == "reference" and seg["random init"][-1] == "-4.0 (n=1)"
     assert "mask AP50" in (tmp_path / "tables" / "segmentation.md").read_text()
     main = md_rows(tmp_path, "methods")  # variant, backbone, top-1, kNN, AP50, AP, AP75, mask AP50, AP, AP75, Δ
     assert main["MoCo (base cell)"][8] == "13.0 ± 25.4 (n=2)"
