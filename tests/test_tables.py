@@ -392,7 +392,12 @@ def test_method_comparison_and_detection(results):
     assert md["MoCo"][:3] == ["v3", "ViT-S", "63.0 (n=1)"]
     assert md["supervised"][2] == "70.0 (n=1)" and md["random init"][2] == "20.0 (n=1)"
     # paired with random init's one seed (0): 60 − 20; one pair, no interval, no direction claimed
-    assert md["MoCo (base cell)"][-1] == "+40.0 (n=1)" and md["random init"][-1] == "reference"
+    assert md["MoCo (base cell)"][-2] == "+40.0 (n=1)" and md["random init"][-2] == "reference"
+    # and, cells being fine-tuned, AP50 against supervised's one seed (AP50 36): 30 − 36, 6 − 36
+    assert md["MoCo (base cell)"][-1] == "-6.0 (n=1)" and md["random init"][-1] == "-30.0 (n=1)"
+    assert md["supervised"][-1] == "reference"
+    main = (results / "tables" / "main.md").read_text()
+    assert "Δ AP50 vs supervised (paired by seed)" in main and "Δ vs supervised: each row's AP50 minus" in main
     assert "these runs show no direction (n = 1: no interval)" in (results / "tables" / "main.md").read_text()
     det = md_rows(results, "detection")
     assert det["MoCo"][2:] == ["—", "—", "—", "—"]  # ViT cell: no detection transfer

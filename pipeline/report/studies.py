@@ -263,8 +263,10 @@ class Row:
     keys: list[str]
     values: list[Value]
     cells: list[str] = field(default_factory=list)
-    delta: Delta | None = None  # against the table's reference (Table.compared)
-    reference: bool = False  # this row is the reference
+    # per paired-Δ column of the table (Table.compared, in order): the row's Δ, and whether the
+    # row is that column's reference
+    deltas: list[Delta | None] = field(default_factory=list)
+    reference: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -278,7 +280,7 @@ class Table:
     provenance: str = ""
     groups: list[tuple[str, list[str]]] = field(default_factory=list)  # LaTeX: spanning header, short headers
     notes: list[str] = field(default_factory=list)  # footnotes of this table's own
-    compared: tuple[str, str] | None = None  # (metric, reference label): a paired-Δ column
+    compared: list[tuple[str, str]] = field(default_factory=list)  # (metric, reference label) per paired-Δ column
     environment: str = ""  # where the runs behind it ran (pipeline.runtime.provenance)
 
     def decimals(self) -> list[int]:
@@ -325,15 +327,18 @@ def _metric_table(name, title, keys, rows, metrics, prov) -> Table:
 
 
 def compare(table: Table, ref: Group | None, label: str, metric: str = "top1") -> Table:
-    """Give every row its paired Δ in ``metric`` against the reference group ``ref`` (labelled
-    ``label``): the row's seed s minus the reference's seed s."""
-    table.compared = (metric, label)
+    """Add a paired-Δ column: every row's ``metric`` against the reference group ``ref``
+    (labelled ``label``), the row's seed s minus the reference's seed s. One column per metric."""
+    if any(m == metric for m, _ in table.compared):
+        raise ValueError(f"{table.name}: a second Δ column of {metric}")
+    table.compared.append((metric, label))
     cells = None if ref is None else ref.cells
     ref_value, ref_cells = value(cells, metric), set() if cells is None else set(cells["cell"])
     i = table.metrics.index(metric)
     for row in table.rows:
-        row.reference = bool(ref_cells) and set(row.cells) == ref_cells
-        row.delta = None if row.reference else delta(row.values[i], ref_value)
+        is_ref = bool(ref_cells) and set(row.cells) == ref_cells
+        row.reference.append(is_ref)
+        row.deltas.append(None if is_ref else delta(row.values[i], ref_value))
     return table
 
 
@@ -533,6 +538,11 @@ def supervised_note(recipe: dict) -> str:
     return f"supervised: its own recipe (grid.supervised: {keys}); other settings as the base cell."
 
 
+def fine_tuned(gs: dict[str, Group]) -> bool:
+    """Whether any cell went through detection transfer (its detect.json holds box AP)."""
+    return any(g.cells is not None and g.cells["AP50"].notna().any() for g in gs.values())
+
+
 def has_masks(gs: dict[str, Group]) -> bool:
     """Whether any cell was fine-tuned as a Mask R-CNN (its detect.json holds mask AP)."""
     return any(g.cells is not None and g.cells["mask_AP"].notna().any() for g in gs.values())
@@ -546,17 +556,23 @@ def methods_title(gs) -> str:
 
 
 def methods(gs, prov, supervised_recipe: dict | None = None) -> Table:
-    """The main table: each method with its paired Δ against random init, a sentence on the
-    base cell that states no direction its CI does not support, and how supervised trained.
-    Mask AP columns join the box AP where a cell was fine-tuned for segmentation."""
-    metrics = ABLATION_METRICS + (MASK_METRICS if has_masks(gs) else [])
+    """The main table: each method with its paired Δ in linear top-1 against random init, a
+    sentence on the base cell that states no direction its CI does not support, and how
+    supervised trained. Where cells were fine-tuned, the AP columns' Δ against supervised, as
+    the transfer tables and claim compare; mask AP columns join the box AP where a cell was
+    fine-tuned for segmentation."""
+    masks = has_masks(gs)
+    metrics = ABLATION_METRICS + (MASK_METRICS if masks else [])
     table = _methods_like(gs, prov, "methods", methods_title(gs), metrics)
     if SUPERVISED_ID in gs:
         table.notes.append(supervised_note(supervised_recipe or {}))
     compare(table, find(gs, RANDOM_ID), RANDOM_LABEL)
+    if fine_tuned(gs):
+        for metric in ["AP50", *(["mask_AP50"] if masks else [])]:
+            compare(table, find(gs, SUPERVISED_ID), SUPERVISED_LABEL, metric=metric)
     base = next((r for r in table.rows if r.cells and BASE_ID in r.cells), None)
     if base is not None:
-        table.notes.append(direction_sentence("MoCo (base cell)", RANDOM_LABEL, base.delta, METRICS["top1"]))
+        table.notes.append(direction_sentence("MoCo (base cell)", RANDOM_LABEL, base.deltas[0], METRICS["top1"]))
         if SUPERVISED_ID in gs:  # the ceiling: MoCo's gap to labels, paired by seed as well
             top1 = base.values[table.metrics.index("top1")]
             gap = delta(top1, value(gs[SUPERVISED_ID].cells, "top1"))

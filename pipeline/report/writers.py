@@ -47,10 +47,11 @@ def fmt(v: Value, decimals: int = 1) -> str:
     return v.estimate.text(decimals, extra=extra)
 
 
-def fmt_delta(row: Row, decimals: int = 1) -> str:
-    """A row's paired Δ: '+3.0 ± 1.2 (n=5)', with the pairs in which a run failed."""
-    d: Delta | None = row.delta
-    if row.reference:
+def fmt_delta(row: Row, column: int = 0, decimals: int = 1) -> str:
+    """A row's paired Δ of the table's Δ column ``column``: '+3.0 ± 1.2 (n=5)', with the pairs in
+    which a run failed."""
+    d: Delta | None = row.deltas[column]
+    if row.reference[column]:
         return REFERENCE
     if d is None or (d.estimate is None and not d.failed):
         return MISSING
@@ -61,34 +62,31 @@ def fmt_delta(row: Row, decimals: int = 1) -> str:
 
 
 def headers(table: Table) -> list[str]:
-    """The value columns' headers, the Δ column's last."""
-    if table.compared is None:
-        return table.columns
-    metric, ref = table.compared
-    return table.columns + [f"Δ {METRICS[metric]} vs {ref} (paired by seed)"]
+    """The value columns' headers, the Δ columns' last."""
+    return table.columns + [f"Δ {METRICS[metric]} vs {ref} (paired by seed)" for metric, ref in table.compared]
 
 
 def formatted(row: Row, table: Table) -> list[str]:
-    cells = [fmt(v, d) for v, d in zip(row.values, table.decimals())]
-    if table.compared is not None:
-        cells.append(fmt_delta(row, table.decimals()[table.metrics.index(table.compared[0])]))
+    decimals = table.decimals()
+    cells = [fmt(v, d) for v, d in zip(row.values, decimals)]
+    for i, (metric, _) in enumerate(table.compared):
+        cells.append(fmt_delta(row, i, decimals[table.metrics.index(metric)]))
     return cells
 
 
-def delta_note(table: Table) -> str | None:
-    if table.compared is None:
-        return None
-    metric, ref = table.compared
+def delta_note(metric: str, ref: str) -> str:
     return (
-        f"Δ vs {ref}: each row's {METRICS[metric]} minus {ref}'s, paired by seed (seed s − seed s), "
-        "mean ± 95 % CI over the n pairs; a pair in which either run failed is counted as failed, not averaged."
+        f"Δ vs {ref}: each row's {METRICS[metric]} minus {ref}'s, paired by seed "
+        "(seed s − seed s), mean ± 95 % CI over the n pairs; a pair in which either run failed is "
+        "counted as failed, not averaged."
     )
 
 
 def footnotes(table: Table) -> list[str]:
     texts = [t for r in table.rows for t in formatted(r, table)]
     notes = [note for mark, note in FOOTNOTES.items() if any(mark in t for t in texts)]
-    return notes + [n for n in (delta_note(table), table.environment) if n] + table.notes
+    deltas = [delta_note(metric, ref) for metric, ref in table.compared]
+    return notes + deltas + ([table.environment] if table.environment else []) + table.notes
 
 
 def markdown(table: Table) -> str:
@@ -123,9 +121,7 @@ def to_csv(table: Table) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     stats_of = ("", "_std", "_ci95", "_n", "_failed", "_missing")
-    compared = []
-    if table.compared is not None:
-        compared = [f"delta_{table.compared[0]}{s}" for s in ("", "_ci95", "_n", "_failed")]
+    compared = [f"delta_{metric}{s}" for metric, _ in table.compared for s in ("", "_ci95", "_n", "_failed")]
     w.writerow(
         table.keys
         + [f"{m}{s}" for m in table.metrics for s in stats_of]
@@ -136,14 +132,9 @@ def to_csv(table: Table) -> str:
         nums = []
         for v in r.values:
             nums += [_num(v.mean), _num(v.std), _num(v.half), v.n, v.failed, v.missing]
-        if compared:
-            e = r.delta.estimate if r.delta else None
-            nums += [
-                _num(e.mean if e else None),
-                _num(e.half if e else None),
-                e.n if e else 0,
-                r.delta.failed if r.delta else 0,
-            ]
+        for d in r.deltas:
+            e = d.estimate if d else None
+            nums += [_num(e.mean if e else None), _num(e.half if e else None), e.n if e else 0, d.failed if d else 0]
         w.writerow(r.keys + nums + [row_status(r.values), ";".join(r.cells), table.provenance, table.environment])
     return buf.getvalue()
 
@@ -197,9 +188,7 @@ def tex_headers(table: Table) -> list[str]:
     keys = [tex_header(h) for h in table.keys]
     if not table.groups or sum(len(g[1]) for g in table.groups) != len(table.columns):
         return [" & ".join(keys + [tex_header(h) for h in headers(table)]) + r" \\"]
-    groups = table.groups
-    if table.compared is not None:
-        groups = [*groups, (f"Δ vs {table.compared[1]}", [METRIC_GROUPS[table.compared[0]][1]])]
+    groups = [*table.groups, *((f"Δ vs {ref}", [METRIC_GROUPS[metric][1]]) for metric, ref in table.compared)]
     spans, rules, col = [""] * len(keys), [], len(keys) + 1
     for label, shorts in groups:
         spans.append(rf"\multicolumn{{{len(shorts)}}}{{c}}{{{tex_escape(label)}}}")
