@@ -9,6 +9,8 @@ import slurm_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# a MoCo v2 pretrain section for the config checks (tests/test_config.py) and the plan (tests/test_plan.py)
+BASE_MOCO = {"method": "moco", "backbone": "resnet18", "epochs": 10, "batch_size": 256, "K": 4096}
 
 
 def require(condition: bool, why: str) -> None:

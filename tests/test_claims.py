@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO, run
 from test_tables import BASE, fake_cell
 
+from pipeline import claims, tables
 from pipeline.claims import NOT_RUN, Cells, pilot_gate
 from pipeline.claims import run as write_claims
 from pipeline.dag.config import ConfigError, load_config, load_yaml, merge
@@ -550,3 +551,144 @@ def test_a_failed_transfer_seed_is_counted_not_averaged(tmp_path):
     assert row["verdict"] == INCONCLUSIVE
     assert "AP: Δ +3.0 ± 12.7 (n=2), 1 of 3 seeds failed" in row["measured"]
     assert "mask AP: Δ +2.5 ± 6.4 (n=2), 1 of 3 seeds failed" in row["measured"]
+
+
+def test_claims_whose_cells_the_config_does_not_name_are_not_run(tmp_path):
+    # one m (0.99, the reference's) and one K: no low m, no m = 0, no larger K, no m = 0.9999
+    cfg = {**CONFIG, "claims": {**CLAIMS, "m": [0.99], "K": [4096]}}
+    write_claims(tmp_path, cfg)  # no cell has run: no trained run for the key-encoder check
+    rows = rows_by_claim(tmp_path)
+    # the transfer claim is gated on the detection config, not on claims.m / claims.K
+    assert {k: r["verdict"] for k, r in rows.items() if k not in ("longer", "memory bank", "transfer")} == {
+        "fifo": NOT_RUN,
+        "low m": NOT_RUN,
+        "m = 0": NOT_RUN,
+        "key encoder": NOT_RUN,
+        "larger K": NOT_RUN,
+        "m = 0.9999": NOT_RUN,
+        # the rivals' claims need SimCLR's and BYOL's cells, none of which has run
+        "large batch": NOT_RUN,
+        "queue vs batch": NOT_RUN,
+        "byol learns": NOT_RUN,
+        "byol predictor": NOT_RUN,
+        "byol ema": NOT_RUN,
+    }
+    assert rows["low m"]["measured"] == "claims.m needs 0.99 and a value in (0, 0.99)"
+    assert rows["m = 0"]["measured"] == "claims.m has no 0"
+    assert rows["larger K"]["measured"] == "claims.K has one value"
+    assert rows["m = 0.9999"]["measured"] == "claims.m lacks 0.999 or 0.9999"
+
+
+def test_a_fifo_claim_of_one_seed_is_inconclusive(tmp_path):
+    full_results(tmp_path, seeds=(0,))
+    write_claims(tmp_path, {**CONFIG, "claims": {**CLAIMS, "K": [4096]}})  # one run of each policy
+    row = rows_by_claim(tmp_path)["fifo"]
+    assert row["verdict"] == INCONCLUSIVE and "max age FIFO 16 (1 seeds), random 97 (1 seeds)" in row["measured"]
+
+
+def test_a_policy_whose_runs_logged_no_queue_age_is_not_judged(tmp_path):
+    # random replacement's runs ended without a queue age: FIFO's bound alone decides nothing
+    full_results(tmp_path, **{"K=4096,random": ([59.5, 49.5, 69.5], None, {"queue_age_max": None})})
+    write_claims(tmp_path, {**CONFIG, "claims": {**CLAIMS, "K": [4096]}})
+    row = rows_by_claim(tmp_path)["fifo"]
+    assert (
+        row["verdict"] == INCONCLUSIVE
+        and row["measured"] == "K=4096 (K/B=16): max age FIFO 16 (3 seeds), random ? (0 seeds)"
+    )
+
+
+def test_random_replacement_that_never_keeps_an_older_key_contradicts_the_fifo_claim(tmp_path):
+    # FIFO's oldest key is exactly K/B (16, 64) steps old, random's never older than K/B: the
+    # claimed difference between the two policies is not there
+    young = {"queue_age_max": 10, "negative_drift_max": 1.0}
+    full_results(
+        tmp_path,
+        **{"K=4096,random": ([59.5, 49.5, 69.5], None, young), "K=16384,random": ([60.0, 50.0, 70.0], None, young)},
+    )
+    write_claims(tmp_path, CONFIG)
+    assert verdicts(tmp_path)["fifo"] == CONTRADICTED
+
+
+def test_a_fifo_bound_held_with_room_while_random_keeps_older_keys_is_inconclusive(tmp_path):
+    # FIFO's oldest key 15 < K/B = 16: the bound is not reached, so its tightness is not shown
+    ref = ROLES["reference"]
+    full_results(tmp_path, reference=(ref[1], None, {**ref[3], "queue_age_max": 15}))
+    write_claims(tmp_path, CONFIG)
+    assert verdicts(tmp_path)["fifo"] == INCONCLUSIVE
+
+
+def test_m0_with_one_seed_has_no_interval_and_is_inconclusive(tmp_path):
+    full_results(tmp_path)
+    for s in (1, 2):
+        for f in (tmp_path / "cells" / seed_cell({"epochs": 15, "m": 0.0}, s)).rglob("*.json"):
+            f.unlink()
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["m = 0"]
+    assert row["verdict"] == INCONCLUSIVE and row["measured"].startswith("1 of 1 seeds failed")
+
+
+def test_m0_whose_one_seed_did_not_fail_holds_at_random_inits_level(tmp_path):
+    """A seed of m = 0 whose loss stayed below the chance rule, its probe at random init's level
+    (the fourth claims run's seed 33): the probe decides it. By hand: 10.5 − 10, 11.2 − 11,
+    9.4 − 9: Δ +0.37, std 0.153, half 4.303 x 0.153 / sqrt 3 = 0.38: CI [-0.0, +0.7], below +5."""
+    full_results(tmp_path, **{"m=0": ([10.5, 11.2, 9.4], [COLLAPSED, None, COLLAPSED], {})})
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["m = 0"]
+    assert row["verdict"] == HOLDS and row["measured"].startswith("2 of 3 seeds failed by the loss rule")
+    assert (row["smallest detectable Δ"], row["seeds to decide"]) == ("—", "—")
+
+
+def test_m0_whose_probe_reaches_past_the_margin_says_what_would_decide_it(tmp_path):
+    """Probe − random init 1, 5, 3 (11 − 10, 16 − 11, 12 − 9): mean 3, std 2, half 4.303 x 2 /
+    sqrt 3 = 4.97: CI [-2.0, +8.0] reaches past +5; one seed did not fail. The CI below +5 at a
+    Δ of 3 and this spread needs 7 seeds (tests/test_stats.py)."""
+    full_results(tmp_path, **{"m=0": ([11.0, 16.0, 12.0], [COLLAPSED, None, COLLAPSED], {})})
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["m = 0"]
+    assert row["verdict"] == INCONCLUSIVE and "Δ +3.0 ± 5.0 (n=3)" in row["measured"]
+    assert (row["smallest detectable Δ"], row["seeds to decide"]) == (
+        "±5.0 at n = 3",
+        "7 for the CI below +5 at Δ +3.0, or every seed failing by the loss rule (2 of 3 did)",
+    )
+    # every seed failing by the loss rule decides it, the CI being not above 0
+    full_results(tmp_path, **{"m=0": ([11.0, 16.0, 12.0], COLLAPSED, {})})
+    write_claims(tmp_path, CONFIG)
+    assert verdicts(tmp_path)["m = 0"] == HOLDS
+
+
+def test_m0_learning_past_the_margin(tmp_path):
+    """Probe − random init 20, 21, 22 (30 − 10, 32 − 11, 31 − 9): CI [+18.5, +23.5] above +5:
+    contradicted when no seed failed; with a failed seed the runs disagree: inconclusive."""
+    full_results(tmp_path, **{"m=0": ([30.0, 32.0, 31.0], None, {})})
+    write_claims(tmp_path, CONFIG)
+    assert verdicts(tmp_path)["m = 0"] == CONTRADICTED
+    full_results(tmp_path, **{"m=0": ([30.0, 32.0, 31.0], [None, COLLAPSED, None], {})})
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["m = 0"]
+    assert row["verdict"] == INCONCLUSIVE
+    assert row["seeds to decide"] == "no seed failing by the loss rule (1 of 3 did)"
+
+
+def test_slow_momentum_decided_on_enough_steps(tmp_path):
+    # 600,000 images / 256 = 2,343 steps per epoch, x 15 = 35,145 >= 34,656 (5 half-lives of 0.9999)
+    cfg = {**CONFIG, "dataset": {"source": "synthetic", "synthetic": {"train_per_class": 60000}}}
+    full_results(tmp_path)
+    write_claims(tmp_path, cfg)
+    row = rows_by_claim(tmp_path)["m = 0.9999"]
+    # m = 0.9999 − m = 0.999 by seed: 50 − 59, 40 − 49, 60 − 69 = -9 each: below 0 on every seed
+    assert row["verdict"] == HOLDS and "Δ -9.0 ± 0.0 (n=3)" in row["measured"]
+
+
+def test_claims_need_their_sections(tmp_path):
+    with pytest.raises(ConfigError, match="pretrain and claims sections"):
+        write_claims(tmp_path, {"pretrain": CONFIG["pretrain"]})
+    with pytest.raises(ConfigError, match="has no 'claims' section"):
+        claims_cells(load_config({"pretrain": CONFIG["pretrain"]}))
+
+
+@pytest.mark.parametrize("module, prog", [(claims, "claims"), (tables, "tables")])
+def test_table_writers_exit_naming_a_missing_config_file(tmp_path, module, prog):
+    missing = tmp_path / "nowhere.yaml"
+    with pytest.raises(SystemExit) as exit_:
+        module.main([str(tmp_path), "--config", str(missing)])
+    assert str(exit_.value) == f"[{prog}] config file not found: {missing}"

@@ -4,13 +4,18 @@ import copy
 from dataclasses import replace
 
 import pytest
+from conftest import BASE_MOCO
 
+from pipeline import plan
 from pipeline.dag.config import (
     DEFAULT_CONFIG,
     ConfigError,
+    check_detector,
+    check_pretrain,
     load_config,
     load_stage_config,
     load_yaml,
+    read_command_line_values,
     section,
 )
 from pipeline.dag.grid import cell_params
@@ -202,3 +207,56 @@ def test_a_queue_as_large_as_the_training_set_is_a_warning_beside_the_memory_ban
     assert "K=4096 >= 4000 training images" in pretrain_warnings(p, 4000)[0]
     assert pretrain_warnings(p, 5000) == [] and pretrain_warnings(replace(p, mask_same_source=True), 4000) == []
     assert pretrain_warnings(replace(p, variant="v3"), 4000) == []  # no queue
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"backbone": "vit_small", "variant": "v2"}, "backbone vit_small needs variant v3"),
+        ({"variant": "v3", "mechanism": "memory_bank"}, "mechanism memory_bank applies to v1/v2, not v3"),
+    ],
+)
+def test_pretrain_cross_field_errors(change, message):
+    with pytest.raises(ConfigError, match=f"^cell x: {message}"):
+        check_pretrain(section("pretrain", {**BASE_MOCO, **change}), where="cell x")
+
+
+@pytest.mark.parametrize(
+    "det, message",
+    [
+        ({"image_size": 800, "max_image_size": 600}, "detect.max_image_size=600 is below detect.image_size=800"),
+        ({"batch_size": 6, "ranks": 4}, "detect.batch_size=6 is not a multiple of detect.ranks=4"),
+    ],
+)
+def test_detector_cross_field_errors(det, message):
+    with pytest.raises(ConfigError, match=message):
+        check_detector(section("detect", det))
+
+
+def test_dataset_and_detect_roots_are_checked(tmp_path):
+    cfg = load_yaml(plan.DEFAULT_CONFIG)
+    # a root for every source but the embedded one
+    with pytest.raises(ConfigError, match="dataset.root: required for dataset.source 'cifar10'"):
+        load_config({**cfg, "dataset": {"source": "cifar10", "root": None}})
+    with pytest.raises(ConfigError, match="dataset.root: required for dataset.source 'stl10'"):
+        load_stage_config({"dataset": {"source": "stl10"}}, ["dataset"])  # a stage given the section alone
+    cifar = {"source": "cifar10", "root": str(tmp_path)}
+    with pytest.raises(ConfigError, match="detect.root: required .* unless dataset.source is 'synthetic'"):
+        load_config({**cfg, "dataset": cifar, "detect": {**cfg["detect"], "enabled": True, "root": None}})
+    gone = tmp_path / "coco"
+    with pytest.raises(ConfigError, match=f"detect.root: folder not found: {gone}"):
+        load_config({**cfg, "detect": {**cfg["detect"], "enabled": True, "root": str(gone)}}, folders=True)
+
+
+def test_a_stage_config_file_keeps_only_its_sections(tmp_path):
+    path = tmp_path / "stage.yaml"
+    path.write_text("probe: {epochs: 3}\nunrelated: {x: 1}\n")
+    assert load_stage_config(str(path), ["probe"])["probe"] == {"epochs": 3}  # `unrelated` dropped
+    with pytest.raises(ConfigError, match="config section 'data' is missing"):
+        load_stage_config({"probe": {}}, ["data"])
+
+
+def test_a_command_line_value_that_is_not_yaml_stays_a_string():
+    # ":" opens a mapping, "[" an unclosed list: not YAML; the schema then names the key
+    cfg = read_command_line_values({"pretrain": {"epochs": "[1"}})
+    assert cfg == {"pretrain": {"epochs": "[1"}}

@@ -39,3 +39,14 @@ def test_use_sets_torchs_thread_count(four_cpus):
         assert cpus.use(3).torch == 3 and torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_cpus_without_affinity_counts_the_machine(monkeypatch):
+    """Off Linux (no sched_getaffinity): os.cpu_count(), or 1 where even that is unknown."""
+    from pipeline.runtime import cpus
+
+    monkeypatch.delattr(cpus.os, "sched_getaffinity")
+    monkeypatch.setattr(cpus.os, "cpu_count", lambda: 3)
+    assert cpus.available() == 3
+    monkeypatch.setattr(cpus.os, "cpu_count", lambda: None)
+    assert cpus.available() == 1

@@ -273,3 +273,37 @@ def test_torchvision_views_replay_after_a_resume(ffcv_small):
     for a, b in zip(full[2:], resumed):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not torch.equal(full[0][0], epoch_batches(workers=0, skip=0, epoch=2)[0][0])  # new views each epoch
+
+
+def test_bad_order_and_crop_are_named(ffcv_small):
+    from pipeline.data.loaders import Centre, eval_loader
+
+    beton = ffcv_small / "val.beton"
+    with pytest.raises(ValueError, match="order must be 'sequential' or 'random', not 'shuffled'"):
+        eval_loader(beton, Centre(crop_size=16, order="shuffled"), Reading(batch_size=4))
+    with pytest.raises(ValueError, match="crop must be 'loader' or 'device', not 'gpu'"):
+        two_view_loader(beton, Views(crop_size=16, crop="gpu"), Reading(batch_size=4))
+    with pytest.raises(ValueError, match="eval_loader in file order reads every sample once"):
+        eval_loader(beton, Centre(crop_size=16), Reading(batch_size=4, drop_last=True))
+
+
+def test_missing_ffcv_says_how_to_do_without(ffcv_small, monkeypatch):
+    from pipeline.data import ffcv_runtime
+    from pipeline.data import loaders as data
+
+    def no_ffcv():
+        raise ImportError("No module named 'ffcv'")
+
+    monkeypatch.setattr(ffcv_runtime, "load", no_ffcv)
+    with pytest.raises(
+        RuntimeError, match=r"FFCV is not importable \(No module named 'ffcv'\).*data.loader: torchvision"
+    ):
+        data._beton(ffcv_small / "val.beton")
+
+
+def test_data_identity_without_a_report(tmp_path):
+    from pipeline.data.loaders import data_identity
+
+    assert data_identity(tmp_path) == {"train.json content": None}  # no train.json: a hand-made .beton
+    (tmp_path / "train.json").write_text(json.dumps({"classes": 2}))
+    assert data_identity(tmp_path)["train.json content"] is not None

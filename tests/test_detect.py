@@ -10,18 +10,21 @@ import sys
 import pytest
 import torch
 from conftest import REPO
+from torch import nn
 from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, TwoMLPHead
 from torchvision.ops import FrozenBatchNorm2d
 
 from pipeline import detect
-from pipeline.dag.config import section
+from pipeline.dag.config import ConfigError, section
 from pipeline.dag.sections import Synthetic, Voc
-from pipeline.data.detection import VOC_CLASSES, DetectionSplit, load_splits, write_voc
+from pipeline.data.detection import VOC_CLASSES, DetectionDataError, DetectionSplit, load_splits, write_voc
 from pipeline.nets.models import build_backbone
 from pipeline.runtime import checkpoint
+from pipeline.runtime.distributed import DistEnv
 from pipeline.synthetic import run as generate
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
+CUDA1 = torch.device("cuda", 1)  # a device object only: nothing runs on it
 TINY = {
     "task": "detection",  # Faster R-CNN; tests/test_segmentation.py covers Mask R-CNN
     "epochs": 1,
@@ -513,3 +516,96 @@ def test_embedded_scenes_as_a_voc_devkit(det_dir, tmp_path):
     assert m["protocol"].startswith("VOC 11point")
     area = detect.evaluate(val, truth, section("detect", {"task": "detection", "voc_metric": "area"}))
     assert area["protocol"].startswith("VOC area")
+
+
+def bn_detector() -> nn.Module:
+    torch.manual_seed(0)
+    ckpt = {"arch": ARCH, "backbone": build_backbone(ARCH).state_dict()}
+    return detect.build_detector(
+        ckpt, section("detect", {"norm": "bn", "image_size": 64, "fpn_channels": 16}), num_classes=3
+    )
+
+
+def test_bn_on_several_gpu_ranks_becomes_syncbn_with_the_same_weights():
+    detector = bn_detector()
+    bns = {n: m.weight.clone() for n, m in detector.named_modules() if isinstance(m, nn.BatchNorm2d)}
+    synced_detector, synced = detect.sync_batchnorm(detector, section("detect", {"norm": "bn"}), 2, CUDA1)
+    syncs = {n: m for n, m in synced_detector.named_modules() if isinstance(m, nn.SyncBatchNorm)}
+    assert synced and bns and set(syncs) == set(bns)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in synced_detector.modules())
+    assert all(torch.equal(syncs[n].weight, w) for n, w in bns.items())
+
+
+@pytest.mark.parametrize(
+    "norm,world_size,device",
+    [("bn", 2, torch.device("cpu")), ("bn", 1, CUDA1), ("frozen_bn", 2, CUDA1), ("gn", 2, CUDA1)],
+)
+def test_syncbn_only_for_bn_over_several_gpu_ranks(norm, world_size, device):
+    """gloo on CPU has no SyncBN, one rank has nothing to sync, frozen BN and GN no batch statistics."""
+    module = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))
+    out, synced = detect.sync_batchnorm(module, section("detect", {"norm": norm}), world_size, device)
+    assert out is module and not synced and isinstance(module[1], nn.BatchNorm2d)
+
+
+def test_ddp_gets_the_ranks_gpu_and_no_ids_on_cpu():
+    assert detect.distributed.ddp_device_ids(CUDA1) == [1]
+    assert detect.distributed.ddp_device_ids(torch.device("cpu")) is None
+
+
+def test_batch_is_split_evenly_over_the_ranks():
+    assert detect.per_rank_batch(section("detect", {"batch_size": 16}), 4) == 4
+    with pytest.raises(ConfigError, match=r"detect.batch_size=4 is not a multiple of the 3 ranks"):
+        detect.per_rank_batch(section("detect", {"batch_size": 4}), 3)
+
+
+def test_normalisation_names_group_norm_and_syncbn():
+    gn = section("detect", {"norm": "gn", "batch_size": 16})
+    assert detect.normalisation(gn, False, 1) == "GroupNorm (batch-independent), batch 16"
+    bn = section("detect", {"norm": "bn", "batch_size": 16})
+    assert detect.normalisation(bn, True, 8) == "SyncBN over 16 images (8 ranks x 2)"
+
+
+def test_configured_anchor_sizes_are_used_as_given():
+    dc = section("detect", {"anchor_sizes": [8, 16, 32, 64, 128], "image_size": 64})
+    assert detect.anchor_sizes(dc) == [8, 16, 32, 64, 128]
+
+
+class NanLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(()))
+
+    def forward(self, images, targets):
+        return {"loss_box": self.w + float("nan")}
+
+
+def test_non_finite_loss_stops_before_the_step_and_names_the_lr():
+    model = NanLoss()
+    batch = (torch.zeros(3, 8, 8), {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)})
+    loader = torch.utils.data.DataLoader([batch] * 2, batch_size=1, collate_fn=detect.collate)
+    with pytest.raises(FloatingPointError, match=r"at epoch 1 step 1; lower detect.lr \(now 0.02\)"):
+        no_state = checkpoint.StageState(None, {}, DistEnv())  # nothing saved or resumed
+        detect.train(model, loader, section("detect", {"epochs": 1, "lr": 0.02}), no_state)
+    assert float(model.w.detach()) == 0.0  # no step was taken with the NaN gradient
+
+
+def test_missing_image_and_annotation_file_are_named(tmp_path):
+    split = DetectionSplit(
+        {"images": [{"id": 1, "file_name": "a.png"}], "annotations": [], "categories": [{"id": 1}]}, tmp_path, "x"
+    )
+    with pytest.raises(DetectionDataError, match=r"image not found: .*a\.png"):
+        detect.CocoBoxes(split)[0]
+    with pytest.raises(FileNotFoundError, match=r"annotation file not found: .*nope\.json"):
+        detect.coco_evaluate(tmp_path / "nope.json", [])
+
+
+def test_epoch_seeded_has_its_datasets_length():
+    from pipeline.transfer.data import EpochSeeded
+    from pipeline.transfer.train import to_device
+
+    data = torch.utils.data.TensorDataset(torch.arange(7))
+    wrapped = EpochSeeded(data, seed=3)
+    assert len(wrapped) == 7
+    assert wrapped[(0, 4)][0].item() == 4  # keyed (epoch, index)
+    images, targets = to_device([torch.zeros(1)], [{"boxes": torch.ones(1), "id": 5}], "cpu")
+    assert images[0].device.type == "cpu" and targets[0]["boxes"].device.type == "cpu" and targets[0]["id"] == 5

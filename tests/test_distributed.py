@@ -5,6 +5,7 @@ one process at twice the batch."""
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -164,3 +165,33 @@ def test_shuffle_is_identity_in_one_process():
     torch.manual_seed(0)
     shuffled, undo = shuffle_across_ranks(x)
     assert torch.equal(unshuffle_across_ranks(shuffled, undo), x)
+
+
+def fake_gpus(monkeypatch, count: int, local_rank: int):
+    from pipeline.runtime import distributed
+
+    for name in ("RANK", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    return distributed
+
+
+def test_a_rank_without_its_gpu_is_refused(monkeypatch):
+    distributed = fake_gpus(monkeypatch, count=1, local_rank=1)
+    with pytest.raises(RuntimeError, match=r"local rank 1 has no GPU: this node's job sees 1 GPU"):
+        distributed.init()
+
+
+def test_each_rank_takes_the_gpu_of_its_local_rank(monkeypatch):
+    """The process group as NCCL set it up (already initialised: rank 3 of 4)."""
+    distributed = fake_gpus(monkeypatch, count=2, local_rank=1)
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 3)
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 4)
+    env = distributed.init()
+    assert chosen == [1] and (env.rank, env.world_size, env.local_rank) == (3, 4, 1)

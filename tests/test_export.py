@@ -101,3 +101,11 @@ def test_sidecar_names_the_cell_its_accuracy_and_each_files_hash(tmp_path):
         assert record["sha256"] == hashlib.sha256((folder / name).read_bytes()).hexdigest()
     # width 16 is no torchvision ResNet: the sidecar says how to load it instead
     assert "build_backbone" in sidecar["files"]["torchvision.pth"]["load"]
+
+
+def test_export_names_a_missing_checkpoint(tmp_path):
+    from pipeline import export
+
+    missing = tmp_path / "checkpoint.pt"
+    with pytest.raises(SystemExit, match=rf"^\[export\] error: checkpoint not found: {missing}$"):
+        export.main(["--checkpoint", str(missing), "--out", str(tmp_path / "export.json")])

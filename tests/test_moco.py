@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_distributed import P
 from torch import nn
 from torch.nn import functional as F
 
@@ -233,3 +234,35 @@ def test_key_encoder_check_fails_when_the_key_encoder_is_trained_or_the_rule_is_
     report = record.report(opt)
     assert report["key_parameters_in_optimizer"] == 0 and not report["holds"]
     assert report["ema_replay"]["max_relative_error"] > 1e-3
+
+
+def tiny_model(**changes):
+    from pipeline.methods.build import build_model
+
+    torch.manual_seed(0)
+    return build_model(section("pretrain", {**P, **changes}), 16, 10, 64)  # test_distributed's MoCo v2, 16 px images
+
+
+def views(n: int = 4, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 16, 16, generator=g), torch.randn(n, 3, 16, 16, generator=g)
+
+
+def test_keys_without_sample_index_enter_the_queue_as_unknown():
+    model = tiny_model()
+    model.queue.source.fill_(7)  # stands for the indices of earlier batches
+    model(*views(4), None)
+    assert model.queue.source[:4].tolist() == [-1] * 4 and set(model.queue.source[4:].tolist()) == {7}
+
+
+def test_memory_bank_needs_enough_samples_and_each_index():
+    from pipeline.methods.build import bn_guard_text
+    from pipeline.methods.moco.mechanisms import MemoryBank
+
+    model = tiny_model(mechanism="memory_bank")
+    assert bn_guard_text(model, 1) == "not applicable (no key batch normalised apart from its queries)"
+    assert model.diagnostics_state() is None  # nothing beyond the state dict to resume
+    with pytest.raises(ValueError, match="the memory bank needs each sample's index"):
+        model(*views(4), None)
+    with pytest.raises(ValueError, match=r"K=64 negatives need more than K samples \(the training set has 64\)"):
+        MemoryBank(model.encoder_q, num_samples=64, K=64)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline.dag.config import section
 from pipeline.dag.sections import Pretrain
 from pipeline.nets.optim import LARS, STEP_DROPS, Schedule, build_optimizer, share_of
 
@@ -124,3 +125,38 @@ def test_lars_leaves_a_group_without_gradients_as_it_was():
     assert all("momentum_buffer" in opt.state[t] for t in live.parameters()) and not opt.state.keys() & set(
         frozen.parameters()
     )
+
+
+def test_lars_leaves_a_parameter_without_gradient_untouched():
+    from pipeline.nets.optim import LARS
+
+    used, unused = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(3))
+    opt = LARS([used, unused], lr=0.1)
+    used.grad = torch.ones(2, 2)
+    opt.step()
+    assert torch.equal(unused, torch.ones(3)) and unused not in opt.state
+    assert not torch.equal(used, torch.ones(2, 2))
+
+
+def test_unknown_optimizer_is_named():
+    from pipeline.nets.optim import build_optimizer
+
+    with pytest.raises(ValueError, match=r"unknown optimizer 'rmsprop' \(sgd, lars, adamw\)"):
+        build_optimizer(section("pretrain", {"optimizer": "rmsprop"}), [torch.nn.Parameter(torch.ones(1))])
+
+
+@pytest.mark.parametrize(
+    "schedule, step, expected",
+    [  # 100 epochs of 10 steps
+        ({"warmup_epochs": 10}, 49, 0.5),  # step 49 of a 100-step linear warmup: (49 + 1) / 100
+        ({"schedule": "step"}, 500, 1.0),  # before MoCo's drops at 60% and 80%
+        ({"schedule": "step"}, 700, 0.1),
+        ({"schedule": "step"}, 900, 0.01),
+        ({"schedule": "step", "lr_step_epochs": [30, 60]}, 500, 0.1),  # epoch 50 of 100: one drop
+    ],
+)
+def test_learning_rate_warmup_and_steps(schedule, step, expected):
+    from pipeline.nets.optim import pretrain_schedule
+
+    p = section("pretrain", {"lr": 1.0, "epochs": 100, **schedule})
+    assert pretrain_schedule(p, steps_per_epoch=10).factor(step) == pytest.approx(expected)

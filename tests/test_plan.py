@@ -8,10 +8,12 @@ import sys
 
 import pytest
 
-from pipeline.dag.config import ConfigError, load_config, merge
+from pipeline import plan
+from pipeline.dag.config import ConfigError, load_config, load_yaml, merge, section
+from pipeline.dag.grid import Cell
 from pipeline.dag.training_set import training_set
 from pipeline.plan import DetectionSpeed, Throughput, make_plan, merged_config, minutes, render
-from tests.conftest import REPO, require, run, snakemake_bin
+from tests.conftest import BASE_MOCO, REPO, require, run, snakemake_bin
 
 # Figures of made-up GPUs with round numbers, so that every expectation below is mental arithmetic.
 THROUGHPUT = (
@@ -277,3 +279,22 @@ def test_detection_without_iterations_is_not_estimated(tmp_path):
     cfg["detect"]["iterations"] = None
     det = make_plan(load_config(cfg), PROFILE, THROUGHPUT, DETECTION)["detect"]
     assert det["gpu_hours"] is None and det["note"] == "not estimated (detect.iterations unset)"
+
+
+def test_plan_branches(tmp_path):
+    p = section("pretrain", {**BASE_MOCO, "mechanism": "memory_bank"})
+    assert plan.method_key(p) == "moco memory_bank"
+    with pytest.raises(ConfigError, match="runtime 'soon' is neither minutes"):
+        plan.minutes("soon")
+    cfg = load_config(load_yaml(plan.DEFAULT_CONFIG))
+    vit = Cell(section("pretrain", {"backbone": "vit_small", "variant": "v3"}), {})
+    no_resnet = plan.detection_plan(cfg, {"base": vit}, {})
+    assert no_resnet["jobs"] == 0 and no_resnet["note"] == "no detection transfer"
+    with pytest.raises(ConfigError, match="--config epochs: expected key=value"):
+        plan.merged_config([], ["epochs"])
+    assert plan.merged_config([], ["results=/x"])["results"] == "/x"
+
+
+def test_plan_cli_reports_a_bad_profile(tmp_path, capsys):
+    assert plan.main(["--profile", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err == f"plan: profile not found: {tmp_path / 'none'} (a folder with config.yaml)\n"

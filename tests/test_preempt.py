@@ -31,3 +31,17 @@ def test_a_child_signalled_before_it_resets_its_handlers_dies_of_it():
     assert out.returncode == 0, out.stderr
     # killed by SIGTERM; the parent keeps its handler and its signal mask
     assert out.stdout.split() == ["-15", "True", "0"]
+
+
+def test_install_outside_the_main_thread_is_a_no_op():
+    """signal.signal raises ValueError off the main thread: install leaves the handlers as they were."""
+    import signal
+    import threading
+
+    from pipeline.runtime import preempt
+
+    before = {sig: signal.getsignal(sig) for sig in preempt.SIGNALS}
+    thread = threading.Thread(target=preempt.install)
+    thread.start()
+    thread.join()
+    assert {sig: signal.getsignal(sig) for sig in preempt.SIGNALS} == before

@@ -10,6 +10,7 @@ from test_convert import make_stl10
 
 from pipeline import probe
 from pipeline.convert import run as convert
+from pipeline.dag.config import section
 from pipeline.dag.sections import Convert
 from pipeline.data.augment import normalize
 from pipeline.data.loaders import LOADERS, Reading, Views, crop_loader
@@ -152,3 +153,48 @@ def test_unlabelled_images_do_not_stretch_the_augmented_probe(tmp_path, random_c
     run(cfg, random_checkpoint, data, tmp_path / "probe.json")
     assert len(steps) == 3 * 3 and all(a > b for a, b in zip(steps, steps[1:]))
     assert ratios == [0.875, 0.875]  # train and val features: probe.crop_ratio
+
+
+def test_train_cached_fits_a_probe_on_cached_features():
+    from pipeline.dag.config import section
+    from pipeline.probe import LinearProbe, settings, train_cached
+
+    torch.manual_seed(0)
+    pc = section("probe", {"epochs": 2, "batch_size": 8})
+    s = settings(pc, {"backbone": "resnet18"})
+    assert s["epochs"] == 2 and s["batch_size"] == 8
+    # two well separated classes: feature 0 carries the label
+    y = torch.arange(32) % 2
+    x = torch.randn(32, 4) * 0.1
+    x[:, 0] += y.float() * 2 - 1
+    probe = LinearProbe(4, 2, s, pc.standardize, 32 // 8)
+    curve = train_cached(probe, x, y, x, y, pc.seed)
+    assert [p["epoch"] for p in curve] == [1, 2]  # one point per epoch
+    assert all(set(p) == {"epoch", "train_loss", "val_top1"} for p in curve)
+    assert probe.step == 2 * 4  # 2 epochs x 32 / 8 batches
+
+
+@pytest.mark.parametrize("protocol", ["moco", "mocov3"])
+def test_configured_probe_lr_is_used_as_given(protocol):
+    """An explicit lr overrides the protocol's and is not scaled by the batch (mocov3 would: x512/256)."""
+    s = probe.settings(section("probe", {"protocol": protocol, "lr": 0.5, "batch_size": 512}), ARCH)
+    assert (s["lr"], s["batch_size"]) == (0.5, 512)
+
+
+def test_probe_without_labelled_images_exits_with_the_file(tmp_path):
+    make_stl10(tmp_path / "stl", n=4)
+    data = tmp_path / "data"
+    for split, name in (("unlabeled", "train"), ("test", "val")):
+        convert(
+            tmp_path / "stl", data / f"{name}.beton", Convert(workers=1), source="stl10", split=split, progress=False
+        )
+    torch.manual_seed(0)
+    ckpt = tmp_path / "ckpt.pt"
+    probe.checkpoint.save(ckpt, arch=ARCH, method="random", backbone=build_backbone(ARCH).state_dict())
+    cfg = json.dumps({"data": {"crop_size": 32, "workers": 1}, "probe": {"epochs": 1}})
+    args = ["--config", cfg, "--data", str(data), "--out", str(tmp_path / "probe.json")]
+    with pytest.raises(SystemExit, match=r"\[probe\] error: .*train\.beton has no labelled images"):
+        probe.main([*args, "--checkpoint", str(ckpt)])
+    with pytest.raises(SystemExit, match=r"\[probe\] error: checkpoint not found: .*nope\.pt"):
+        probe.main([*args, "--checkpoint", str(tmp_path / "nope.pt")])
+    assert not (tmp_path / "probe.json").exists()

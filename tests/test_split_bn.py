@@ -190,3 +190,38 @@ def test_checkpointed_backbone_is_plain_batch_norm():
     x = torch.randn(4, 3, 32, 32)
     assert torch.equal(plain.eval()(x), model.encoder_q.backbone.eval()(x))
     assert isinstance(model.encoder_q, Encoder)
+
+
+def test_split_batch_norm_refuses_a_batch_it_cannot_split():
+    from pipeline.methods.split_bn import SplitBatchNorm2d
+
+    with pytest.raises(ValueError, match="a batch of 3 cannot be split into 2 equal sub-batches"):
+        SplitBatchNorm2d(4, splits=2)(torch.randn(3, 4, 2, 2))
+
+
+def test_split_batch_norm_without_running_statistics_normalises_each_sub_batch():
+    from pipeline.methods.split_bn import SplitBatchNorm2d
+
+    x = torch.randn(4, 3, 2, 2, generator=torch.Generator().manual_seed(0)) * 5 + 2
+    y = SplitBatchNorm2d(3, splits=2, track_running_stats=False, affine=False)(x)
+    reference = torch.nn.BatchNorm2d(3, track_running_stats=False, affine=False)
+    for j in (0, 1):  # sub-batch j: images j, j + 2
+        torch.testing.assert_close(y[j::2], reference(x[j::2]))
+
+
+def test_split_batch_norm_cumulative_average_is_batch_norms_per_sub_batch():
+    """momentum=None: the running statistics are the plain average over the batches seen, as
+    BatchNorm's; the split one holds the mean of its sub-batches' statistics."""
+    from pipeline.methods.split_bn import SplitBatchNorm2d
+
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(4, 3, 2, 2, generator=g) * (1 + i) + i for i in range(2)]
+    split = SplitBatchNorm2d(3, splits=2, momentum=None)
+    references = [torch.nn.BatchNorm2d(3, momentum=None) for _ in (0, 1)]
+    for x in batches:
+        split(x)
+        for j, ref in enumerate(references):
+            ref(x[j::2])
+    torch.testing.assert_close(split.running_mean, (references[0].running_mean + references[1].running_mean) / 2)
+    torch.testing.assert_close(split.running_var, (references[0].running_var + references[1].running_var) / 2)
+    assert int(split.num_batches_tracked) == 2

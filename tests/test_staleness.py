@@ -165,3 +165,17 @@ def test_each_method_reports_its_own_chance_loss(make, chance):
     loss, _, logits = model(x, x, torch.arange(8))
     assert float(loss.detach()) == pytest.approx(chance, rel=1e-5)
     assert model.chance_loss(logits.shape[1]) == pytest.approx(chance, rel=1e-9)
+
+
+def test_parameter_sketch_follows_its_module_to_another_device():
+    """The model moves to its training device after the sketch was made: the bins follow.
+    "meta" (every torch has it) stands for the GPU; a move to meta makes new Parameter objects
+    where a move to a GPU keeps them, so the sketch is pointed at the moved ones."""
+    from pipeline.methods.moco.staleness import ParameterSketch
+
+    module = torch.nn.Linear(3, 2)
+    sketch = ParameterSketch(module, buckets=8)
+    sketch.params = list(module.to("meta").parameters())
+    out = sketch()
+    assert out.device.type == "meta" and out.shape == (8,)
+    assert {b.device.type for b in sketch.bins + sketch.signs} == {"meta"}

@@ -198,3 +198,13 @@ def test_record_and_footnote():
     assert note.endswith("1 of 4 runs did not record it.")
     assert provenance.environment_note([None]).startswith("Ran on: not recorded")
     assert provenance.environment_note([]) is None
+
+
+def test_seeds_to_decide_gives_up_beyond_max_seeds():
+    from pipeline.report.stats import MAX_SEEDS, Estimate, seeds_to_decide
+
+    # mean 0.01, std 10: t * 10 / sqrt(n) < 0.01 needs sqrt(n) > 1000 t, n > 10^6 (t > 1.96)
+    # -> more than MAX_SEEDS (10,000): nothing can be said
+    assert MAX_SEEDS < 10**6
+    assert seeds_to_decide(Estimate(mean=0.01, half=1.0, n=3, std=10.0)) is None
+    assert seeds_to_decide(Estimate(mean=-0.01, half=1.0, n=3, std=10.0)) is None

@@ -107,7 +107,7 @@ def test_tiny_workflow_end_to_end(tiny_results):
     timing = json.loads((results / "cells" / "base" / "pretrain" / "summary.json").read_text())["timing"]
     assert {"setup", "loader_first_batch", "steps", "data_wait", "knn_monitor", "checkpoints"} <= set(timing)
     # the phases do not overlap (a nested phase would count its seconds twice); their arithmetic
-    # is checked by hand in test_cov_data.py::test_stopwatch_report_by_hand
+    # is checked by hand in test_stopwatch.py::test_stopwatch_report_by_hand
     named = sum(v for k, v in timing.items() if k not in ("other", "wall"))
     assert named <= timing["wall"] + 0.05  # rounding of each to 0.01 s
     from pipeline.bench import pipeline as bench_pipeline
