@@ -28,10 +28,24 @@ learning (issue 34):
 
 ``backgrounds: 0`` gives each image its own gradient again (the old design, byte for byte).
 
+**The detection scenes' categories** (``det_shapes``). ``pretraining``: the ten classes, so the
+downstream labels are the very labels the supervised baseline was trained to name, and a
+transfer test measures that baseline on its own task (issue 49). ``novel``: ten other shapes
+(``NOVEL_SHAPES``) that no classification image shows, a label set disjoint from pretraining's.
+What the scenes share with the pretraining images: the renderer (drawn at 4x, box-downsampled),
+the colour model (a random colour that contrasts with the background), the background pool and
+its pixel noise, the sizes and rotations. What they do not: the categories. Each novel shape is
+built from parts the ten classes also have (straight and curved edges, corners, strokes, blobs)
+but is none of them under rotation, scale or colour: a star (five points, not a triangle's three),
+a crescent (a disk with a bite), an arrow (a shaft with a head), an L and a T (two strokes that
+meet at an end, not a plus's centre), three dots, a zigzag stroke, a half disk, a bowtie (two
+triangles tip to tip) and a chevron. Disjoint categories are a stricter test than the MoCo
+paper's, whose COCO categories overlap ImageNet's in part (person, dog, car).
+
 Each image has its own RNG seeded by (seed, split, class, index): the same seed gives
 byte-identical files whatever the order or the number of processes that write them.
 
-    python -m pipeline.synthetic --out results/data/synthetic --config '{"seed": 0, ...}'
+    python -m pipeline.synthetic --out results/data/synthetic --config '{"seed": 0, ...}' [--part cls|det]
 """
 
 from __future__ import annotations
@@ -45,7 +59,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from pipeline.dag.config import ConfigError, section, to_dict
-from pipeline.dag.sections import SYNTHETIC_CLASSES, Synthetic
+from pipeline.dag.sections import DETECTION_SHAPES, SYNTHETIC_CLASSES, SYNTHETIC_PARTS, Synthetic
 from pipeline.eval import masks as masks_io
 from pipeline.runtime.io import atomic_save_png, atomic_write_json
 
@@ -136,8 +150,100 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx, cy, r, rot, colour) -
                 if (i + j) % 2 == 0:
                     x0, y0 = cx - r + i * cell, cy - r + j * cell
                     draw.rectangle([x0, y0, x0 + cell, y0 + cell], fill=colour)
+    elif shape in NOVEL_DRAWERS:
+        NOVEL_DRAWERS[shape](draw, cx, cy, r, rot, colour, w)
     else:
         raise ValueError(f"unknown shape {shape}")
+
+
+# --- the novel shapes: the detection scenes' own categories (det_shapes: novel) ---------------
+def _star(draw, cx, cy, r, rot, colour, w):
+    points = [
+        (cx + rr * math.cos(rot + math.pi * k / 5), cy + rr * math.sin(rot + math.pi * k / 5))
+        for k in range(10)
+        for rr in (r if k % 2 == 0 else r * 0.42,)
+    ]
+    draw.polygon(points, fill=colour)
+
+
+def _crescent(draw, cx, cy, r, rot, colour, w):
+    # a disk with a bite: the outer arc away from the bite, then the bite's arc back inside it
+    d, b = r * 0.55, r * 0.8  # the bite's centre offset and radius
+    phi = math.acos((r * r + d * d - b * b) / (2 * r * d))  # where the two circles meet
+    bx, by = cx + d * math.cos(rot), cy + d * math.sin(rot)
+    meet = (cx + r * math.cos(rot + phi), cy + r * math.sin(rot + phi))
+    # the meeting point seen from the bite's centre, relative to rot, in (0, pi)
+    alpha = abs((math.atan2(meet[1] - by, meet[0] - bx) - rot + math.pi) % (2 * math.pi) - math.pi)
+    outer = [(cx + r * math.cos(rot + a), cy + r * math.sin(rot + a)) for a in np.linspace(phi, 2 * math.pi - phi, 60)]
+    inner = [
+        (bx + b * math.cos(rot + t), by + b * math.sin(rot + t)) for t in np.linspace(-alpha, alpha - 2 * math.pi, 40)
+    ]
+    draw.polygon(outer + inner, fill=colour)
+
+
+def _arrow(draw, cx, cy, r, rot, colour, w):
+    shaft = [(-r, -w * 0.6), (r * 0.25, -w * 0.6), (r * 0.25, w * 0.6), (-r, w * 0.6)]
+    head = [(r * 0.15, -r * 0.55), (r, 0.0), (r * 0.15, r * 0.55)]
+    for part in (shaft, head):
+        draw.polygon(_rotate([(cx + x, cy + y) for x, y in part], cx, cy, rot), fill=colour)
+
+
+def _strokes(draw, cx, cy, rot, colour, w, segments):
+    for (x0, y0), (x1, y1) in segments:
+        a, b = _rotate([(cx + x0, cy + y0), (cx + x1, cy + y1)], cx, cy, rot)
+        draw.line([a, b], fill=colour, width=int(w * 1.3))
+
+
+def _ell(draw, cx, cy, r, rot, colour, w):
+    _strokes(draw, cx, cy, rot, colour, w, [((-r * 0.5, -r), (-r * 0.5, r)), ((-r * 0.5 - w * 0.6, r), (r * 0.6, r))])
+
+
+def _tee(draw, cx, cy, r, rot, colour, w):
+    _strokes(draw, cx, cy, rot, colour, w, [((-r, -r * 0.8), (r, -r * 0.8)), ((0, -r * 0.8), (0, r))])
+
+
+def _dots(draw, cx, cy, r, rot, colour, w):
+    d = r * 0.3
+    for x, y in _polygon(cx, cy, r * 0.62, 3, rot):
+        draw.ellipse([x - d, y - d, x + d, y + d], fill=colour)
+
+
+def _zigzag(draw, cx, cy, r, rot, colour, w):
+    xs = np.linspace(-r, r, 5)
+    points = _rotate([(cx + x, cy + (r * 0.45 if k % 2 else -r * 0.45)) for k, x in enumerate(xs)], cx, cy, rot)
+    draw.line(points, fill=colour, width=int(w * 1.3), joint="curve")
+
+
+def _half_disk(draw, cx, cy, r, rot, colour, w):
+    arc = np.linspace(rot, rot + math.pi, 48)
+    draw.polygon([(cx + r * math.cos(a), cy + r * math.sin(a)) for a in arc], fill=colour)
+
+
+def _bowtie(draw, cx, cy, r, rot, colour, w):
+    for side in (-1, 1):
+        tri = [(cx, cy), (cx + side * r, cy - r * 0.7), (cx + side * r, cy + r * 0.7)]
+        draw.polygon(_rotate(tri, cx, cy, rot), fill=colour)
+
+
+def _chevron(draw, cx, cy, r, rot, colour, w):
+    points = [(-r * 0.9, -r * 0.6), (r * 0.8, 0.0), (-r * 0.9, r * 0.6)]  # ~40 degrees: not an L's 90
+    draw.line(
+        _rotate([(cx + x, cy + y) for x, y in points], cx, cy, rot), fill=colour, width=int(w * 1.6), joint="curve"
+    )
+
+
+NOVEL_DRAWERS = {
+    "star": _star,
+    "crescent": _crescent,
+    "arrow": _arrow,
+    "ell": _ell,
+    "tee": _tee,
+    "dots": _dots,
+    "zigzag": _zigzag,
+    "half_disk": _half_disk,
+    "bowtie": _bowtie,
+    "chevron": _chevron,
+}
 
 
 def _small_tilt(rot: float) -> float:
@@ -196,9 +302,9 @@ def classification_image(seed: int, split: str, label: int, index: int, size: in
     return render([shape], size, rng, _background_of(seed, pool, rng))[0]
 
 
-def detection_scene(seed: int, split: str, index: int, size: int, pool: int = POOL):
-    """One scene: 2-4 shapes, little overlap. Returns the image, [(label, x, y, w, h)] and each
-    shape's visible mask (bool HxW)."""
+def detection_scene(seed: int, split: str, index: int, size: int, pool: int = POOL, shapes=CLASSES):
+    """One scene: 2-4 of ``shapes`` (the categories, in label order), little overlap. Returns the
+    image, [(label, x, y, w, h)] and each shape's visible mask (bool HxW)."""
     rng = np.random.default_rng([seed, 10 + SPLIT_IDS[split], index])
     placed: list[tuple] = []
     boxes: list[tuple] = []
@@ -210,11 +316,11 @@ def detection_scene(seed: int, split: str, index: int, size: int, pool: int = PO
                 break
         else:
             continue
-        label = int(rng.integers(0, len(CLASSES)))
+        label = int(rng.integers(0, len(shapes)))
         placed.append((cx, cy, r))
         boxes.append((label, cx, cy, r, rng.uniform(0, 2 * math.pi)))
-    shapes = [(CLASSES[label], cx, cy, r, rot) for label, cx, cy, r, rot in boxes]
-    img, tight, masks = render(shapes, size, rng, _background_of(seed, pool, rng))
+    drawn = [(shapes[label], cx, cy, r, rot) for label, cx, cy, r, rot in boxes]
+    img, tight, masks = render(drawn, size, rng, _background_of(seed, pool, rng))
     ann = [
         (label, round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2))
         for (label, *_), (x0, y0, x1, y1) in zip(boxes, tight)
@@ -222,19 +328,37 @@ def detection_scene(seed: int, split: str, index: int, size: int, pool: int = PO
     return img, ann, masks
 
 
-def coco_categories() -> list[dict]:
-    return [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(CLASSES)]
+def coco_categories(shapes=CLASSES) -> list[dict]:
+    return [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(shapes)]
 
 
-def run(out: str | Path, cfg: Synthetic | None = None, progress: bool = True) -> dict:
-    """Write the whole dataset under ``out``; returns the manifest (also written). ``cfg``:
-    dataset.synthetic (None: the defaults)."""
-    from tqdm import tqdm
-
+def run(out: str | Path, cfg: Synthetic | None = None, progress: bool = True, parts=tuple(SYNTHETIC_PARTS)) -> dict:
+    """Write ``parts`` of the dataset (``cls``, ``det``) under ``out``, each with a manifest
+    (``<part>/manifest.json``: its keys, its categories, its counts); returns them by part.
+    ``cfg``: dataset.synthetic (None: the defaults). A part reads only its own keys
+    (``SYNTHETIC_PARTS``), so the workflow regenerates one without touching the other."""
     cfg = cfg or Synthetic()
     out = Path(out)
+    writers = {"cls": _write_classification, "det": _write_scenes}
+    manifests = {}
+    for part in parts:
+        categories, counts = writers[part](out / part, cfg, progress)
+        manifests[part] = {
+            "generator": "pipeline.synthetic",
+            "part": part,
+            "config": {k: v for k, v in to_dict(cfg).items() if k in SYNTHETIC_PARTS[part]},
+            "categories": list(categories),
+            "counts": counts,
+        }
+        atomic_write_json(manifests[part], out / part / "manifest.json")
+    return manifests
+
+
+def _write_classification(out: Path, cfg: Synthetic, progress: bool) -> tuple[tuple, dict]:
+    """``{train,val}/<class>/<i>.png``: one shape per image, the ten classes."""
+    from tqdm import tqdm
+
     counts: dict[str, int] = {}
-    size, seed = cfg.image_size, cfg.seed
     jobs = [
         (split, label, i)
         for split, n in (("train", cfg.train_per_class), ("val", cfg.val_per_class))
@@ -242,18 +366,26 @@ def run(out: str | Path, cfg: Synthetic | None = None, progress: bool = True) ->
         for i in range(n)
     ]
     for split, label, i in tqdm(jobs, desc="synthetic: classification", disable=not progress, mininterval=2):
-        path = out / "cls" / split / CLASSES[label] / f"{i:05d}.png"
-        atomic_save_png(classification_image(seed, split, label, i, size, cfg.backgrounds), path)
-        counts[f"cls/{split}"] = counts.get(f"cls/{split}", 0) + 1
+        path = out / split / CLASSES[label] / f"{i:05d}.png"
+        atomic_save_png(classification_image(cfg.seed, split, label, i, cfg.image_size, cfg.backgrounds), path)
+        counts[split] = counts.get(split, 0) + 1
+    return CLASSES, counts
 
-    dsize = cfg.det_image_size
+
+def _write_scenes(out: Path, cfg: Synthetic, progress: bool) -> tuple[tuple, dict]:
+    """``{train,val}/<i>.png`` scenes of several shapes and ``instances_{split}.json`` (COCO,
+    each shape's visible mask as RLE), of the categories ``det_shapes`` names."""
+    from tqdm import tqdm
+
+    counts: dict[str, int] = {}
+    dsize, shapes = cfg.det_image_size, DETECTION_SHAPES[cfg.det_shapes]
     for split, n in (("train", cfg.det_train_images), ("val", cfg.det_val_images)):
         images: list[dict] = []
         annotations: list[dict] = []
         for i in tqdm(range(n), desc=f"synthetic: detection {split}", disable=not progress, mininterval=2):
-            img, boxes, masks = detection_scene(seed, split, i, dsize, cfg.backgrounds)
+            img, boxes, masks = detection_scene(cfg.seed, split, i, dsize, cfg.backgrounds, shapes)
             name = f"{split}/{i:05d}.png"
-            atomic_save_png(img, out / "det" / name)
+            atomic_save_png(img, out / name)
             images.append({"id": i + 1, "file_name": name, "width": dsize, "height": dsize})
             for (label, x, y, w, h), mask in zip(boxes, masks):
                 annotations.append(
@@ -268,26 +400,50 @@ def run(out: str | Path, cfg: Synthetic | None = None, progress: bool = True) ->
                     }
                 )
         atomic_write_json(
-            {"images": images, "annotations": annotations, "categories": coco_categories()},
-            out / "det" / f"instances_{split}.json",
+            {"images": images, "annotations": annotations, "categories": coco_categories(shapes)},
+            out / f"instances_{split}.json",
         )
-        counts[f"det/{split}"] = n
-    manifest = {"generator": "pipeline.synthetic", "config": to_dict(cfg), "classes": CLASSES, "counts": counts}
-    atomic_write_json(manifest, out / "manifest.json")
-    return manifest
+        counts[split] = n
+    return shapes, counts
+
+
+def category_sheet(path: str | Path, tile: int = 96) -> None:
+    """A picture of the categories: the ten classes (top row), the novel scene shapes (bottom),
+    each drawn alone by ``render`` on one dark gradient (docs/segmentation.md's figure)."""
+    rows = [SYNTHETIC_CLASSES, DETECTION_SHAPES["novel"]]
+    sheet = Image.new("RGB", (tile * len(rows[0]), tile * len(rows)))
+    dark = ((24, 24, 24), (64, 64, 64), 0.0)
+    for y, shapes in enumerate(rows):
+        for x, shape in enumerate(shapes):
+            rng = np.random.default_rng([y, x])
+            img, _, _ = render([(shape, tile / 2, tile / 2, tile * 0.3, 0.3)], tile, rng, dark)
+            sheet.paste(img, (x * tile, y * tile))
+    sheet.save(path)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--out", help="output folder")
     ap.add_argument("--config", default="{}", help="JSON with keys of dataset.synthetic")
+    ap.add_argument("--sheet", metavar="PNG", help="draw the categories of both parts into this picture instead")
+    ap.add_argument(
+        "--part",
+        choices=list(SYNTHETIC_PARTS),
+        action="append",
+        help="write only this part (cls: classification images, det: detection scenes); repeatable; default both",
+    )
     args = ap.parse_args(argv)
+    if args.sheet:
+        category_sheet(args.sheet)
+        return
+    if not args.out:
+        ap.error("--out is required (or --sheet)")
     try:
         cfg = section("dataset", {"synthetic": json.loads(args.config)}).synthetic
     except ConfigError as err:
         raise SystemExit(f"[synthetic] error: {err}") from None
-    manifest = run(args.out, cfg)
-    print(f"[synthetic] wrote {manifest['counts']} to {args.out}")
+    for part, manifest in run(args.out, cfg, parts=args.part or tuple(SYNTHETIC_PARTS)).items():
+        print(f"[synthetic] wrote {part}/ {manifest['counts']} to {args.out}")
 
 
 if __name__ == "__main__":

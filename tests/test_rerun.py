@@ -61,6 +61,8 @@ def cell_jobs(cell: str, *rules: str) -> set:
 def fake_results(results) -> None:
     """Every output of the tiny DAG but the tables, oldest first (data, pretrain, probe/detect)."""
     data = results / "data"
+    (data / "synthetic" / "det").mkdir(parents=True)
+    (data / "synthetic" / "det" / "instances_train.json").write_text("{}")
     for split in ("train", "val"):
         (data / "synthetic" / "cls" / split / "disk").mkdir(parents=True, exist_ok=True)
         (data / "synthetic" / "cls" / split / "disk" / "0.png").write_bytes(b"fake")

@@ -213,6 +213,8 @@ def test_a_result_key_reruns_exactly_its_cells_and_what_reads_them(finished):
     assert planned(finished, "probe={epochs: 3}") == cell_jobs("base", "probe") | {("probe", "method=random")} | tables
     detect = cell_jobs("base", "detect", "detect_trials")
     assert planned(finished, "detect={cells: [base], lr: 0.01}") == detect | tables
+    # the scenes' categories: the scenes and the transfer, no pretraining or probe
+    assert planned(finished, "dataset={synthetic: {det_shapes: novel}}") == {("synthetic", None)} | detect | tables
 
 
 # --- conversion: the dataset folder's content ---------------------------------------------------

@@ -26,7 +26,7 @@ def test_same_seed_same_bytes(tmp_path):
     a, b = generate(tmp_path / "a", SMALL, progress=False), generate(tmp_path / "b", SMALL, progress=False)
     assert a == b
     da, db = digest(tmp_path / "a"), digest(tmp_path / "b")
-    assert da == db and len(da) == 10 * 3 + 5 + 3  # images + 2 COCO files + manifest
+    assert da == db and len(da) == 10 * 3 + 5 + 4  # images + 2 COCO files + a manifest per part
 
 
 def test_other_seed_other_images(tmp_path):
@@ -245,7 +245,7 @@ def test_novel_scenes_leave_every_classification_image_as_it_was(tmp_path):
     a, b = digest(tmp_path / "a"), digest(tmp_path / "b")
     assert {k: v for k, v in a.items() if k.startswith("cls/")} == {k: v for k, v in b.items() if k.startswith("cls/")}
     assert a["det/train/00000.png"] != b["det/train/00000.png"]
-    assert list(manifest["detection_categories"]) == list(NOVEL_SHAPES)
+    assert manifest["det"]["categories"] == list(NOVEL_SHAPES) and manifest["cls"]["categories"] == list(CLASSES)
 
 
 def shape_mask(shape, rot, r=40.0):
@@ -281,3 +281,67 @@ def test_no_novel_shape_is_a_class_under_rotation_or_scale():
     for shape in NOVEL_SHAPES:
         assert max(closest_iou(shape, c) for c in CLASSES) < classes_apart, shape
         assert all(closest_iou(shape, other) < classes_apart for other in NOVEL_SHAPES if other > shape), shape
+
+
+# a value for each key other than SMALL's, to change it by
+CHANGED = {
+    "seed": 1,
+    "image_size": 24,
+    "train_per_class": 3,
+    "val_per_class": 2,
+    "det_train_images": 4,
+    "det_val_images": 1,
+    "det_image_size": 40,
+    "det_shapes": "novel",
+    "backgrounds": 2,
+}
+
+
+def test_each_part_is_generated_from_its_own_keys_alone(tmp_path):
+    """The workflow writes cls/ and det/ in separate jobs compared on SYNTHETIC_PARTS' keys: a key
+    outside a part must leave its bytes as they were, one inside must change them, and every key
+    belongs to a part."""
+    from dataclasses import fields
+
+    from pipeline.dag.sections import SYNTHETIC_PARTS
+
+    assert set(CHANGED) == {f.name for f in fields(Synthetic)} == set().union(*SYNTHETIC_PARTS.values())
+    generate(tmp_path / "base", SMALL, progress=False)
+    base = digest(tmp_path / "base")
+    for key, value in CHANGED.items():
+        changed = replace(SMALL, **{key: value})
+        for part, keys in SYNTHETIC_PARTS.items():
+            generate(tmp_path / key, changed, progress=False, parts=(part,))
+            after = digest(tmp_path / key / part)
+            before = {k.removeprefix(f"{part}/"): v for k, v in base.items() if k.startswith(f"{part}/")}
+            images = {k: v for k, v in after.items() if k != "manifest.json"}
+            assert (images != {k: v for k, v in before.items() if k != "manifest.json"}) == (key in keys), (key, part)
+
+
+def test_the_command_line_writes_the_parts_it_is_given(tmp_path):
+    from pipeline.synthetic import main
+
+    config = json.dumps({"train_per_class": 1, "val_per_class": 1, "det_train_images": 1, "det_val_images": 1})
+    main(["--out", str(tmp_path), "--config", config, "--part", "det"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["det"]
+    manifest = json.loads((tmp_path / "det" / "manifest.json").read_text())
+    assert manifest["counts"] == {"train": 1, "val": 1} and "image_size" not in manifest["config"]
+    main(["--out", str(tmp_path), "--config", config])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cls", "det"]
+
+
+def test_the_category_sheet_shows_both_label_sets(tmp_path):
+    """Two rows of ten tiles, each tile one shape on the dark gradient: its brightest pixels are
+    the shape's, and no two tiles of a row are the same picture."""
+    from PIL import Image
+
+    from pipeline.synthetic import main
+
+    main(["--sheet", str(tmp_path / "sheet.png")])
+    sheet = np.asarray(Image.open(tmp_path / "sheet.png"), float)
+    assert sheet.shape == (2 * 96, 10 * 96, 3)
+    tiles = [sheet[y : y + 96, x : x + 96] for y in (0, 96) for x in range(0, 960, 96)]
+    assert all(np.abs(t - t[:4, :4].mean((0, 1))).max() > 60 for t in tiles)  # a shape on each
+    assert len({t.tobytes() for t in tiles}) == 20
+    with pytest.raises(SystemExit):
+        main([])  # neither --out nor --sheet

@@ -35,7 +35,7 @@ def test_dry_run_shows_full_dag(tmp_path):
     out = snakemake(tmp_path / "results", "-n").stdout
     # the random-init baseline is a rule of its own (one small process, never a GPU job)
     assert jobs_planned(out) == {
-        "synthetic": 1,
+        "synthetic": 2,  # the classification images and the detection scenes
         "convert": 2,
         "pretrain": 4,
         "pretrain_random_init": 1,

@@ -177,7 +177,7 @@ def prepare_data(root: Path, synthetic: dict) -> Path:
     folder = root / "data" / tag
     beton = folder / "ffcv" / "train.beton"
     if not beton.is_file():
-        generator.run(folder / "synthetic", section("dataset", {"synthetic": synthetic}).synthetic, progress=False)
+        generator.run(folder / "synthetic", section("dataset", {"synthetic": synthetic}).synthetic, False, ("cls",))
         convert.run(folder / "synthetic" / "cls" / "train", beton, source="imagefolder", split="train", progress=False)
     return beton.parent
 

@@ -38,6 +38,11 @@ from pipeline.methods import METHODS, MethodSpec, method_spec
 
 # the embedded dataset's shape classes, in label order (pipeline.synthetic draws them)
 SYNTHETIC_CLASSES = ("disk", "square", "triangle", "diamond", "ring", "frame", "plus", "cross", "bars", "checker")
+# the detection scenes' categories (dataset.synthetic.det_shapes): the classification shapes, or
+# ten the classification data never shows, a downstream label set disjoint from pretraining's
+# (pipeline.synthetic's docstring has the design)
+NOVEL_SHAPES = ("star", "crescent", "arrow", "ell", "tee", "dots", "zigzag", "half_disk", "bowtie", "chevron")
+DETECTION_SHAPES = {"pretraining": SYNTHETIC_CLASSES, "novel": NOVEL_SHAPES}
 SOURCES = ("synthetic", "imagefolder", "unlabeled", "cifar10", "cifar100", "stl10")
 
 
@@ -52,12 +57,27 @@ class Synthetic:
     det_train_images: int = key(192, "detection scenes", **COUNT)
     det_val_images: int = key(48, **COUNT)
     det_image_size: int = key(96, minimum=32, maximum=1024)
+    det_shapes: str = key(
+        "pretraining",
+        "the detection scenes' categories: pretraining = the ten classification shapes (the downstream "
+        "labels are the supervised baseline's own); novel = ten shapes the classification data never shows",
+        enum=list(DETECTION_SHAPES),
+    )
     backgrounds: int = key(
         1,
         "shared pool of background gradients the images draw from; 0 = each image its own",
         minimum=0,
         maximum=100_000,
     )
+
+
+# the keys each part of the embedded dataset is generated from (pipeline.synthetic --part): the
+# workflow writes the two in jobs of their own, so a changed detection key (det_shapes, the scenes'
+# size or count) regenerates the scenes and reruns the transfer, never the pretraining
+SYNTHETIC_PARTS = {
+    "cls": ("seed", "image_size", "train_per_class", "val_per_class", "backgrounds"),
+    "det": ("seed", "det_train_images", "det_val_images", "det_image_size", "det_shapes", "backgrounds"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,7 @@ from pipeline.dag.claims_plan import not_trained
 from pipeline.dag.config import check_dataset, check_detect_root, result_config, result_part
 from pipeline.dag.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, detects as cell_detects
 from pipeline.dag.grid import claims_budget
-from pipeline.dag.sections import JOBS, RUNTIME
+from pipeline.dag.sections import JOBS, RUNTIME, SYNTHETIC_PARTS
 from pipeline.dag.layout import (
     CELL_ID,
     CLAIMS_TABLES,
@@ -103,7 +103,7 @@ def dataset_folder(wildcards):
     and is checked here, when a conversion is in the DAG, not when the Snakefile is read: a
     `snakemake plan` needs no data."""
     if CFG.dataset.source == "synthetic":
-        return [f"{R}/data/synthetic"]
+        return [f"{R}/data/synthetic/cls"]
     check_dataset(CFG.dataset)  # dataset.root: folder not found: ...
     return []
 
@@ -111,7 +111,7 @@ def dataset_folder(wildcards):
 def detection_folder(wildcards):
     """detect's input: the embedded scenes, or none (detect.root, checked as dataset_folder)."""
     if not CFG.detect.root:
-        return [f"{R}/data/synthetic"]
+        return [f"{R}/data/synthetic/det"]
     check_detect_root(CFG.detect)
     return []
 

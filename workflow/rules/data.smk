@@ -3,19 +3,28 @@ DS = CFG.dataset
 
 
 rule synthetic:
+    """One part of the embedded dataset (cls: the classification images, det: the detection
+    scenes), each from its own keys (SYNTHETIC_PARTS): a changed scene key reruns no pretraining."""
     output:
-        directory(f"{R}/data/synthetic"),
+        directory(f"{R}/data/synthetic/{{part}}"),
     log:
-        f"{R}/logs/synthetic.log",
+        f"{R}/logs/synthetic/{{part}}.log",
     benchmark:
-        f"{R}/benchmarks/synthetic.tsv"
+        f"{R}/benchmarks/synthetic/{{part}}.tsv"
+    wildcard_constraints:
+        part="|".join(SYNTHETIC_PARTS),
     conda:
         CONDA_ENV
     params:
         py=PY,
-        cfg=lambda w: json.dumps(config["dataset"]["synthetic"]),
+        root=f"{R}/data/synthetic",
+        cfg=lambda w: json.dumps(
+            {k: v for k, v in config["dataset"]["synthetic"].items() if k in SYNTHETIC_PARTS[w.part]},
+            sort_keys=True,
+        ),
     shell:
-        "{params.py} -m pipeline.synthetic --out {output} --config {params.cfg:q} > {log} 2>&1"
+        "{params.py} -m pipeline.synthetic --out {params.root:q} --part {wildcards.part}"
+        " --config {params.cfg:q} > {log} 2>&1"
 
 
 rule convert:
