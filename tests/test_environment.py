@@ -1,12 +1,15 @@
 """The locked environment: requirements.lock covers both requirements files with hashes, and
 pipeline.environment reads it (what a run records)."""
 
+import json
 import re
 import sys
 
+import pytest
 from packaging.requirements import Requirement
 
 from pipeline.environment import LOCK, environment, lock_entries, locked_versions, normalize, subset
+from pipeline.environment import main as environment_main
 from tests.conftest import REPO, run
 
 # sha256 of TINY_LOCK's bytes, by hand: the same text in a file (a shell heredoc), then sha256sum
@@ -68,3 +71,25 @@ def test_this_environment_is_the_lock():
     """The venv the tests run in was installed from the lock (.ci/setup.sh checks the same)."""
     proc = run([sys.executable, "-m", "pipeline.environment", "--check"], check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+# --- the command line: the lock's subset, the record it prints, --check ----------------------------
+def test_environment_cli(tmp_path, capsys):
+    lock = tmp_path / "tiny.lock"
+    lock.write_text(TINY_LOCK)
+    assert environment_main(["--lock", str(lock), "--subset", "PyYAML"]) == 0
+    assert capsys.readouterr().out == "pyyaml==0.0.1 \\\n    --hash=sha256:aaaa\n    # via -r requirements.txt\n"
+    assert environment_main(["--lock", str(lock)]) == 0
+    env = json.loads(capsys.readouterr().out)
+    assert env["lock_sha256"] == TINY_LOCK_SHA256 and env["packages"]["not-a-real-package"] is None
+    assert environment_main(["--lock", str(lock), "--check"]) == 1  # 0.0.1 is not what is installed
+    err = capsys.readouterr().err
+    assert "pyyaml: locked 0.0.1, installed " in err and "not-a-real-package: locked 1.0, installed None" in err
+    with pytest.raises(SystemExit, match="not in the lock: nope"):
+        subset(TINY_LOCK, ["nope"])
+
+
+def test_a_line_without_an_exact_pin_is_no_entry_of_the_lock():
+    # an entry starts only at name==version: the unpinned line (and its hash) belongs to none
+    lock = "pyyaml>=6 \\\n    --hash=sha256:aaaa\nfoo==1.0 \\\n    --hash=sha256:bbbb\n"
+    assert locked_versions(lock) == {"foo": "1.0"}
