@@ -17,7 +17,7 @@ rule synthetic:
         CONDA_ENV
     params:
         py=PY,
-        root=f"{R}/data/synthetic",
+        root=lambda w, output: os.path.dirname(output[0]),  # the part writes <root>/<part>
         cfg=lambda w: json.dumps(
             {k: v for k, v in config["dataset"]["synthetic"].items() if k in SYNTHETIC_PARTS[w.part]},
             sort_keys=True,
