@@ -41,3 +41,19 @@ def test_labels_and_sentences():
     assert sentence.endswith("MoCo is below random init on this data (95 % CI [-4.0, -2.0] excludes 0).")
     cfg = {"dataset": {"source": "cifar10", "root": "/data/cifar"}}
     assert studies.dataset_text(studies.Stated.of(cfg).dataset, None) == "cifar10 (/data/cifar)"
+
+
+def test_a_table_takes_one_delta_column_per_metric():
+    """Two Δ columns of one metric would be two footnotes on one column: refused, naming it."""
+    table = studies.Table("main", "t", ["method"], ["top1", "AP50"], ["linear top-1", "AP50"], [])
+    studies.compare(table, None, "random init", "top1")
+    studies.compare(table, None, "supervised", "AP50")
+    assert table.compared == [("top1", "random init"), ("AP50", "supervised")]
+    with pytest.raises(ValueError, match="main: a second Δ column of top1"):
+        studies.compare(table, None, "supervised", "top1")
+
+
+def test_all_md_lists_no_unswept_study_when_every_one_is_swept():
+    from pipeline.tables import not_swept_section
+
+    assert not_swept_section([], {"grid": {"one_at_a_time": {"K": [1024]}}}) == ""
