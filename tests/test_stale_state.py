@@ -214,7 +214,11 @@ def test_a_result_key_reruns_exactly_its_cells_and_what_reads_them(finished):
     detect = cell_jobs("base", "detect", "detect_trials")
     assert planned(finished, "detect={cells: [base], lr: 0.01}") == detect | tables
     # the scenes' categories: the scenes and the transfer, no pretraining or probe
-    assert planned(finished, "dataset={synthetic: {det_shapes: novel}}") == {("synthetic", None)} | detect | tables
+    assert (
+        planned(finished, "dataset={synthetic: {det_shapes: pretraining}}") == {("synthetic", None)} | detect | tables
+    )
+    # a key set to its default is the key left out: nothing reruns
+    assert planned(finished, "dataset={synthetic: {seed: 0, det_shapes: novel}}") == set()
 
 
 # --- conversion: the dataset folder's content ---------------------------------------------------

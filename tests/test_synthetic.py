@@ -219,7 +219,8 @@ def test_bad_synthetic_config_names_the_key(tmp_path):
 
 def test_novel_scene_categories_are_disjoint_from_the_classification_labels(tmp_path):
     """Read both label sets from what the generator writes: the class folders of cls/ and the
-    COCO categories of det/. With det_shapes: novel they share no name; by default they are one."""
+    COCO categories of det/. By default (det_shapes: novel) they share no name; with pretraining
+    they are one."""
     from pipeline.dag.sections import NOVEL_SHAPES
 
     def label_sets(root):
@@ -227,11 +228,11 @@ def test_novel_scene_categories_are_disjoint_from_the_classification_labels(tmp_
         coco = json.loads((root / "det" / "instances_train.json").read_text())
         return classes, [c["name"] for c in coco["categories"]]
 
-    generate(tmp_path / "novel", replace(SMALL, det_shapes="novel"), progress=False)
+    generate(tmp_path / "novel", SMALL, progress=False)  # the default
     classes, categories = label_sets(tmp_path / "novel")
     assert len(categories) == len(set(categories)) == 10 and not classes & set(categories)
     assert categories == list(NOVEL_SHAPES)
-    generate(tmp_path / "same", SMALL, progress=False)
+    generate(tmp_path / "same", replace(SMALL, det_shapes="pretraining"), progress=False)
     classes, categories = label_sets(tmp_path / "same")
     assert set(categories) == classes == set(CLASSES)
 
@@ -240,7 +241,7 @@ def test_novel_scenes_leave_every_classification_image_as_it_was(tmp_path):
     """The key changes det/ only: cls/ is byte-identical, so no linear number can move."""
     from pipeline.dag.sections import NOVEL_SHAPES
 
-    generate(tmp_path / "a", SMALL, progress=False)
+    generate(tmp_path / "a", replace(SMALL, det_shapes="pretraining"), progress=False)
     manifest = generate(tmp_path / "b", replace(SMALL, det_shapes="novel"), progress=False)
     a, b = digest(tmp_path / "a"), digest(tmp_path / "b")
     assert {k: v for k, v in a.items() if k.startswith("cls/")} == {k: v for k, v in b.items() if k.startswith("cls/")}
@@ -292,7 +293,7 @@ CHANGED = {
     "det_train_images": 4,
     "det_val_images": 1,
     "det_image_size": 40,
-    "det_shapes": "novel",
+    "det_shapes": "pretraining",
     "backgrounds": 2,
 }
 

@@ -283,7 +283,24 @@ def preset_config(name: str) -> dict:
 
 def test_every_preset_is_covered():
     on_disk = {p.stem for p in (REPO / "workflow" / "config" / "presets").glob("*.yaml")}
-    assert on_disk == set(PRESETS) | {"tiny", "demo-long"}
+    assert on_disk == set(PRESETS) | {"tiny", "demo-long", "transfer"}
+
+
+def test_the_transfer_preset_decides_the_transfer_claim_on_the_novel_scenes(tmp_path):
+    """Its cells are the demo's at 5 seeds, the scenes' categories the novel ones, and the claim
+    has everything it needs before any job (no gap)."""
+    from pipeline.claims import transfer_gaps
+    from pipeline.dag.config import DEFAULT_CONFIG, load_config, load_yaml, merge
+
+    preset = REPO / "workflow" / "config" / "presets" / "transfer.yaml"
+    cfg = load_config(merge(load_yaml(DEFAULT_CONFIG), load_yaml(preset)))
+    assert cfg.dataset.synthetic.det_shapes == "novel" and cfg.grid.seeds == 5 and cfg.detect.epochs == 12
+    assert transfer_gaps(cfg) == []
+    out = run(
+        [snakemake_bin(), "--configfile", str(preset), "--config", f"results={tmp_path / 'r'}", "-n"], timeout=120
+    )
+    jobs = jobs_planned(out.stdout)
+    assert jobs["detect"] == 10 and pretraining_jobs(jobs) == 15  # base and supervised fine-tuned, 5 seeds each
 
 
 def test_demo_long_is_the_demo_at_the_longer_schedule(tmp_path):

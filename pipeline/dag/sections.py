@@ -58,9 +58,9 @@ class Synthetic:
     det_val_images: int = key(48, **COUNT)
     det_image_size: int = key(96, minimum=32, maximum=1024)
     det_shapes: str = key(
-        "pretraining",
-        "the detection scenes' categories: pretraining = the ten classification shapes (the downstream "
-        "labels are the supervised baseline's own); novel = ten shapes the classification data never shows",
+        "novel",
+        "the detection scenes' categories: novel = ten shapes the classification data never shows (a "
+        "transfer to another task); pretraining = the ten classification shapes (the supervised baseline's own labels)",
         enum=list(DETECTION_SHAPES),
     )
     backgrounds: int = key(

@@ -18,10 +18,7 @@ rule synthetic:
     params:
         py=PY,
         root=lambda w, output: os.path.dirname(output[0]),  # the part writes <root>/<part>
-        cfg=lambda w: json.dumps(
-            {k: v for k, v in config["dataset"]["synthetic"].items() if k in SYNTHETIC_PARTS[w.part]},
-            sort_keys=True,
-        ),
+        cfg=lambda w: json.dumps(synthetic_part(w.part), sort_keys=True),
     shell:
         "{params.py} -m pipeline.synthetic --out {params.root:q} --part {wildcards.part}"
         " --config {params.cfg:q} > {log} 2>&1"
