@@ -7,7 +7,7 @@ VENV := .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: demo test coverage setup setup-test lock dag lint tables clean
+.PHONY: demo test test-quick coverage setup setup-test lock dag lint tables clean
 
 demo: setup
 	snakemake
@@ -16,6 +16,11 @@ demo: setup
 
 test: setup-test
 	python -m pytest --cov --cov-report= $(PYTEST_ARGS)
+
+# the editing loop: every module's unit tests, not the workflow, SLURM or multi-process ones
+# (docs/testing.md); make test runs them all
+test-quick: setup-test
+	python -m pytest -q -m "not slow and not slurm and not integration and not cuda" $(PYTEST_ARGS)
 
 # CI, after make test: every line of pipeline/ the suite never ran must be a CUDA-only line of
 # .ci/coverage-allowlist.txt (with its reason); prints the coverage figure

@@ -109,3 +109,14 @@ def site_profile_dir(tmp_path_factory) -> Path:
     import site_profile
 
     return site_profile.derive(tmp_path_factory.mktemp("site-profile"))
+
+
+# fixtures that run the workflow or a SLURM cluster: a test using one is an integration test,
+# which `make test-quick` leaves out (the full suite, `make test`, runs it)
+WORKFLOW_FIXTURES = {"tiny_results", "finished", "done", "fresh_new", "cluster", "site_profile_dir"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if WORKFLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)

@@ -258,6 +258,7 @@ def test_disk_full_during_the_write_leaves_nothing_and_says_so(tmp_path, mounted
 
 
 # --- 4. paths with spaces and non-ASCII letters --------------------------------------------------
+@pytest.mark.integration
 def test_dataset_paths_with_spaces_and_non_ascii_letters_convert_through_the_rule(tmp_path):
     from test_convert import _snakemake_convert
 

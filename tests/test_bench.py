@@ -6,6 +6,8 @@ still runs, then its medians are replaced by round numbers whose ratios are work
 
 import json
 
+import pytest
+
 TINY = "workflow/config/presets/tiny.yaml"
 
 
@@ -39,6 +41,7 @@ def test_bench_epoch_takes_an_epoch_apart(ffcv_small, tmp_path, monkeypatch, rep
     assert saved["machine"]["cpu"]["model"]
 
 
+@pytest.mark.integration
 def test_bench_cores_compares_thread_layouts(ffcv_small, tmp_path, monkeypatch, repo):
     from pipeline.bench import cores
 

@@ -402,6 +402,7 @@ def _snakemake_convert(tmp_path, dataset: dict, *args, splits=("train", "val")):
     )
 
 
+@pytest.mark.integration
 def test_convert_rule_dry_runs_every_kind(tmp_path):
     make_stl10(tmp_path / "stl")
     for dataset, expect in [
@@ -414,6 +415,7 @@ def test_convert_rule_dry_runs_every_kind(tmp_path):
         assert expect in out, out[-3000:]
 
 
+@pytest.mark.integration
 def test_convert_rule_runs_on_stl10(tmp_path):
     make_stl10(tmp_path / "stl")
     _snakemake_convert(tmp_path, {"source": "stl10", "root": str(tmp_path / "stl")}, splits=("val",))

@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, run, snakemake_bin
 from test_workflow import jobs_planned, pretraining_jobs
 
@@ -126,6 +127,7 @@ def test_a_different_existing_profile_is_left_alone(tmp_path):
 
 
 # --- `snakemake claims`: its own cells, the default target unchanged ---------------------------
+@pytest.mark.integration
 def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost(tmp_path):
     from pipeline.dag.claims_plan import not_trained
     from pipeline.dag.config import DEFAULT_CONFIG, load_config, load_yaml

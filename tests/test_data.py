@@ -219,6 +219,7 @@ def test_recipes_run_per_sample(name):
 
 
 # --- the benchmark -----------------------------------------------------------------------------
+@pytest.mark.integration
 def test_bench_dispatch_and_loader_smoke(tmp_path, monkeypatch):
     from pipeline import bench
 

@@ -324,6 +324,7 @@ def test_tiny_run_writes_metrics(det_dir, ckpt_path, tmp_path):
     assert m["arch"] == ARCH and m["norm"] == "frozen_bn" and m["config"]["detect"]["image_size"] == 64
 
 
+@pytest.mark.integration
 def test_voc_c4_trials_and_their_summary(voc_root, ckpt_path, tmp_path):
     """Two trials (seeds) of a C4 detector on VOC07+12 -> VOC07 test, then their mean ± std."""
     devkit, _ = voc_root
@@ -408,6 +409,7 @@ def test_ranks_that_drifted_apart_fail(ckpt_path, monkeypatch):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.integration
 def test_two_ranks_fine_tune_one_detector(det_dir, ckpt_path, tmp_path):
     """detect.ranks: 2 through torchrun (gloo on CPU): the batch is split over the ranks, DDP
     keeps their weights equal (checked after training), rank 0 alone scores and writes."""

@@ -80,6 +80,7 @@ def _two_rank_worker(rank, world, port, out):
     dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_two_ranks_equal_one_process_at_twice_the_batch(tmp_path):
     mp.spawn(_two_rank_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
@@ -116,6 +117,7 @@ def _bn_worker(rank, world, port, out):
     dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_shuffle_bn_in_a_batch_norm_model(tmp_path):
     """ShuffleBN by its definition (MoCo paper, 3.3): rank 0 draws a permutation of the global
     key batch; rank r's key encoder (its BN) normalises slice r of it; each query meets the key
@@ -148,6 +150,7 @@ def _shuffle_worker(rank, world, port, out):
     dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_shuffle_bn_across_two_ranks(tmp_path):
     mp.spawn(_shuffle_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     parts = [torch.load(tmp_path / f"shuffle{r}.pt") for r in (0, 1)]

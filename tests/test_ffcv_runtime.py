@@ -4,6 +4,7 @@
 import json
 import sys
 
+import pytest
 from conftest import run
 
 # A job as the workflow runs it: FFCV loaded through ffcv_runtime, one pipeline function of
@@ -31,6 +32,7 @@ print(json.dumps({**ffcv_runtime.cache_stats(), "value": value, "checksum": chec
 """
 
 
+@pytest.mark.integration
 def test_later_jobs_reuse_compiled_pipelines_and_a_changed_one_recompiles(ffcv_small, tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)

@@ -1,6 +1,7 @@
 """pipeline.methods.gather across two gloo ranks: gradients flow through the gather, and the memory
 bank draws the same negatives on every rank."""
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -23,6 +24,7 @@ def _two_rank_gather_worker(rank, world, port, out):
     dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_two_ranks_share_gathered_keys_gradients_and_bank_negatives(tmp_path):
     mp.spawn(_two_rank_gather_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))

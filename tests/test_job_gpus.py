@@ -24,6 +24,7 @@ def test_ranks_beyond_the_profiles_gpus_fail_naming_both_keys():
         check_ranks_fit("detect", 8, "detect.ranks", {"detect": {"gres": "gpu:1"}})
 
 
+@pytest.mark.integration
 def test_probe_and_detection_gpus_follow_their_ranks_unless_a_profile_pins_fewer(tmp_path):
     """The site profile states no gres for probe or detect: their jobs ask for gpu:<ranks> with
     no edit, and start that many processes with torchrun; a gres pinned in set-resources (here

@@ -122,6 +122,7 @@ def read_csv(results, name):
     return list(csv.DictReader((results / "tables" / f"{name}.csv").open()))
 
 
+@pytest.mark.integration
 def test_a_toy_method_runs_through_grid_pretraining_tables_and_figures(toy, ffcv_small, tmp_path):
     cfg = {
         "dataset": {"source": "synthetic", "synthetic": {"train_per_class": 8, "val_per_class": 4}},

@@ -19,6 +19,8 @@ from pipeline.dag.config import ConfigError, load_stage_config
 from pipeline.data.loaders import LOADERS, Reading, Views, batches_from, crop_loader
 from pipeline.probe import LinearProbe, make_classifier, per_rank_batch, run, synced
 
+pytestmark = pytest.mark.integration  # a stage run as processes: make test-quick leaves it out
+
 DIM, CLASSES, BATCH, STEPS = 6, 3, 8, 4
 SETTINGS = {"lr": 0.5, "batch_size": BATCH, "schedule": "cosine", "weight_decay": 1e-4, "epochs": 1}
 

@@ -11,6 +11,8 @@ import pytest
 import torch
 from conftest import REPO
 
+pytestmark = pytest.mark.integration  # a stage run as processes: make test-quick leaves it out
+
 CFG = {
     "data": {"crop_size": 32, "workers": 2, "crop": "loader"},
     "pretrain": {

@@ -33,6 +33,7 @@ def by_sample(batches):
     return views[index.argsort()]
 
 
+@pytest.mark.integration
 def test_same_seed_same_views_on_any_thread_count(ffcv_small):
     a = epochs_of_views(ffcv_small / "train.beton", seed=3, workers=2)
     b = epochs_of_views(ffcv_small / "train.beton", seed=3, workers=1)
@@ -42,6 +43,7 @@ def test_same_seed_same_views_on_any_thread_count(ffcv_small):
         assert all(not torch.equal(v1, v2) for v1, v2, _ in a[epoch])  # the two views differ
 
 
+@pytest.mark.integration
 def test_new_views_every_epoch_and_seed(ffcv_small):
     a = epochs_of_views(ffcv_small / "train.beton", seed=3, workers=2)
     other_seed = epochs_of_views(ffcv_small / "train.beton", seed=4, workers=2, epochs=(0,))
@@ -50,6 +52,7 @@ def test_new_views_every_epoch_and_seed(ffcv_small):
     assert (e0 != by_sample(other_seed[0])).flatten(1).any(1).float().mean() > 0.9
 
 
+@pytest.mark.integration
 def test_resumed_epoch_sees_the_same_views(ffcv_small):
     """Resuming replays the epoch's order and skips the batches done: the rest are the same crops."""
     full = epochs_of_views(ffcv_small / "train.beton", seed=3, workers=2, epochs=(1,))
@@ -91,6 +94,7 @@ def test_crops_follow_random_resized_crop():
         assert 0 <= i and i + h <= 20 and 0 <= j and j + w <= 90 and h > 0 and w > 0
 
 
+@pytest.mark.integration
 def test_crop_benchmark_smoke(tmp_path, monkeypatch):
     """bench crops times FFCV's own crops, the seeded decoder and device crops side by side."""
     from pipeline import bench

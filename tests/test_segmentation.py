@@ -108,6 +108,7 @@ def test_fpn_mask_head_predicts_28x28_masks(ckpt_path):  # noqa: F811
 
 
 @pytest.mark.parametrize("head", ["fpn", "c4"])
+@pytest.mark.integration
 def test_mask_loss_goes_down_on_the_embedded_scenes(head, det_dir, ckpt_path):  # noqa: F811
     """15 SGD steps on one batch of scenes with their generator masks: the mask head's loss
     (per-pixel binary cross-entropy on the positive RoIs) falls (the first 3 steps' mean vs the

@@ -18,6 +18,8 @@ from conftest import REPO
 from pipeline.nets.models import build_backbone
 from pipeline.runtime import checkpoint
 
+pytestmark = pytest.mark.integration  # a stage run as processes: make test-quick leaves it out
+
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
 DATA = {"crop_size": 32, "workers": 1}
 # cached: 80 images / 16 = 5 steps an epoch, 60 epochs (a signal after epoch 1 lands mid-run);

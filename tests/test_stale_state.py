@@ -115,6 +115,7 @@ def test_loader_workers_never_change_a_result():
 
 
 # --- pretraining reruns -------------------------------------------------------------------------
+@pytest.mark.integration
 def test_a_changed_key_after_a_finished_run_trains_afresh(ffcv_small, fresh_new, tmp_path):
     first = pretrain(CFG, ffcv_small, tmp_path / "run", tmp_path / "state")
     assert "finished: state kept as" in first
@@ -125,6 +126,7 @@ def test_a_changed_key_after_a_finished_run_trains_afresh(ffcv_small, fresh_new,
     assert len(list((tmp_path / "tensorboard" / "pretrain").glob("events.*"))) == 1  # no earlier curve
 
 
+@pytest.mark.integration
 def test_a_run_killed_mid_epoch_then_changed_starts_fresh_and_says_why(ffcv_small, fresh_new, tmp_path):
     out, state = tmp_path / "run", tmp_path / "state"
     proc = subprocess.Popen(command(CFG, ffcv_small, out, state), cwd=REPO, stdout=subprocess.DEVNULL)
@@ -145,6 +147,7 @@ def test_a_run_killed_mid_epoch_then_changed_starts_fresh_and_says_why(ffcv_smal
     assert_same_run(fresh_new, load(out))
 
 
+@pytest.mark.integration
 def test_a_state_without_fingerprint_is_set_aside(ffcv_small, tmp_path):
     """States written before runs were fingerprinted are another run's, whatever their config."""
     from pipeline.runtime import checkpoint
@@ -239,6 +242,7 @@ def test_folder_state_sees_added_and_replaced_files_not_the_path(tmp_path):
     assert folder_state(tmp_path / "missing") is None
 
 
+@pytest.mark.integration
 def test_a_changed_dataset_folder_is_converted_again(synthetic_small, tmp_path):
     root = tmp_path / "images"
     shutil.copytree(synthetic_small / "cls", root)

@@ -191,6 +191,7 @@ def md_rows(results, name) -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.integration
 def test_every_swept_study_written_in_three_formats(results):
     for name in SWEPT_HERE:
         for ext in ("md", "csv", "tex"):
@@ -444,6 +445,7 @@ def test_the_methods_figure_without_cells_says_so():
     assert [t.get_text() for t in fig.axes[0].texts] == ["no data yet"]
 
 
+@pytest.mark.integration
 def test_the_main_table_says_how_the_supervised_baseline_trained(results, tmp_path):
     # CONFIG sets no grid.supervised: the baseline trained on MoCo's views, and the footnote says so
     main = (results / "tables" / "main.md").read_text()
@@ -606,6 +608,7 @@ def test_half_life_of_the_momentum():
     assert half_life(0.999) == pytest.approx(692.8, abs=0.1) and half_life(0.9) == pytest.approx(6.579, abs=1e-3)
 
 
+@pytest.mark.integration
 def test_detection_ci_is_over_seeds_and_a_seed_without_output_is_counted(tmp_path):
     # seed 0: trials 10, 12 -> 11; seed 1: trials 14, 16 -> 15; seed 2: probe only, no detection.
     # Over seeds: 11, 15: mean 13, std 2.83, half 12.706 * 2.83 / sqrt 2 = 25.4 (pooling the 4
@@ -620,6 +623,7 @@ def test_detection_ci_is_over_seeds_and_a_seed_without_output_is_counted(tmp_pat
     assert (row["AP_n"], row["AP_missing"], row["AP_failed"]) == ("2", "1", "0")
 
 
+@pytest.mark.integration
 def test_segmentation_table_and_the_main_tables_mask_columns(results, tmp_path):
     """Mask AP as the detection study: trials averaged within a seed, the CI over seeds.
     Seed 0: mask AP trials 10, 12 -> 11; seed 1: 14, 16 -> 15: mean 13, std 2.83, half

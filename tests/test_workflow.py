@@ -7,6 +7,8 @@ import re
 import pytest
 from conftest import REPO, run, snakemake_bin
 
+pytestmark = pytest.mark.integration  # a stage run as processes: make test-quick leaves it out
+
 TINY = ["--configfile", "workflow/config/presets/tiny.yaml"]
 
 
