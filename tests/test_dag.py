@@ -34,6 +34,7 @@ def test_the_snakefile_leaves_snakemakes_expand_alone():
 
 
 # --- the overrides of docs/configuration.md, run as it shows them ------------------------------
+@pytest.mark.integration
 def test_nested_override_is_read_as_a_number_and_merged_key_by_key(tmp_path):
     out = dry_run(tmp_path, "pretrain={epochs: 50}").stdout
     assert '"epochs":50' in out and '"epochs":"50"' not in out
@@ -41,6 +42,7 @@ def test_nested_override_is_read_as_a_number_and_merged_key_by_key(tmp_path):
     assert pretraining_jobs(jobs_planned(out)) == 9  # the demo's 3 cells x 3 seeds
 
 
+@pytest.mark.integration
 def test_override_reports_the_real_problem(tmp_path):
     proc = dry_run(tmp_path, "grid={one_at_a_time: {K: [1000]}}", check=False)
     assert proc.returncode != 0
@@ -48,6 +50,7 @@ def test_override_reports_the_real_problem(tmp_path):
     assert "is not of type" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_only_the_chosen_cells_run(tmp_path):
     out = dry_run(tmp_path, "grid={only: [base, method=random, method=supervised]}").stdout
     assert pretraining_jobs(jobs_planned(out)) == 3 * 3  # config.yaml's grid.seeds: 3 of each
@@ -99,6 +102,7 @@ def link_profiles(config_home, check=True):
     )
 
 
+@pytest.mark.integration
 def test_profile_slurm_by_name_from_the_repository(tmp_path):
     home = tmp_path / "config"
     out = link_profiles(home)
@@ -162,6 +166,7 @@ def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost
     assert all(f"claims: not trained, this budget cannot decide {k}" in proc.stderr for k in skipped)
 
 
+@pytest.mark.integration
 def test_a_config_whose_claims_cannot_run_fails_that_target_alone(tmp_path):
     tiny = str(REPO / "workflow" / "config" / "presets" / "tiny.yaml")  # 160 images: no 256-key bank
     assert jobs_planned(dry_run(tmp_path, "--configfile", tiny).stdout)["tables"] == 1

@@ -131,6 +131,7 @@ def test_memory_bank_needs_a_larger_dataset():
     assert "mechanism=memory_bank" in grid_cells(cfg(500))
 
 
+@pytest.mark.integration
 def test_impossible_cell_named_at_dag_build(tmp_path):
     from conftest import run, snakemake_bin
 
@@ -172,6 +173,7 @@ def test_cell_resources_scale_with_the_cell():
     assert cell_resources(cell(), Resources())["nodes"] == 1  # defaults
 
 
+@pytest.mark.integration
 def test_dag_of_a_100_cell_product_grid(tmp_path):
     """Dry run of a 5 x 5 x 4 product grid (100 cells): builds the whole DAG. How long it takes
     is measured, not asserted: `python -m pipeline.bench dag` (a 100-cell grid too)."""

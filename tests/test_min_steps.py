@@ -104,6 +104,7 @@ def test_min_steps_is_not_part_of_a_result():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.integration
 def test_snakemake_gives_the_pretraining_job_the_raised_epochs(tmp_path):
     root = folder(tmp_path / "digits", 1438)
     run = subprocess.run(

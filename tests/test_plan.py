@@ -179,6 +179,7 @@ def test_imagenet_preset_without_torch():
     assert out.rstrip().endswith("no torch")
 
 
+@pytest.mark.integration
 def test_snakemake_plan_before_the_data_is_staged(tmp_path):
     """The ImageNet preset's folders (/datasets/imagenet, /datasets/VOCdevkit) do not exist here:
     the plan needs none of them; every stage is costed and logged."""
@@ -191,6 +192,7 @@ def test_snakemake_plan_before_the_data_is_staged(tmp_path):
     assert (tmp_path / "r/logs/plan.log").read_text().startswith("Cost plan: 6 cells")
 
 
+@pytest.mark.integration
 def test_a_missing_dataset_folder_still_stops_the_jobs_that_read_it(tmp_path):
     preset = "workflow/config/presets/imagenet-mocov2.yaml"
     cmd = [snakemake_bin(), "-n", "--configfile", preset, "--config", f"results={tmp_path}"]

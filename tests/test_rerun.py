@@ -16,6 +16,8 @@ from test_tables import fake_cell
 from pipeline.dag.config import load_config, load_yaml, merge
 from pipeline.dag.grid import grid_cells
 
+pytestmark = pytest.mark.integration  # every test here runs Snakemake: make test-quick leaves it out
+
 TINY = "workflow/config/presets/tiny.yaml"
 CFG = merge(load_yaml(REPO / "workflow/config/config.yaml"), load_yaml(REPO / TINY))
 CELLS = list(grid_cells(load_config(CFG)))  # base, K=128, m=0.9, shuffle_bn=false, method=random

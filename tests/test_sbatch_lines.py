@@ -104,6 +104,7 @@ def test_the_site_values_the_test_cluster_overrides(lines):
         assert "--ntasks-per-gpu" not in line and " -C " not in line, line
 
 
+@pytest.mark.integration
 def test_the_one_gpu_per_node_recipe_builds_a_clean_line(lines, tmp_path):
     """docs/cluster.md's recipe for nodes with one GPU each (tasks, tasks_per_gpu 0)."""
     from pipeline.launch import srun_prefix
