@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from pipeline.dag.config import ConfigError, section, to_dict
+from pipeline.dag.config import ConfigError, section
 from pipeline.dag.sections import DETECTION_SHAPES, SYNTHETIC_CLASSES, SYNTHETIC_PARTS, Synthetic
 from pipeline.eval import masks as masks_io
 from pipeline.runtime.io import atomic_save_png, atomic_write_json
@@ -346,7 +346,7 @@ def run(out: str | Path, cfg: Synthetic | None = None, progress: bool = True, pa
         manifests[part] = {
             "generator": "pipeline.synthetic",
             "part": part,
-            "config": {k: v for k, v in to_dict(cfg).items() if k in SYNTHETIC_PARTS[part]},
+            "config": cfg.part(part),
             "categories": list(categories),
             "counts": counts,
         }

@@ -70,6 +70,10 @@ class Synthetic:
         maximum=100_000,
     )
 
+    def part(self, name: str) -> dict:
+        """The values one part of the dataset is generated from (SYNTHETIC_PARTS[name])."""
+        return {k: getattr(self, k) for k in SYNTHETIC_PARTS[name]}
+
 
 # the keys each part of the embedded dataset is generated from (pipeline.synthetic --part): the
 # workflow writes the two in jobs of their own, so a changed detection key (det_shapes, the scenes'

@@ -7,7 +7,7 @@ import sys
 
 # only pipeline.dag modules: building the DAG imports no torch
 from pipeline.dag.claims_plan import not_trained
-from pipeline.dag.config import check_dataset, check_detect_root, result_config, result_part, to_dict
+from pipeline.dag.config import check_dataset, check_detect_root, result_config, result_part
 from pipeline.dag.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, detects as cell_detects
 from pipeline.dag.grid import claims_budget
 from pipeline.dag.sections import JOBS, RUNTIME, SYNTHETIC_PARTS
@@ -96,12 +96,6 @@ def split_root(wildcards):
     if source in ("imagefolder", "unlabeled"):
         return f"{root}/{wildcards.split}"
     return root
-
-
-def synthetic_part(part):
-    """The keys one part of the embedded dataset is generated from, every one typed (a key left
-    out and a key set to its default are one job), compared by Snakemake as the job's params."""
-    return {k: v for k, v in to_dict(CFG.dataset.synthetic).items() if k in SYNTHETIC_PARTS[part]}
 
 
 def dataset_folder(wildcards):

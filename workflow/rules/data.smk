@@ -18,7 +18,8 @@ rule synthetic:
     params:
         py=PY,
         root=lambda w, output: os.path.dirname(output[0]),  # the part writes <root>/<part>
-        cfg=lambda w: json.dumps(synthetic_part(w.part), sort_keys=True),
+        # typed values: a key set to its default and a key left out are one job
+        cfg=lambda w: json.dumps(CFG.dataset.synthetic.part(w.part), sort_keys=True),
     shell:
         "{params.py} -m pipeline.synthetic --out {params.root:q} --part {wildcards.part}"
         " --config {params.cfg:q} > {log} 2>&1"
