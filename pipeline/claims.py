@@ -672,7 +672,9 @@ def claims_table(c: Cells, prov) -> Table:
         f"would), known before the runs it judges: 'a priori' from the config (those cells are not trained), "
         f"or from the pilot runs (other seeds than the compared ones). This budget ({budget}, "
         f"{c.claims.seeds} seeds) cannot decide: " + ("; ".join(cannot) if cannot else "none of them") + ".",
-        "not run: a cell the claim needs has no result yet (snakemake claims computes them).",
+        "not run: a cell the claim needs has no result yet (snakemake claims computes them"
+        + ("" if c.claims.only is None else f"; this run's claims.only: {', '.join(c.claims.only)}")
+        + ").",
     ]
     return Table(
         "claims",

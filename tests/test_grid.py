@@ -312,6 +312,30 @@ def test_a_confirmatory_claims_run_uses_only_fresh_seeds(tmp_path):
     assert set().union(*seeds.values()) == set(range(10, 16))
 
 
+def test_claims_only_trains_the_named_claims_cells_and_no_other(tmp_path):
+    """claims.only [large_batch, byol_predictor]: SimCLR at both batches, the reference and random
+    init at the pilot seeds (large_batch's gate), BYOL without its predictor and random init;
+    no m, K, memory-bank, long or other BYOL cell."""
+    overrides = [f"results={tmp_path}", "claims={only: [large_batch, byol_predictor]}"]
+    typed = load_config(merged_config(["workflow/config/presets/cifar10.yaml"], overrides))
+    roles = claims_overrides(typed.claims, typed.pretrain)
+    base = to_dict(typed.pretrain)
+    ids = {role: group_id(cell_id(base, {**base, **o})) for role, o in roles.items()}
+    seeds = {}
+    for cid, cell in claims_cells(typed).items():
+        seeds.setdefault(group_id(cid), set()).add(cell.pretrain.seed)
+    trained = {ids[r] for r in ("simclr", "simclr_large", "byol_no_predictor", "pilot")} | {"method=random"}
+    assert set(seeds) == trained
+    assert seeds[ids["simclr"]] == seeds[ids["simclr_large"]] == seeds[ids["byol_no_predictor"]] == {0, 1, 2}
+    assert seeds[ids["pilot"]] == {3, 4, 5}  # the pilot seeds only: the reference itself is not compared
+    assert seeds["method=random"] == {0, 1, 2, 3, 4, 5}
+
+
+def test_claims_only_refuses_a_claim_it_does_not_know(tmp_path):
+    with pytest.raises(Exception, match="byol_learn"):
+        load_config(merged_config([], [f"results={tmp_path}", "claims={only: [byol_learn]}"]))
+
+
 def test_a_folder_dataset_without_its_size_fails_the_claims_plan(tmp_path):
     cfg = merged_config(["workflow/config/presets/imagenet-mocov2.yaml"], [f"results={tmp_path}"])
     cfg["dataset"]["train_images"] = None

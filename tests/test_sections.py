@@ -177,6 +177,17 @@ def test_a_built_section_holds_nothing_mutable(name):
         hash(typed)
 
 
+def test_each_method_that_trains_beside_moco_has_its_recipe_slot_in_grid():
+    """grid.<method> comes from the registry: supervised, SimCLR and BYOL have one; MoCo (the
+    base cell's recipe) and random init (trains nothing) have none."""
+    grid = schema_properties("grid")["properties"]
+    assert {"supervised", "simclr", "byol"} <= set(grid)
+    assert not {"moco", "random"} & set(grid)
+    typed = section("grid", {"byol": {"lr": 0.1}})
+    assert typed.recipe("byol").lr == 0.1 and typed.recipe("simclr").lr is None
+    assert typed.recipe("moco") is None and typed.recipe("random") is None and typed.recipe("seeds") is None
+
+
 def test_a_grid_cell_replaces_and_validates():
     base = section("pretrain", load_yaml(DEFAULT_CONFIG)["pretrain"])
     cell = pretrain_cell(base, {"K": 1024, "m": 0.9})

@@ -38,6 +38,11 @@ def half_life(m: float) -> float:
     return math.inf if m >= 1 else math.log(0.5) / math.log(m)
 
 
+# every claim with cells of its own, in the table's order (the transfer claim reads the main grid)
+CLAIM_KEYS = (
+    *("fifo", "low_m", "zero_m", "larger_K", "slow_m", "longer", "memory_bank"),
+    *("large_batch", "queue_vs_batch", "byol_learns", "byol_predictor", "byol_ema"),
+)
 PILOT_ROLES = ("pilot", "pilot_random")  # the reference and random init at the pilot seeds
 ACCURACY_CLAIMS = ("low_m", "larger_K", "slow_m", "longer", "memory_bank", "large_batch", "queue_vs_batch")
 # invariants hold when every run satisfies them: their own cells need only claims.invariant_seeds
@@ -133,7 +138,13 @@ def needs(claims: Claims, b: Budget) -> dict[str, Need]:
     out["byol_learns"] = Need(("byol", "random"), *ema_steps(b, BYOL_TAU))
     out["byol_predictor"] = Need(("byol_no_predictor", "random"), "≥ 2 seeds of each", None)
     out["byol_ema"] = Need(("byol_no_ema", "random"), "≥ 2 seeds of each", None)
+    assert tuple(out) == CLAIM_KEYS, "a claim added here is named in CLAIM_KEYS too"
     return out
+
+
+def selected(claims: Claims) -> tuple[str, ...]:
+    """The claims whose cells this run trains: ``claims.only``, else every one."""
+    return CLAIM_KEYS if claims.only is None else tuple(claims.only)
 
 
 def not_trained(claims: Claims, b: Budget) -> dict[str, str]:
@@ -144,8 +155,9 @@ def not_trained(claims: Claims, b: Budget) -> dict[str, str]:
 def role_seeds(claims: Claims, b: Budget, roles) -> dict[str, int]:
     """Seeds of each role: ``claims.seeds`` where a claim this budget can decide compares it (the
     pilot roles: ``claims.pilot_seeds``), ``claims.invariant_seeds`` where only an invariant
-    needs it, 0 where only undecidable claims would need it."""
-    decidable = {key: n.roles for key, n in needs(claims, b).items() if n.why_not is None}
+    needs it, 0 where only undecidable claims (or claims ``claims.only`` leaves out) would need it."""
+    chosen = selected(claims)
+    decidable = {key: n.roles for key, n in needs(claims, b).items() if n.why_not is None and key in chosen}
     compared = {r for key, rs in decidable.items() if key not in INVARIANT_CLAIMS for r in rs}
     invariant = {r for key, rs in decidable.items() if key in INVARIANT_CLAIMS for r in rs}
 

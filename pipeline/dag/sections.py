@@ -12,7 +12,7 @@ Standard library only: Snakemake imports this while it builds the DAG (no torch,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 from typing import Any
 
 from pipeline.dag.keys import (  # noqa: E402, F401  (declared there: a method's folder declares its keys too)
@@ -504,8 +504,9 @@ class Resources:
 
 @dataclass(frozen=True, kw_only=True)
 class MethodRecipe:
-    """grid.<method>: a method's own recipe beneath its cells (grid.supervised, grid.simclr,
-    grid.byol); each None keeps the base cell's. Not part of a cell's id."""
+    """grid.<method>: a method's own recipe beneath its cells (one for every method that trains
+    and is not MoCo: grid.supervised, grid.simclr, ...); each None keeps its entry's rule, else the
+    base cell's value. Not part of a cell's id."""
 
     epochs: int | None = like_pretrain()
     batch_size: int | None = like_pretrain()
@@ -533,9 +534,25 @@ SWEEP: dict[str, Any] = {
 }
 
 
+def recipe_slot(spec: MethodSpec) -> Any:
+    """grid.<method>: a method's recipe (pretrain keys) beneath its cells."""
+    under = "its paper's rule (MethodSpec.recipe)" if spec.recipe else "the base cell's value"
+    return key(factory=MethodRecipe, doc=f"{spec.label}'s recipe (pretrain keys); null = {under}")
+
+
+# grid.<method> for each registered method whose cells train outside MoCo's recipe: a method
+# added to the registry gets its slot without an edit here
+MethodRecipes = make_dataclass(
+    "MethodRecipes",
+    [(name, MethodRecipe, recipe_slot(spec)) for name, spec in METHODS.items() if spec.trains and not spec.moco],
+    frozen=True,
+    kw_only=True,
+)
+
+
 @dataclass(frozen=True, kw_only=True)
-class Grid:
-    """The ablation grid around the base cell (pretrain)."""
+class Grid(MethodRecipes):  # type: ignore[misc, valid-type]  # its recipe slots from the registry
+    """The ablation grid around the base cell (pretrain), and each other method's recipe."""
 
     one_at_a_time: dict = key(factory=dict, doc="axis (a pretrain key) -> values, each varied alone", **SWEEP)
     product: dict = key(factory=dict, doc="axis (a pretrain key) -> values, every combination", **SWEEP)
@@ -564,22 +581,21 @@ class Grid:
         "nodes = max(nodes, ceil(batch_size / batch_per_node)), runtime = overhead_minutes + "
         "minutes_per_epoch * epochs * backbone_cost / nodes",
     )
-    supervised: MethodRecipe = key(
-        factory=MethodRecipe, doc="the supervised baseline's recipe (pretrain keys); null = the base cell's value"
-    )
-    simclr: MethodRecipe = key(
-        factory=MethodRecipe, doc="SimCLR's recipe (pretrain keys) over its paper's rule (pipeline.methods.simclr)"
-    )
-    byol: MethodRecipe = key(
-        factory=MethodRecipe, doc="BYOL's recipe (pretrain keys) over its paper's rule (pipeline.methods.byol)"
-    )
 
     def recipe(self, method: str | None) -> MethodRecipe | None:
-        """The recipe beneath a cell of ``method`` (None: the base cell's settings)."""
-        return {"supervised": self.supervised, "simclr": self.simclr, "byol": self.byol}.get(method or "")
+        """The recipe beneath a cell of ``method`` (None: MoCo's, random init's: the base cell's settings)."""
+        slot = getattr(self, method or "", None)
+        return slot if isinstance(slot, MethodRecipe) else None
 
 
 NOT_ONE: dict[str, Any] = {"not": {"const": 1}}
+
+
+def claim_keys() -> tuple[str, ...]:
+    """The claims ``snakemake claims`` trains cells for (pipeline.dag.claims_plan imports this module)."""
+    from pipeline.dag.claims_plan import CLAIM_KEYS
+
+    return CLAIM_KEYS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -634,6 +650,15 @@ class Claims:
         minItems=1,
         uniqueItems=True,
         items={"type": "integer", "minimum": 1, "maximum": 2**24},
+    )
+
+    only: tuple | None = key(
+        None,
+        "train only the cells of these claims (pipeline.dag.claims_plan.CLAIM_KEYS, e.g. [large_batch, "
+        "byol_learns]); the others read what already exists and are otherwise `not run`. null = every claim",
+        minItems=1,
+        uniqueItems=True,
+        items=lambda: {"enum": list(claim_keys())},  # called when the schema is made
     )
 
     def seed(self, base_seed: int) -> int:
