@@ -140,3 +140,25 @@ def test_bench_digits_writes_an_imagefolder_the_workflow_reads(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match="pip install scikit-learn"):
         digits.main(["--out", str(tmp_path / "real")])
+
+
+def test_bench_startup_times_each_import_in_a_fresh_process_beside_torch(tmp_path, monkeypatch):
+    """Real imports (one round): a light module imports none of the heavy packages, torch's own
+    ratio is 1; then the ratio's arithmetic on set times: 3.0 s over torch's 2.0 s is 1.5."""
+    from pipeline.bench import startup
+
+    monkeypatch.chdir(tmp_path)
+    result = startup.main(["--rounds", "1", "--modules", "pipeline.dag.layout"])
+    rows = result["imports"]
+    assert rows["torch"]["ratio_to_torch"] == 1.0 and rows["torch"]["median_s"] > 0
+    assert rows["pipeline.dag.layout"]["imports"] == [] and (tmp_path / "bench/out/startup.json").is_file()
+    seconds = {"torch": [2.0, 2.2, 1.0], "stage": [3.0, 9.0, 2.9]}  # medians 2.0 and 3.0
+    calls: dict[str, int] = {}
+
+    def fake(module):
+        calls[module] = calls.get(module, -1) + 1  # the first call is the warm-up
+        return {"s": seconds[module][max(calls[module] - 1, 0)], "heavy": ["timm"] if module == "stage" else []}
+
+    monkeypatch.setattr(startup, "import_once", fake)
+    rows = startup.measure(["stage"], rounds=3)
+    assert rows["stage"]["ratio_to_torch"] == 1.5 and rows["stage"]["imports"] == ["timm"]
