@@ -120,6 +120,18 @@ CANDIDATES: dict[str, dict] = {
     **{f"{name}_jitter2": {**CANDIDATES_BYOL[name], "jitter_scale": 2.0} for name in ("byol_bg1", "byol_bg1_solo")},
     # BYOL's own augmentation (asymmetric blur and solarisation: aug v3, which MoCo v3 took from it)
     "byol_bg1_lr0.25_aug3": {"method": "byol", "epochs": 13, "lr": 0.25, "aug": "v3", "synthetic": {"backgrounds": 1}},
+    # every BYOL candidate above ran LARS with weight decay <= 1e-5; without negatives, weight decay
+    # is what holds back the directions the predictor does not need (Tian, Chen & Ganguli 2021,
+    # "Understanding self-supervised learning dynamics without contrastive pairs"): BYOL by the
+    # base cell's optimiser (SGD, momentum 0.9, lr 0.015, weight decay 5e-4; SimSiam's rule
+    # 0.05 x B/256 gives 0.0125), and at 4 x that lr
+    **{
+        f"byol_bg1_sgd_lr{lr}": {
+            **{"method": "byol", "epochs": 13, "optimizer": "sgd", "lr": lr, "weight_decay": 5e-4},
+            "synthetic": {"backgrounds": 1},
+        }
+        for lr in (0.015, 0.06)
+    },
 }
 BASELINES = {"random", "supervised"}  # methods a candidate may set: the floor and the ceiling
 RIVALS = {"simclr", "byol"}  # methods a candidate may set, with their entries' recipes beneath
@@ -151,7 +163,7 @@ def candidate_config(name: str, seed: int, threads: int) -> tuple[dict, dict]:
     synthetic = {**OLD["synthetic"], **values.pop("synthetic", {})}
     method = values.get("method")
     # a rival's target decay and augmentation are its recipe's (for MoCo they are ablation axes)
-    own = {"method", "m", "aug", "lars_trust", "weight_decay"} if method in RIVALS else set()
+    own = {"method", "m", "aug", "lars_trust", "weight_decay", "optimizer"} if method in RIVALS else set()
     own |= {"method"} if method in BASELINES else set()
     knobs = STUDY_KNOBS | own
     outside = sorted(set(values) - knobs)
