@@ -79,11 +79,11 @@ def test_command_line_values_are_read_against_the_schema():
 def test_backbone_names_have_one_source():
     from pipeline.dag import grid, layout
     from pipeline.dag.config import load_schema
-    from pipeline.nets import models
+    from pipeline.nets import resnet
 
     names = [*layout.RESNETS, *layout.VITS]
     assert list(layout.BACKBONE_LABELS) == names
-    assert list(models.ARCHS) == list(layout.RESNETS)  # the ViTs' sizes: layout.VITS itself
+    assert list(resnet.ARCHS) == list(layout.RESNETS)  # the ViTs' sizes: layout.VITS itself
     schema = load_schema()
     assert schema["properties"]["pretrain"]["properties"]["backbone"]["enum"] == names
     cost = schema["properties"]["grid"]["properties"]["resources"]["properties"]["backbone_cost"]

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 
-RESNETS = ("resnet18", "resnet50")  # their blocks and depths: pipeline.nets.models.ARCHS
+RESNETS = ("resnet18", "resnet50")  # their blocks and depths: pipeline.nets.resnet.ARCHS
 # name: (embed_dim, depth, heads): ViT-Ti as DeiT; ViT-S/B as the MoCo v3 reference (12 heads
 # in ViT-S, where DeiT-S has 6)
 VITS = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 12), "vit_base": (768, 12, 12)}
