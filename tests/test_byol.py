@@ -62,6 +62,24 @@ def test_one_step_follows_the_ema_rule_and_never_moves_the_target_by_gradient():
     assert set(metrics) == {"spread"} and 0 < float(metrics["spread"]) <= 1.0 + 1e-6
 
 
+@pytest.mark.parametrize("tau", [0.0, 1.0])
+def test_the_papers_end_points_of_tau_hold_for_the_whole_run(tau):
+    """BYOL Table 5a's tau = 0 (the target is the online network behind a stop-gradient) and
+    tau = 1 (a fixed random target) are constants: no cosine raises 0 towards 1."""
+    torch.manual_seed(0)
+    model = build_model(section("pretrain", {**SMALL, "m": tau}), 32, 10, 64)
+    with torch.no_grad():  # move the online encoder away from the target
+        for p in model.encoder_q.parameters():
+            p.add_(1.0)
+    for progress in (0.0, 0.5, 0.99):
+        model.on_step(progress)
+        assert model.m == tau
+    k0 = [p.detach().clone() for p in model.encoder_k.parameters()]
+    model(torch.randn(16, 3, 32, 32), torch.randn(16, 3, 32, 32))
+    expected = k0 if tau == 1.0 else [p.detach() for p in model.encoder_q.parameters()]
+    assert all(torch.equal(k, e) for k, e in zip(model.encoder_k.parameters(), expected))
+
+
 class ConstantBackbone(nn.Module):
     """Every image to one feature vector: a collapsed encoder."""
 
