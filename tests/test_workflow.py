@@ -389,6 +389,7 @@ def test_paper_presets_hold_the_reference_settings():
         "first_seed": None,
         "pilot_seeds": 3,
         "invariant_seeds": 2,
+        "only": None,
         "random_init_margin": 5.0,
         "m": [0.0, 0.5, 0.9, 0.99, 0.999, 0.9999],
         "K": [16384, 65536],
