@@ -3,7 +3,7 @@ optimizer state and follows it as theta_k <- m * theta_k + (1 - m) * theta_q.
 
 MoCo's key encoder and BYOL's target network are this one part (the seeds' "reusable
 primitive"); MoCo v1/v2 hold m constant, MoCo v3 and BYOL raise it from m0 to 1 on a cosine
-over the run. The run checks it on itself (pipeline.methods.ema_check).
+over the run (m0 = 0, no EMA, stays 0). The run checks it on itself (pipeline.methods.ema_check).
 """
 
 from __future__ import annotations
@@ -67,7 +67,10 @@ class MomentumTarget(Method):
         if schedule not in SCHEDULES:
             raise ValueError(f"momentum schedule '{schedule}' is not one of {', '.join(SCHEDULES)}")
         self.m0 = self.m = m
-        self.schedule = schedule
+        # m = 0 is "no EMA" (the target is the online encoder behind a stop-gradient: MoCo's m = 0,
+        # BYOL's tau = 0): a cosine would raise it towards 1 and make it an EMA after all. (From
+        # m = 1, a fixed random target, the cosine stays at 1.)
+        self.schedule = "constant" if m == 0.0 else schedule
         self.encoder_k = copy.deepcopy(self.encoder_q)
         for p in self.encoder_k.parameters():
             p.requires_grad_(False)  # updated by the momentum rule only, never by gradients

@@ -48,10 +48,9 @@ class BYOL(MomentumTarget):
         self.encoder_q = encoder  # online: backbone + projector
         # None: the ablation without a predictor (the BYOL paper's collapse)
         self.predictor = predictor if predictor is not None else nn.Identity()
-        # tau: tau_base -> 1 over the run. The BYOL paper's two end points are constant (its Table
-        # 5a): tau = 0, the target is the online network behind a stop-gradient (no EMA); tau = 1,
-        # a fixed random target. A cosine would raise 0 to 1 and make "no EMA" an EMA.
-        self.init_target(m, schedule="constant" if m in (0.0, 1.0) else "cosine")
+        # tau: tau_base -> 1 over the run; the paper's end points (Table 5a) stay put: tau = 0, no
+        # EMA (the shared part keeps m = 0 constant), and tau = 1, a fixed random target
+        self.init_target(m, schedule="cosine")
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor, index: torch.Tensor | None = None, labels=None):
         z1, z2 = self.encoder_q(x1), self.encoder_q(x2)
