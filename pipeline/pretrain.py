@@ -118,6 +118,7 @@ class Outcome:
     model_state: dict
     log_rows: list[dict]
     bn_guard: str
+    fast_path: str | None  # the path its steps took (FastPath.precision); None: no training
     diverged: bool = False
     key_encoder: dict | None = None  # the momentum target's check (pipeline.methods.ema_check)
     failure: str | None = None  # why the run counts as failed (pipeline.pretrain.failure)
@@ -150,7 +151,8 @@ class Trainer:
         log(f"BN-leak guard: {self.bn_guard}")
         self.device = distributed.rank_device(env.local_rank)
         self.threads = cpus.use(p.threads, self.device.type, d.workers)
-        self.fast = FastPath(p.fast_path, self.device, p.backbone, max_splits(self.model))
+        kept = checkpoint.recorded(self.state_path, self.fingerprint, "fast_path")  # a resume keeps its path
+        self.fast = FastPath(p.fast_path, self.device, p.backbone, max_splits(self.model), kept=kept)
         log(f"fast path: {self.fast.describe()}")
         if self.device.type == "cuda" and env.world_size > 1 and self.model.sync_batch_norm:
             self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
@@ -200,6 +202,7 @@ class Trainer:
                 step_in_epoch=self.step_in_epoch,
                 log=self.log_rows,
                 fingerprint=self.fingerprint,
+                fast_path=self.fast.on,
             )
 
     def load_state(self) -> bool:
@@ -393,7 +396,8 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
     )
     if not p.trains:  # the random-init baseline: same backbone, no training
         untrained = build_backbone(arch).state_dict()
-        return finish(job, Outcome(arch, untrained, {}, [], "not applicable (no training)"), out_dir, env, watch)
+        outcome = Outcome(arch, untrained, {}, [], "not applicable (no training)", fast_path=None)
+        return finish(job, outcome, out_dir, env, watch)
     trainer = Trainer(job, data_dir, state_dir, env, progress, watch)
     if env.is_main:  # loss, instance accuracy, lr, m, kNN, queue age, drift per epoch
         trainer.board = Board(board_dir(out_dir.parent, "pretrain"), "pretrain")
@@ -414,6 +418,7 @@ def run(cfg: dict, data_dir: Path, out_dir: Path, state_dir: Path, progress: boo
         trainer.model.state_dict(),
         trainer.log_rows,
         trainer.bn_guard,
+        trainer.fast.precision,
         diverged=not ok,
         key_encoder=key_encoder,
         failure=failed,
@@ -449,7 +454,8 @@ def finish(job: Job, outcome: Outcome, out_dir: Path, env, watch: Stopwatch) -> 
         "bn_guard": outcome.bn_guard,
         "final": log_rows[-1] if log_rows else {},
         "key_encoder": outcome.key_encoder,
-        "provenance": provenance.record(),  # CPU, flags, library versions, commit
+        # CPU, flags, library versions, commit, and the path its steps took
+        "provenance": provenance.record(fast_path=outcome.fast_path),
     }  # no optimizer entry, no gradient, EMA replayed (ema_check)
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)

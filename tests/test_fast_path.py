@@ -50,12 +50,13 @@ LOSS_TOLERANCE = 0.05
 LOGIT_TOLERANCE = 0.2
 
 
+def job_config(family: str, fast_path: str) -> dict:
+    return {"data": {"crop_size": 32, "workers": 1}, "pretrain": {**BASE, **FAMILIES[family], "fast_path": fast_path}}
+
+
 def trainer_for(ffcv_small, tmp_path, family: str, fast_path: str) -> Trainer:
     seed_everything(BASE["seed"])  # the same initial weights for every trainer of a family
-    cfg = {
-        "data": {"crop_size": 32, "workers": 1},
-        "pretrain": {**BASE, **FAMILIES[family], "fast_path": fast_path},
-    }
+    cfg = job_config(family, fast_path)
     return Trainer(Job.of(cfg), ffcv_small, tmp_path / "state", distributed.init(), progress=False)
 
 
@@ -95,6 +96,28 @@ def test_fast_path_step_is_the_fp32_step_within_tolerance(ffcv_small, tmp_path, 
     assert fast_logits.dtype == logits.dtype == torch.float32
     assert torch.isfinite(fast_loss) and abs(float(fast_loss - loss)) <= LOSS_TOLERANCE
     assert float((fast_logits - logits).abs().max()) <= LOGIT_TOLERANCE
+
+
+def test_a_resumed_run_keeps_the_path_its_state_recorded(ffcv_small, tmp_path):
+    """A run whose first node took the fast path (auto resolved on: a GPU) and that is requeued
+    where auto resolves off (this CPU) goes on in bf16: one run, one precision. A state of
+    another run (another seed) does not decide this one's path."""
+    first = trainer_for(ffcv_small, tmp_path, "moco_v2_resnet", "auto")
+    assert not first.fast.on and first.fast.precision == "fp32"  # auto on a CPU
+    first.fast = FastPath("on", first.device, first.p.backbone)  # as the GPU node resolved it
+    first.save_state()
+    resumed = trainer_for(ffcv_small, tmp_path, "moco_v2_resnet", "auto")
+    assert resumed.fast.on and resumed.fast.precision == "bf16 autocast"
+    assert "kept from the run's state (auto resolves to off on this cpu)" in resumed.fast.describe()
+    assert resumed.load_state()  # and the state itself resumes: the same run
+    other = Trainer(
+        Job.of({**job_config("moco_v2_resnet", "auto"), "pretrain": {**BASE, "fast_path": "auto", "seed": 2}}),
+        ffcv_small,
+        tmp_path / "state",
+        distributed.init(),
+        progress=False,
+    )
+    assert not other.fast.on and other.fast.kept_note == ""
 
 
 def unit_rows(n: int, dim: int = 64, seed: int = 0) -> torch.Tensor:

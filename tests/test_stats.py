@@ -175,6 +175,7 @@ def test_commit_outside_a_checkout_is_none(tmp_path):
 
 
 def test_record_and_footnote():
+    assert provenance.record(fast_path="fp32")["fast_path"] == "fp32"
     rec = provenance.record()
     assert set(rec) == {"cpu", "versions", "commit", "environment"} and set(rec["versions"]) == set(
         provenance.LIBRARIES
@@ -197,6 +198,11 @@ def test_record_and_footnote():
     assert differ in note
     assert note.endswith("1 of 4 runs did not record it.")
     assert provenance.environment_note([None]).startswith("Ran on: not recorded")
+    # a pretraining names the path its steps took; a probe's record has none and does not count
+    bf16, fp32 = {**amd, "fast_path": "bf16 autocast"}, {**amd, "fast_path": "fp32"}
+    assert provenance.environment_note([fp32, amd]).endswith("commit: 0123456789ab; pretraining steps: fp32.")
+    note = provenance.environment_note([bf16, fp32, fp32, amd])
+    assert "pretraining steps DIFFER across runs: fp32 (2 runs); bf16 autocast (1 run)" in note
     assert provenance.environment_note([]) is None
 
 

@@ -100,6 +100,7 @@ def test_tiny_workflow_end_to_end(tiny_results):
     main = (results / "tables" / "main.md").read_text()
     assert "random init" in main and "MoCo (base cell)" in main
     assert f"Ran on: CPU: {summary['provenance']['cpu']['model']}" in main
+    assert summary["provenance"]["fast_path"] == "fp32" and "pretraining steps: fp32." in main  # auto: off on CPU
     assert (results / "tables" / "ablation_K.md").is_file() and (results / "tables" / "ablation_m.md").is_file()
     shuffle = {r["shuffle_bn"]: r for r in csv.DictReader((results / "tables" / "shuffle_bn.csv").open())}
     # the tiny preset's batch of 64 in one process: the most sub-batches of >= 32 images, 64 / 32

@@ -231,8 +231,8 @@ class SharedPretrain:
     fast_path: str | bool = key(
         "auto",
         "the GPU fast path of a step, one switch: channels_last (ResNets) and bf16 autocast; auto = on for "
-        "CUDA, off on CPU; on = also on CPU (what the tests run). YAML reads a bare on / off as true / false: "
-        "those mean the same",
+        "CUDA, off on CPU (a resumed run keeps the path its state recorded); on = also on CPU (what the tests "
+        "run). YAML reads a bare on / off as true / false: those mean the same",
         enum=["auto", "on", "off", True, False],
     )
     compile: bool = key(False, "torch.compile the model (off by default; slow to start on CPU)")

@@ -20,11 +20,28 @@ M = TypeVar("M", bound=nn.Module)
 SETTINGS = ("auto", "on", "off", True, False)  # the schema's enum (YAML reads a bare on/off as a bool)
 
 
+def resolve(setting: str | bool, device: torch.device) -> bool:
+    """Whether ``setting`` puts a step on ``device`` on the fast path."""
+    if setting not in SETTINGS:
+        raise ValueError(f"pretrain.fast_path must be one of {SETTINGS}, not {setting!r}")
+    return setting in ("on", True) or (setting == "auto" and device.type == "cuda")
+
+
 class FastPath:
-    def __init__(self, setting: str | bool, device: torch.device, backbone: str, bn_splits: int = 1):
-        if setting not in SETTINGS:
-            raise ValueError(f"pretrain.fast_path must be one of {SETTINGS}, not {setting!r}")
-        self.on = setting in ("on", True) or (setting == "auto" and device.type == "cuda")
+    """The path of one run. ``kept``: the path its resume state recorded. Under ``auto`` a resumed
+    run keeps it, so that a requeue onto a node where ``auto`` resolves otherwise does not change
+    the precision half-way through a run (an explicit on / off is the fingerprint's business)."""
+
+    def __init__(
+        self, setting: str | bool, device: torch.device, backbone: str, bn_splits: int = 1, kept: bool | None = None
+    ):
+        here = resolve(setting, device)
+        self.on = kept if setting == "auto" and kept is not None else here
+        self.kept_note = (
+            f"kept from the run's state (auto resolves to {'on' if here else 'off'} on this {device.type})"
+            if self.on != here
+            else ""
+        )
         # Split BN (bn_splits > 1, pipeline.methods.split_bn) regroups the batch into channels: from
         # channels_last that reshape copies every activation it normalises, which cost more
         # than channels_last saved (python -m pipeline.bench step --fast-path on: the guarded
@@ -45,8 +62,14 @@ class FastPath:
         """A batch of images in the path's memory format."""
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
+    @property
+    def precision(self) -> str:
+        """The run's path in a word or two, as its summary and the tables' footnote name it."""
+        return "bf16 autocast" if self.on else "fp32"
+
     def describe(self) -> str:
+        kept = f"; {self.kept_note}" if self.kept_note else ""
         if not self.on:
-            return f"off (fp32, contiguous) on {self.device_type}"
+            return f"off (fp32, contiguous) on {self.device_type}{kept}"
         layout = "channels_last" if self.channels_last else "contiguous (not a ResNet, or split BN)"
-        return f"on: bf16 autocast, {layout}, on {self.device_type}"
+        return f"on: bf16 autocast, {layout}, on {self.device_type}{kept}"

@@ -200,6 +200,20 @@ def matching_state(path: Path, fingerprint: dict, env, log=print) -> dict | None
     return state
 
 
+def recorded(path: Path, fingerprint: dict, field: str):
+    """What this run's resume state at ``path`` recorded under ``field`` (memory-mapped: the
+    weights are not read); None when there is no state, it is another run's or it lacks the field."""
+    if not Path(path).is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # unreadable: load_resume_state says why
+        return None
+    if not isinstance(state, dict) or state.get("fingerprint") != fingerprint:
+        return None
+    return state.get(field)
+
+
 def retire(path: Path, env, log=print) -> None:
     """A finished run's state becomes ``finished.pt`` (replacing an earlier one), once its outputs
     exist: a later run, even with the same fingerprint (e.g. after a code fix, --forcerun), never

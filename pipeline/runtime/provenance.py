@@ -73,9 +73,11 @@ def locked_environment(lock: Path | None = None) -> dict:
     return {"lock_sha256": env["lock_sha256"], "not_as_locked": env["not_as_locked"]}
 
 
-def record() -> dict:
-    """This process's provenance, as stored under "provenance" in summary.json and probe.json."""
-    return {"cpu": cpu(), "versions": versions(), "commit": git_commit(), "environment": locked_environment()}
+def record(fast_path: str | None = None) -> dict:
+    """This process's provenance, as stored under "provenance" in summary.json and probe.json;
+    a pretraining's also names the path its steps took (``fast_path``: fp32 or bf16 autocast)."""
+    rec = {"cpu": cpu(), "versions": versions(), "commit": git_commit(), "environment": locked_environment()}
+    return {**rec, "fast_path": fast_path} if fast_path else rec
 
 
 def describe(rec: dict) -> dict[str, str]:
@@ -85,24 +87,26 @@ def describe(rec: dict) -> dict[str, str]:
     shown = [f for f in KEY_FLAGS[:2] if f in flags] + [f"no {f}" for f in KEY_FLAGS[:2] if f not in flags]
     shown += [f for f in KEY_FLAGS[2:] if f in flags]
     commit = rec.get("commit")
-    return {
+    out = {
         "CPU": f"{c.get('model') or '?'} ({', '.join(shown)})",
         "versions": ", ".join(f"{lib} {v.get(lib) or 'absent'}" for lib in LIBRARIES),
         "commit": commit[:12] if commit else "not a git checkout",
     }
+    return {**out, "pretraining steps": rec["fast_path"]} if rec.get("fast_path") else out
 
 
 def environment_note(records: list[dict | None]) -> str | None:
-    """One footnote line naming the CPU, flags, versions and commit of the runs behind a table;
-    a field on which they disagree lists each value with its number of runs."""
+    """One footnote line naming the CPU, flags, versions and commit of the runs behind a table,
+    and the path the pretrainings' steps took (fp32 or bf16 autocast: probes record none); a
+    field on which they disagree lists each value with its number of runs."""
     if not records:
         return None
     recorded = [describe(r) for r in records if r]
     if not recorded:
         return "Ran on: not recorded (runs from before summary.json stored their provenance)."
     parts = []
-    for field in recorded[0]:
-        counts = Counter(d[field] for d in recorded)
+    for field in dict.fromkeys(f for d in recorded for f in d):
+        counts = Counter(d[field] for d in recorded if field in d)
         if len(counts) == 1:
             parts.append(f"{field}: {next(iter(counts))}")
         else:
