@@ -99,6 +99,30 @@ def test_bench_step_on_the_fast_path(tmp_path, monkeypatch):
     assert result["fast_path"].startswith("on") and (tmp_path / "bench" / "out" / "step_fast_path.json").is_file()
 
 
+def test_bench_step_times_both_paths_in_one_run(tmp_path, monkeypatch):
+    """--fast-path both: every step on either path, interleaved together; each step's speed-up is
+    its fp32 median over its fast path's, and each path keeps its own ratios and floor."""
+    from pipeline.bench import step
+
+    monkeypatch.chdir(tmp_path)
+    measured: dict = {}
+    fp32 = {"supervised": 2.0, "key_forward": 0.5, "moco_v2": 3.0, "moco_v3": 6.0, "moco_v2_unguarded": 2.5}
+    fp32 |= {"end_to_end": 4.0, "simclr": 4.4, "byol": 6.3}
+    fast = {name: seconds / 2 for name, seconds in fp32.items()} | {"moco_v2": 2.0, "moco_v2_channels_last": 2.2}
+    medians = {f"{n}@fp32": s for n, s in fp32.items()} | {f"{n}@fast": s for n, s in fast.items()}
+    monkeypatch.setattr(step, "interleaved", set_medians(step, medians, measured))
+    result = step.main(["--batch", "16", "--size", "16", "--width", "4", "--rounds", "1", "--fast-path", "both"])
+    assert set(measured) == set(medians)  # one interleaved run of both paths
+    assert result["fast_path_speedup"]["supervised"] == 2.0  # 2.0 s / 1.0 s
+    assert result["fast_path_speedup"]["moco_v2"] == 1.5  # 3.0 s / 2.0 s
+    off, on = result["paths"]["off"], result["paths"]["on"]
+    assert off["moco_v2_over_measured_floor"] == 1.2  # 1.5 / (2.0 + 0.5) * 2.0, as on one path
+    # on the fast path: 2.0 / 1.0 over the floor (1.0 + 0.25) / 1.0: 2.0 / 1.25
+    assert on["moco_v2_over_measured_floor"] == 1.6 and on["split_bn_channels_last_over_contiguous"] == 1.1
+    assert off["fast_path"].startswith("off") and on["fast_path"].startswith("on")
+    assert (tmp_path / "bench" / "out" / "step_paths.json").is_file()
+
+
 def test_bench_gpu_dry_runs_the_fast_path_on_cpu(tmp_path, monkeypatch):
     """bench gpu's lines (the Trainer's fast path, FLOP count, MFU) on CPU, tiny sizes."""
     from pipeline.bench import gpu

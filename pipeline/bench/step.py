@@ -13,7 +13,11 @@ The rivals beside their nearest MoCo mechanism: SimCLR against end-to-end (one e
 negatives, keys with gradients; SimCLR adds the symmetric loss over 2N views), BYOL against MoCo v3
 (both views through both encoders, symmetric, a predictor): ``rival_ratios``.
 
-    python -m pipeline.bench step [--batch 128 --size 32 --width 64 --rounds 3]
+``--fast-path both`` times every step in fp32 and on the fast path (bf16 autocast, channels_last
+where the model takes it), interleaved in one run: ``fast_path_speedup`` is each step's fp32
+median over its fast path's, and each path keeps its own ratios and floor (``paths``).
+
+    python -m pipeline.bench step [--batch 128 --size 32 --width 64 --rounds 3] [--fast-path both]
 """
 
 from __future__ import annotations
@@ -79,6 +83,65 @@ def key_forward_fn(model: MoCo, x, context=contextlib.nullcontext):
     return forward
 
 
+def method_steps(name: str, p: Pretrain, setting: str, size: int, images, labels, index, suffix: str) -> dict:
+    """The timed callables of one method on one path (``setting``, as pretrain.fast_path), named
+    ``name + suffix``; MoCo v2's come with its key forward (the measured floor) and, on the fast
+    path, the split-BN model forced into channels_last (what the path leaves out)."""
+    model = build_model(p, size, num_classes=10, num_samples=20 * p.K).train()
+    fp = FastPath(setting, torch.device("cpu"), p.backbone, max_splits(model))
+    steps = {name + suffix: fast_step(fp, model, p, images, labels, index)}
+    if name == "moco_v2":
+        assert isinstance(model, MoCo)
+        steps["key_forward" + suffix] = key_forward_fn(fp.model(model), fp.images(images[1]), fp.autocast)
+        if fp.on:
+            forced = FastPath(setting, torch.device("cpu"), p.backbone)
+            model = build_model(p, size, num_classes=10, num_samples=20 * p.K).train()
+            steps["moco_v2_channels_last" + suffix] = fast_step(forced, model, p, images, labels, index)
+    return steps
+
+
+def summarise(res: dict, suffix: str, batch: int, setting: str, backbone: str) -> dict:
+    """One path's ratios from the interleaved medians ``res`` (its steps named with ``suffix``)."""
+    mine = {name[: len(name) - len(suffix)]: r for name, r in res.items() if name.endswith(suffix)}
+    sup = mine["supervised"]["median_s"]
+    ratios = {name: round(mine[name]["median_s"] / sup, 3) for name in [*FLOORS, "moco_v2_unguarded"]}
+    measured_floor = round((sup + mine["key_forward"]["median_s"]) / sup, 3)
+    return {
+        "fast_path": FastPath(setting, torch.device("cpu"), backbone).describe(),
+        "results": mine,
+        "ratio_vs_supervised": ratios,
+        "floor": {k: round(v, 3) for k, v in FLOORS.items()},
+        "moco_v2_measured_floor": measured_floor,
+        "moco_v2_over_measured_floor": round(ratios["moco_v2"] / measured_floor, 3),
+        "rival_ratios": {
+            f"{rival}/{rest}": round(mine[rival]["median_s"] / mine[rest]["median_s"], 3)
+            for rival, rest in RIVALS.items()
+        },
+        "samples_per_s": {k: round(batch / v["median_s"], 1) for k, v in mine.items()},
+        "split_bn_channels_last_over_contiguous": (
+            round(mine["moco_v2_channels_last"]["median_s"] / mine["moco_v2"]["median_s"], 3)
+            if "moco_v2_channels_last" in mine
+            else None
+        ),
+    }
+
+
+def report(path: dict, batch: int) -> None:
+    """One path's lines: each step, its ratio and floor, the measured floor, the rivals."""
+    ratios = path["ratio_vs_supervised"]
+    print(f"fast path {path['fast_path']}:")
+    for name, r in path["results"].items():
+        extra = f"  ratio {ratios[name]:.3f}" if name in ratios else ""
+        extra += f" (floor {FLOORS[name]:.2f})" if name in FLOORS else ""
+        print(f"  {name:<17} {r['median_s']:.3f} s/step  {batch / r['median_s']:.1f} samples/s{extra}")
+    print(
+        f"  moco_v2 floor measured on this CPU: {path['moco_v2_measured_floor']:.3f} (supervised + key "
+        f"forward); moco_v2 is {path['moco_v2_over_measured_floor']:.3f}x that floor"
+    )
+    for pair, ratio in path["rival_ratios"].items():
+        print(f"  {pair}: {ratio:.3f}x")
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=128)
@@ -90,8 +153,9 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--fast-path",
         default="off",
-        choices=["auto", "on", "off"],
-        help="as pretrain.fast_path: on = channels_last (ResNet) + bf16 autocast on this CPU",
+        choices=["auto", "on", "off", "both"],
+        help="as pretrain.fast_path: on = channels_last (ResNet) + bf16 autocast on this CPU; "
+        "both = every step on either path, interleaved in one run (fp32 / fast path per step)",
     )
     ap.add_argument(
         "--all-methods",
@@ -139,69 +203,40 @@ def main(argv=None) -> dict:
                 },
             }
         )
-    fast = FastPath(args.fast_path, torch.device("cpu"), args.backbone)
     images = torch.randn(args.batch, 3, args.size, args.size), torch.randn(args.batch, 3, args.size, args.size)
     labels, index = torch.randint(0, 10, (args.batch,)), torch.arange(args.batch)
     # without the guard: no shuffle and plain BN over the whole batch
     variants["moco_v2_unguarded"] = {"method": "moco", "variant": "v2", "shuffle_bn": False, "bn_splits": 1}
+    # --fast-path both: every step in fp32 and on the fast path, interleaved in one run
+    settings = {"off": "@fp32", "on": "@fast"} if args.fast_path == "both" else {args.fast_path: ""}
     steps = {}
-    for name, overrides in variants.items():
-        p = section("pretrain", {**base, **overrides})
-        model = build_model(p, args.size, num_classes=10, num_samples=20 * p.K).train()
-        fp = FastPath(args.fast_path, torch.device("cpu"), p.backbone, max_splits(model))
-        steps[name] = fast_step(fp, model, p, images, labels, index)
-        if name == "moco_v2":
-            assert isinstance(model, MoCo)
-            steps["key_forward"] = key_forward_fn(fp.model(model), fp.images(images[1]), fp.autocast)
-            if fast.on:  # what the fast path leaves out: the split-BN model in channels_last
-                forced = FastPath(args.fast_path, torch.device("cpu"), p.backbone)
-                model = build_model(p, args.size, num_classes=10, num_samples=20 * p.K).train()
-                steps["moco_v2_channels_last"] = fast_step(forced, model, p, images, labels, index)
+    for setting, suffix in settings.items():
+        for name, overrides in variants.items():
+            p = section("pretrain", {**base, **overrides})
+            steps.update(method_steps(name, p, setting, args.size, images, labels, index, suffix))
     res = interleaved(steps, rounds=args.rounds)
-    sup = res["supervised"]["median_s"]
-    ratios = {name: round(res[name]["median_s"] / sup, 3) for name in [*FLOORS, "moco_v2_unguarded"]}
-    measured_floor = round((sup + res["key_forward"]["median_s"]) / sup, 3)
-    result = {
-        "batch": args.batch,
-        "size": args.size,
-        "backbone": args.backbone,
-        "width": args.width,
-        "threads": torch.get_num_threads(),
-        "fast_path": fast.describe(),
-        "results": res,
-        "ratio_vs_supervised": ratios,
-        "floor": {k: round(v, 3) for k, v in FLOORS.items()},
-        "moco_v2_measured_floor": measured_floor,
-        "moco_v2_over_measured_floor": round(ratios["moco_v2"] / measured_floor, 3),
-        "rival_ratios": {
-            f"{rival}/{mine}": round(res[rival]["median_s"] / res[mine]["median_s"], 3)
-            for rival, mine in RIVALS.items()
-        },
-        "samples_per_s": {k: round(args.batch / v["median_s"], 1) for k, v in res.items()},
-        "split_bn_channels_last_over_contiguous": (
-            round(res["moco_v2_channels_last"]["median_s"] / res["moco_v2"]["median_s"], 3)
-            if "moco_v2_channels_last" in res
-            else None
-        ),
+    common = {"batch": args.batch, "size": args.size, "backbone": args.backbone, "width": args.width}
+    common["threads"] = torch.get_num_threads()
+    paths = {
+        setting: summarise(res, suffix, args.batch, setting, args.backbone) for setting, suffix in settings.items()
     }
+    if len(paths) == 1:
+        result = {**common, **paths[args.fast_path]}
+    else:  # each step's fp32 time over its fast path's, and the two paths' own summaries
+        speedup = {
+            name: round(res[f"{name}@fp32"]["median_s"] / res[f"{name}@fast"]["median_s"], 3) for name in variants
+        }
+        result = {**common, "fast_path_speedup": speedup, "paths": paths, "results": res}
     loader = OUT_DIR / "loader.json"
     if loader.is_file():  # is data the bottleneck? loader samples/s against the step's
         result["loader_samples_per_s"] = json.loads(Path(loader).read_text()).get("samples_per_s")
-    path = write("step_fast_path" if fast.on else "step", result)
-    print(
-        f"{args.backbone} width {args.width}, batch {args.batch}, {args.size} px, {torch.get_num_threads()} threads, "
-        f"fast path {fast.describe()}:"
-    )
-    for name, r in res.items():
-        extra = f"  ratio {ratios[name]:.3f}" if name in ratios else ""
-        extra += f" (floor {FLOORS[name]:.2f})" if name in FLOORS else ""
-        print(f"  {name:<17} {r['median_s']:.3f} s/step  {args.batch / r['median_s']:.1f} samples/s{extra}")
-    print(
-        f"  moco_v2 floor measured on this CPU: {measured_floor:.3f} "
-        f"(supervised + key forward); moco_v2 is {ratios['moco_v2'] / measured_floor:.3f}x that floor"
-    )
-    for pair, ratio in result["rival_ratios"].items():
-        print(f"  {pair}: {ratio:.3f}x")
+    on = args.fast_path != "both" and FastPath(args.fast_path, torch.device("cpu"), args.backbone).on
+    path = write("step_paths" if args.fast_path == "both" else "step_fast_path" if on else "step", result)
+    print(f"{args.backbone} width {args.width}, batch {args.batch}, {args.size} px, {torch.get_num_threads()} threads")
+    for summary in paths.values():
+        report(summary, args.batch)
+    for name, ratio in result.get("fast_path_speedup", {}).items():
+        print(f"  {name:<17} fp32 / fast path: {ratio:.3f}x")
     print(f"({path})")
     return result
 
