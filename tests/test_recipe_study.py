@@ -49,6 +49,26 @@ def test_a_rivals_candidate_trains_by_its_papers_recipe():
     )
 
 
+@pytest.mark.parametrize("method", ["simclr", "byol"])
+def test_the_workflows_rival_cell_trains_the_studys_choice(method, repo):
+    """config.yaml's cell method=<rival> (its grid.<rival> recipe over the paper's rule) sets every
+    key the chosen candidate trained with to the same value: what the study scored is what the
+    grid and the claims train. (Left out: the run's seed and threads, the kNN monitor, and MoCo's
+    BN sub-batches, which neither rival reads.)"""
+    from pipeline.bench import recipe
+    from pipeline.dag.config import load_config, load_yaml, to_dict
+    from pipeline.dag.grid import cell_params
+
+    chosen = recipe.candidate_config(recipe.CHOSEN[method], seed=0, threads=1)[0]["pretrain"]
+    cfg = load_config(load_yaml(repo / "workflow/config/config.yaml"))
+    cell = to_dict(cell_params(cfg, f"method={method}").pretrain)
+    trained = {k: v for k, v in chosen.items() if v is not None} | {"method": method}
+    assert {k: cell[k] for k in trained if k not in RUN_ONLY} == {k: trained[k] for k in trained if k not in RUN_ONLY}
+
+
+RUN_ONLY = {"seed", "threads", "knn_every", "bn_splits"}
+
+
 def test_a_candidate_outside_the_study_knobs_is_refused(monkeypatch):
     from pipeline.bench import recipe
 

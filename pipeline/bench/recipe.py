@@ -132,7 +132,21 @@ CANDIDATES: dict[str, dict] = {
         }
         for lr in (0.015, 0.06)
     },
+    # lr 0.06 learned (+18.7 / +13.9 / +12.7 over random init, seeds 0-2): short of the bar's 15 on
+    # seeds 1 and 2. The two knobs that moved it, each one step further: weight decay x 2 (the
+    # force Tian et al. find drives the non-contrastive dynamics) and lr x 2
+    "byol_bg1_sgd_lr0.06_wd1e-3": {
+        **{"method": "byol", "epochs": 13, "optimizer": "sgd", "lr": 0.06, "weight_decay": 1e-3},
+        "synthetic": {"backgrounds": 1},
+    },
+    "byol_bg1_sgd_lr0.12": {
+        **{"method": "byol", "epochs": 13, "optimizer": "sgd", "lr": 0.12, "weight_decay": 5e-4},
+        "synthetic": {"backgrounds": 1},
+    },
 }
+# each rival's recipe on the embedded data, as the study chose it (its grid.<method> in
+# config.yaml trains exactly this candidate's pretraining: tests/test_recipe_study.py)
+CHOSEN = {"simclr": "simclr_bg1", "byol": "byol_bg1_sgd_lr0.12"}
 BASELINES = {"random", "supervised"}  # methods a candidate may set: the floor and the ceiling
 RIVALS = {"simclr", "byol"}  # methods a candidate may set, with their entries' recipes beneath
 # the knobs a candidate may set: none defines an ablation (K, m, the BN-leak guard, aug, ...)

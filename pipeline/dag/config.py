@@ -17,7 +17,7 @@ import functools
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 import jsonschema
 import yaml
@@ -73,9 +73,12 @@ def _build(cls: type[S], values: dict | None = None) -> S:
 
 
 def _typed_value(f: dataclasses.Field, value):
-    nested = f.default_factory if dataclasses.is_dataclass(f.default_factory) else None
-    if nested is not None and isinstance(value, dict):
-        return _build(nested, value)
+    factory = f.default_factory
+    # a nested section's factory is its class, or the class with other defaults (functools.partial)
+    nested = factory.func if isinstance(factory, functools.partial) else factory
+    if dataclasses.is_dataclass(nested) and isinstance(value, dict):
+        defaults = factory.keywords if isinstance(factory, functools.partial) else {}
+        return _build(cast(type, nested), {**defaults, **value})
     return tuple(value) if isinstance(value, list) else value
 
 

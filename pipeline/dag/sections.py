@@ -13,6 +13,7 @@ Standard library only: Snakemake imports this while it builds the DAG (no torch,
 from __future__ import annotations
 
 from dataclasses import dataclass, make_dataclass
+from functools import partial
 from typing import Any
 
 from pipeline.dag.keys import (  # noqa: E402, F401  (declared there: a method's folder declares its keys too)
@@ -535,9 +536,13 @@ SWEEP: dict[str, Any] = {
 
 
 def recipe_slot(spec: MethodSpec) -> Any:
-    """grid.<method>: a method's recipe (pretrain keys) beneath its cells."""
+    """grid.<method>: a method's recipe (pretrain keys) beneath its cells; by default its recipe
+    for the embedded data (MethodSpec.embedded_recipe), where it has one."""
     under = "its paper's rule (MethodSpec.recipe)" if spec.recipe else "the base cell's value"
-    return key(factory=MethodRecipe, doc=f"{spec.label}'s recipe (pretrain keys); null = {under}")
+    return key(
+        factory=partial(MethodRecipe, **spec.embedded_recipe),
+        doc=f"{spec.label}'s recipe (pretrain keys); null = {under}",
+    )
 
 
 # grid.<method> for each registered method whose cells train outside MoCo's recipe: a method

@@ -8,9 +8,9 @@ through its ``build`` function, which imports the torch half of its module when 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import nn
@@ -75,6 +75,10 @@ class MethodSpec:
     # cell's pretrain values) -> the keys it sets (e.g. lr by its paper's rule from the batch);
     # grid.<method> and the cell's own values override them. None: the base cell's settings
     recipe: Callable[[dict], dict] | None = None
+    # grid.<method>'s default: its recipe on the embedded data where the paper's rule does not
+    # learn there (pretrain keys; chosen on held-out training images: docs/embedded-data.md).
+    # Presets for other data state their own grid.<method>
+    embedded_recipe: Mapping[str, Any] = field(default_factory=dict)
     metrics: tuple[Metric, ...] = ()  # what its Step.metrics hold (others are logged as reported)
 
     def builder(self) -> Builder:
