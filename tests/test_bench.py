@@ -123,6 +123,23 @@ def test_bench_step_times_both_paths_in_one_run(tmp_path, monkeypatch):
     assert (tmp_path / "bench" / "out" / "step_paths.json").is_file()
 
 
+def test_bench_detection_times_a_step_on_both_paths(tmp_path, monkeypatch, repo):
+    """The workflow's detector at the preset's detect settings, one batch of the embedded scenes:
+    a step in fp32 and one on the fast path in one interleaved run, and the fp32 evaluation; the
+    speed-up is the fp32 step's median over the fast path's."""
+    from pipeline.bench import detection
+
+    monkeypatch.chdir(repo)  # config.yaml and the preset, as the command runs
+    monkeypatch.setattr(detection, "write", lambda name, result: tmp_path / f"{name}.json")
+    measured: dict = {}
+    medians = {"step fp32": 3.0, "step fast": 2.0, "evaluation forward (fp32)": 1.0}
+    monkeypatch.setattr(detection, "interleaved", set_medians(detection, medians, measured))
+    result = detection.main(["--configfile", TINY, "--rounds", "1"])
+    assert set(measured) == set(medians) and all(r["median_s"] > 0 for r in measured.values())
+    assert result["step_fp32_over_fast_path"] == 1.5 and result["task"] == "segmentation"
+    assert result["image_size"] == 64 and result["batch_size"] == 4  # the tiny preset's over config.yaml's
+
+
 def test_bench_gpu_dry_runs_the_fast_path_on_cpu(tmp_path, monkeypatch):
     """bench gpu's lines (the Trainer's fast path, FLOP count, MFU) on CPU, tiny sizes."""
     from pipeline.bench import gpu

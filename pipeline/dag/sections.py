@@ -37,6 +37,8 @@ from pipeline.dag.keys import (  # noqa: E402, F401  (declared there: a method's
 from pipeline.dag.layout import AXES, BACKBONES, CELL_ID, is_vit
 from pipeline.methods import METHODS, MethodSpec, method_spec
 
+# pretrain.fast_path's and detect.fast_path's values (YAML reads a bare on / off as true / false)
+FAST_PATH_SETTINGS = ("auto", "on", "off", True, False)
 # the embedded dataset's shape classes, in label order (pipeline.synthetic draws them)
 SYNTHETIC_CLASSES = ("disk", "square", "triangle", "diamond", "ring", "frame", "plus", "cross", "bars", "checker")
 # the detection scenes' categories (dataset.synthetic.det_shapes): the classification shapes, or
@@ -234,7 +236,7 @@ class SharedPretrain:
         "the GPU fast path of a step, one switch: channels_last (ResNets) and bf16 autocast; auto = on for "
         "CUDA, off on CPU (a resumed run keeps the path its state recorded); on = also on CPU (what the tests "
         "run). YAML reads a bare on / off as true / false: those mean the same",
-        enum=["auto", "on", "off", True, False],
+        enum=list(FAST_PATH_SETTINGS),
     )
     compile: bool = key(False, "torch.compile the model (off by default; slow to start on CPU)")
     knn_every: int = runtime(
@@ -455,6 +457,12 @@ class Detect:
     )
     checkpoint_every: int = runtime(
         0, "also write the resume state every N iterations (0 = at epoch ends only)", **CHECKPOINT_EVERY
+    )
+    fast_path: str | bool = key(
+        "auto",
+        "the fine-tuning's forward passes under bf16 autocast (roi_align, the losses and the evaluation stay "
+        "fp32); auto = on for CUDA, off on CPU; on = also on CPU",
+        enum=list(FAST_PATH_SETTINGS),
     )
 
 

@@ -14,17 +14,21 @@ import torch
 from torch import nn
 
 from pipeline.dag.layout import is_resnet
+from pipeline.dag.sections import FAST_PATH_SETTINGS as SETTINGS
 
 M = TypeVar("M", bound=nn.Module)
 
-SETTINGS = ("auto", "on", "off", True, False)  # the schema's enum (YAML reads a bare on/off as a bool)
 
-
-def resolve(setting: str | bool, device: torch.device) -> bool:
-    """Whether ``setting`` puts a step on ``device`` on the fast path."""
+def resolve(setting: str | bool, device: torch.device, key: str = "pretrain.fast_path") -> bool:
+    """Whether ``setting`` (of config ``key``) puts a step on ``device`` on the fast path."""
     if setting not in SETTINGS:
-        raise ValueError(f"pretrain.fast_path must be one of {SETTINGS}, not {setting!r}")
+        raise ValueError(f"{key} must be one of {SETTINGS}, not {setting!r}")
     return setting in ("on", True) or (setting == "auto" and device.type == "cuda")
+
+
+def precision(on: bool) -> str:
+    """A path in a word or two: what a summary, a trial's metrics and the footnotes say."""
+    return "bf16 autocast" if on else "fp32"
 
 
 class FastPath:
@@ -65,7 +69,7 @@ class FastPath:
     @property
     def precision(self) -> str:
         """The run's path in a word or two, as its summary and the tables' footnote name it."""
-        return "bf16 autocast" if self.on else "fp32"
+        return precision(self.on)
 
     def describe(self) -> str:
         kept = f"; {self.kept_note}" if self.kept_note else ""

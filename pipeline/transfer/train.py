@@ -44,10 +44,13 @@ def to_device(images, targets, device) -> tuple[list, list]:
     )
 
 
-def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState) -> list[float]:
+def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState, fast: bool = False) -> list[float]:
     """Fine-tune everything trainable (a FasterRCNN, or it wrapped in DDP); returns the mean
     loss of each epoch (this rank's). Resumes from ``state`` and saves it at epoch ends, every
-    detect.checkpoint_every iterations and on a preemption signal (then exits for a requeue)."""
+    detect.checkpoint_every iterations and on a preemption signal (then exits for a requeue).
+    ``fast``: the forward pass under bf16 autocast (detect.fast_path). What stays fp32 there:
+    roi_align (torchvision's autocast runs it in fp32), the losses (autocast's fp32 list: cross
+    entropy, smooth L1, BCE with logits) and so their sum, the weights and the optimiser."""
     detector = getattr(model, "module", model)  # DDP's: the weights saved under their own names
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
@@ -97,7 +100,8 @@ def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState) ->
             images, targets = to_device(images, targets, device)
             for group in opt.param_groups:
                 group["lr"] = dc.lr * schedule.factor(done)
-            loss = sum(model(images, targets).values())
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=fast):
+                loss = sum(model(images, targets).values())
             if not torch.isfinite(loss):
                 raise FloatingPointError(
                     f"loss is not finite at epoch {epoch + 1} step {step + 1}; lower detect.lr (now {dc.lr})"
@@ -124,9 +128,12 @@ def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState) ->
     return curve
 
 
-def run_fingerprint(dc: Detect, ckpt_path: Path, seed: int, train_split: DetectionSplit) -> dict:
+def run_fingerprint(dc: Detect, ckpt_path: Path, seed: int, train_split: DetectionSplit, path: str) -> dict:
     """What determines a trial (its resume state must match): the detect section's result keys,
-    the seed, the checkpoint's content and the training split's images and annotations."""
+    the seed, the checkpoint's content, the training split's images and annotations, and the
+    path its steps take (``path``: fp32 or bf16 autocast, as detect.fast_path resolved on this
+    node). A requeue where ``auto`` resolves otherwise sets the state aside, saying what differed,
+    and trains afresh: one trial, one precision."""
     split = {k: train_split.coco.get(k) for k in ("images", "annotations", "categories")}
     text = json.dumps(split, sort_keys=True, separators=(",", ":"))
     return {
@@ -134,4 +141,5 @@ def run_fingerprint(dc: Detect, ckpt_path: Path, seed: int, train_split: Detecti
         "seed": seed,
         "checkpoint sha256": checkpoint.file_digest(ckpt_path),
         "train split sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
+        "fast path": path,
     }
