@@ -1,6 +1,7 @@
 """Grid expansion: readable ids, one-at-a-time and product designs, duplicates merged."""
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -293,6 +294,9 @@ def test_claims_plan_every_cell_at_the_claims_seeds(tmp_path, preset, trained, n
     assert sorted(seeds["method=random"]) == [0, 1, 2, 3, 4, 5]  # random init, and at the pilot seeds
     assert len(seeds) - 1 == trained  # trained groups (random init trains nothing)
     assert set(not_trained_claims(claims, claims_budget(typed))) == not_trained
+    # claims.only trains the rivals' rows alone: nothing is said of a claim they leave out
+    rivals_only = replace(claims, only=("large_batch", "byol_learns"))
+    assert not_trained_claims(rivals_only, claims_budget(typed)) == {}
 
 
 def test_a_confirmatory_claims_run_uses_only_fresh_seeds(tmp_path):

@@ -148,8 +148,10 @@ def selected(claims: Claims) -> tuple[str, ...]:
 
 
 def not_trained(claims: Claims, b: Budget) -> dict[str, str]:
-    """claim key -> why this budget cannot decide it: its cells are not trained (no job starts)."""
-    return {key: n.why_not for key, n in needs(claims, b).items() if n.why_not}
+    """claim key -> why this budget cannot decide it: its cells are not trained (no job starts).
+    Only the claims this run trains (``claims.only``): the others' cells are not asked for."""
+    chosen = selected(claims)
+    return {key: n.why_not for key, n in needs(claims, b).items() if n.why_not and key in chosen}
 
 
 def role_seeds(claims: Claims, b: Budget, roles) -> dict[str, int]:
