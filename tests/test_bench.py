@@ -123,6 +123,7 @@ def test_bench_step_times_both_paths_in_one_run(tmp_path, monkeypatch):
     assert (tmp_path / "bench" / "out" / "step_paths.json").is_file()
 
 
+@pytest.mark.integration
 def test_bench_detection_times_a_step_on_both_paths(tmp_path, monkeypatch, repo):
     """The workflow's detector at the preset's detect settings, one batch of the embedded scenes:
     a step in fp32 and one on the fast path in one interleaved run, and the fp32 evaluation; the

@@ -235,6 +235,7 @@ def test_tiny_segmentation_run_and_its_summary(det_dir, ckpt_path, tmp_path):  #
 
 
 # --- the fast path (detect.fast_path) -------------------------------------------------------------
+@pytest.mark.integration
 def test_a_mask_rcnn_trial_on_the_fast_path(det_dir, ckpt_path, tmp_path):  # noqa: F811
     """detect.fast_path: on runs the fine-tuning under bf16 autocast on the CPU, end to end: the
     lines a GPU runs. Its metrics say so; its loss is finite, and not the fp32 trial's (the steps
