@@ -25,7 +25,7 @@ decide a Δ of the size observed.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -743,7 +743,10 @@ def run(results: Path, cfg: dict) -> str:
     if not cfg.get("claims") or not cfg.get("pretrain"):
         raise ConfigError("the claims tables need the config's pretrain and claims sections")
     typed = load_config(cfg)
-    expected = {cid: cell.stated(cfg["pretrain"]) for cid, cell in claims_cells(typed).items()}
+    # every claim's cells, claims.only or not: it picks what a run trains; the table reads
+    # whatever the folder holds of the others (else they stay `not run`)
+    every_claim = replace(typed, claims=replace(typed.claims, only=None)) if typed.claims else typed
+    expected = {cid: cell.stated(cfg["pretrain"]) for cid, cell in claims_cells(every_claim).items()}
     # only this config's cells: another claims run's seeds in the same folder (another
     # first_seed) must never enter a verdict fixed before them; the main grid's apart (transfer)
     df = collect(results, expected)

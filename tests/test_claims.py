@@ -692,3 +692,15 @@ def test_table_writers_exit_naming_a_missing_config_file(tmp_path, module, prog)
     with pytest.raises(SystemExit) as exit_:
         module.main([str(tmp_path), "--config", str(missing)])
     assert str(exit_.value) == f"[{prog}] config file not found: {missing}"
+
+
+def test_claims_only_trains_some_rows_and_the_table_reads_every_row(tmp_path):
+    """claims.only names what a run trains; the table still judges every claim whose cells the
+    folder holds (here all of them), and its footnote names the run's claims.only."""
+    full_results(tmp_path)
+    write_claims(tmp_path, merge(CONFIG, {"claims": {"only": ["byol_learns"]}}))
+    got = verdicts(tmp_path)
+    write_claims(tmp_path, CONFIG)
+    assert got == verdicts(tmp_path) and "not run" not in got.values()
+    write_claims(tmp_path, merge(CONFIG, {"claims": {"only": ["byol_learns"]}}))
+    assert "this run's claims.only: byol_learns" in (tmp_path / "tables" / "claims.md").read_text()
