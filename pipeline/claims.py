@@ -521,8 +521,7 @@ def transfer(c: Cells) -> Claim:
 
 # --- the rivals: SimCLR's batch against MoCo's queue, BYOL without negatives ----------------------
 
-EQUIVALENCE = 5.0  # "matches": the paired Δ's 90 % CI inside ±5 points
-EQUIVALENCE_LEVEL = 0.90
+EQUIVALENCE = stats.EQUIVALENCE_MARGIN  # "matches": the paired Δ's 90 % CI inside ±5 points
 
 
 def large_batch(c: Cells) -> Claim:
@@ -539,21 +538,6 @@ def large_batch(c: Cells) -> Claim:
     return accuracy_claim(text, SEED_NOTES, needs, [comparison], c.cells("simclr_large", "simclr"))
 
 
-def equivalent(d: stats.Estimate, margin: float) -> tuple[str, str]:
-    """(verdict, why) of "a matches b" from their paired Δ: holds when its 90 % CI lies inside
-    ±margin (two one-sided tests at 5 %), contradicted when its 95 % CI lies outside it."""
-    if d.half is None or d.std is None:
-        return INCONCLUSIVE, "one seed: no interval"
-    half90 = stats.t_quantile(0.5 + EQUIVALENCE_LEVEL / 2, d.n - 1) * d.std / d.n**0.5
-    low, high = d.mean - half90, d.mean + half90
-    ci = f"90 % CI [{low:+.1f}, {high:+.1f}]"
-    if -margin < low and high < margin:
-        return HOLDS, f"{ci} inside ±{margin:g}"
-    if d.mean - d.half > margin or d.mean + d.half < -margin:
-        return CONTRADICTED, f"95 % CI outside ±{margin:g}"
-    return INCONCLUSIVE, f"{ci} reaches past ±{margin:g}"
-
-
 def queue_vs_batch(c: Cells) -> Claim:
     big = LARGE_BATCH * c.batch
     text = (
@@ -568,7 +552,7 @@ def queue_vs_batch(c: Cells) -> Claim:
     x = compare_roles(c, *roles, direction=1)
     if x.estimate is None or x.verdict == INCONCLUSIVE and "failed" in x.text:
         return Claim(text, SEED_NOTES, needs, x.text, INCONCLUSIVE, c.cells(*roles))
-    verdict, why = equivalent(x.estimate, EQUIVALENCE)
+    verdict, why = stats.equivalent(x.estimate, EQUIVALENCE)
     measured = f"{x.label}: Δ {x.estimate.text(signed=True)} ({why})"
     return Claim(text, SEED_NOTES, needs, measured, verdict, c.cells(*roles))
 

@@ -152,3 +152,30 @@ def combine(verdicts: list[str]) -> str:
     if CONTRADICTED in verdicts:
         return CONTRADICTED
     return HOLDS if verdicts and all(v == HOLDS for v in verdicts) else INCONCLUSIVE
+
+
+EQUIVALENCE_LEVEL = 0.90  # two one-sided tests at 5 % each
+EQUIVALENCE_MARGIN = 5.0  # points: "matches" when the paired Δ's 90 % CI lies inside ±5
+
+
+def equivalence_interval(d: Estimate) -> tuple[float, float] | None:
+    """The paired Δ's 90 % CI (low, high), or None for one seed."""
+    if d.half is None or d.std is None:
+        return None
+    half = t_quantile(0.5 + EQUIVALENCE_LEVEL / 2, d.n - 1) * d.std / d.n**0.5
+    return d.mean - half, d.mean + half
+
+
+def equivalent(d: Estimate, margin: float) -> tuple[str, str]:
+    """(verdict, why) of "a matches b" from their paired Δ: holds when its 90 % CI lies inside
+    ±margin (two one-sided tests at 5 %), contradicted when its 95 % CI lies outside it."""
+    interval = equivalence_interval(d)
+    if interval is None or d.half is None:
+        return INCONCLUSIVE, "one seed: no interval"
+    low, high = interval
+    ci = f"90 % CI [{low:+.1f}, {high:+.1f}]"
+    if -margin < low and high < margin:
+        return HOLDS, f"{ci} inside ±{margin:g}"
+    if d.mean - d.half > margin or d.mean + d.half < -margin:
+        return CONTRADICTED, f"95 % CI outside ±{margin:g}"
+    return INCONCLUSIVE, f"{ci} reaches past ±{margin:g}"
