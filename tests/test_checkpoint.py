@@ -42,3 +42,15 @@ def test_cuda_rng_streams_resume_on_the_devices_this_process_sees(monkeypatch, c
     checkpoint.set_cuda_rng_states([stream])
     assert "holds the RNG streams of 1 CUDA device(s), this process sees 2" in capsys.readouterr().out
     assert len(restored) == 1 and restored[0][0] is stream and restored[0][1] == 0
+
+
+def test_a_field_of_the_resume_state_is_read_only_from_this_runs_state(tmp_path):
+    """checkpoint.recorded: the field of a state whose fingerprint is this run's; None for no
+    state, another run's, or a file that is no state (load_resume_state then says why)."""
+    path = tmp_path / "last.pt"
+    assert checkpoint.recorded(path, {"seed": 1}, "fast_path") is None
+    torch.save({"fingerprint": {"seed": 1}, "fast_path": True}, path)
+    assert checkpoint.recorded(path, {"seed": 1}, "fast_path") is True
+    assert checkpoint.recorded(path, {"seed": 2}, "fast_path") is None
+    path.write_bytes(b"not a state")
+    assert checkpoint.recorded(path, {"seed": 1}, "fast_path") is None

@@ -1,6 +1,10 @@
 """python -m pipeline.report.compare: two results folders of the same grid, paired by seed."""
 
+import subprocess
+import sys
+
 import pytest
+from conftest import REPO
 from test_tables import fake_cell
 
 from pipeline.report import compare
@@ -42,3 +46,19 @@ def test_an_unknown_metric_is_named(tmp_path):
     a = folder(tmp_path / "a", [60.0], [90.0])
     with pytest.raises(SystemExit, match=r"no column \['top7'\]"):
         compare.main([str(a), str(a), "--metric", "top7"])
+
+
+def test_groups_without_a_common_seed_are_left_out_and_the_command_says_so(tmp_path):
+    """A ran seed 0 of the base cell, B seed 1: nothing to pair. The command line says so."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    fake_cell(a, "base", 60.0)
+    fake_cell(b, "seed=1", 61.0)
+    assert compare.compare(compare.collect(a), compare.collect(b), ["top1"]) == []
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.report.compare", str(a), str(b)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip() == "No cell group has a seed in both folders."
