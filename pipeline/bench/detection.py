@@ -21,6 +21,7 @@ import torch
 
 from pipeline.bench.timing import interleaved, write
 from pipeline.dag.config import load_yaml, merge, section
+from pipeline.nets.fast_path import bf16_autocast
 from pipeline.nets.models import build_backbone
 from pipeline.transfer.data import CocoBoxes, collate
 from pipeline.transfer.model import build_detector
@@ -44,7 +45,7 @@ def step_fn(detector, images, targets, fast: bool):
 
     def step():
         detector.train()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast):
+        with bf16_autocast("cpu", fast):
             loss = sum(detector(list(images), list(targets)).values())
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -26,6 +26,12 @@ def resolve(setting: str | bool, device: torch.device, key: str = "pretrain.fast
     return setting in ("on", True) or (setting == "auto" and device.type == "cuda")
 
 
+def bf16_autocast(device_type: str, on: bool) -> torch.autocast:
+    """A forward pass's context: bf16 autocast when ``on``, a no-op otherwise (pretraining's steps,
+    the detection fine-tuning's and their benchmarks all enter it here)."""
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=on)
+
+
 def precision(on: bool) -> str:
     """A path in a word or two: what a summary, a trial's metrics and the footnotes say."""
     return "bf16 autocast" if on else "fp32"
@@ -56,7 +62,7 @@ class FastPath:
 
     def autocast(self) -> torch.autocast:
         """The forward pass's context: bf16 autocast on the fast path, a no-op off it."""
-        return torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.on)
+        return bf16_autocast(self.device_type, self.on)
 
     def model(self, model: M) -> M:
         """The model in the path's memory format (in place, as ``Module.to``)."""

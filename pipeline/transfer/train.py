@@ -19,6 +19,7 @@ from tqdm import tqdm
 from pipeline.dag.config import result_part, to_dict
 from pipeline.dag.sections import JOBS, RUNTIME, Detect
 from pipeline.data.detection import DetectionSplit
+from pipeline.nets.fast_path import bf16_autocast
 from pipeline.nets.optim import Schedule
 from pipeline.runtime import checkpoint, distributed, preempt
 from pipeline.transfer import log
@@ -100,7 +101,7 @@ def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState, fa
             images, targets = to_device(images, targets, device)
             for group in opt.param_groups:
                 group["lr"] = dc.lr * schedule.factor(done)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=fast):
+            with bf16_autocast(device.type, fast):
                 loss = sum(model(images, targets).values())
             if not torch.isfinite(loss):
                 raise FloatingPointError(
