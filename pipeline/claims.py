@@ -554,7 +554,23 @@ def queue_vs_batch(c: Cells) -> Claim:
         return Claim(text, SEED_NOTES, needs, x.text, INCONCLUSIVE, c.cells(*roles))
     verdict, why = stats.equivalent(x.estimate, EQUIVALENCE)
     measured = f"{x.label}: Δ {x.estimate.text(signed=True)} ({why})"
-    return Claim(text, SEED_NOTES, needs, measured, verdict, c.cells(*roles))
+    if verdict != INCONCLUSIVE:
+        return Claim(text, SEED_NOTES, needs, measured, verdict, c.cells(*roles))
+    return Claim(text, SEED_NOTES, needs, measured, verdict, c.cells(*roles), "—", *to_match(x.estimate))
+
+
+def to_match(d: stats.Estimate) -> tuple[str, str]:
+    """An undecided equivalence's columns: its 90 % CI's half-width, and the seeds that would
+    decide it at the observed Δ and spread (stats.seeds_to_match)."""
+    interval = stats.equivalence_interval(d)
+    if interval is None:
+        return "n = 1: no spread", "≥ 2 to measure a spread"
+    half = (interval[1] - interval[0]) / 2
+    n = stats.seeds_to_match(d, EQUIVALENCE)
+    inside = abs(d.mean) < EQUIVALENCE
+    goal = f"the 90 % CI inside ±{EQUIVALENCE:g}" if inside else f"the 95 % CI outside ±{EQUIVALENCE:g}"
+    seeds = f"> {stats.MAX_SEEDS:,}" if n is None else str(n)
+    return f"±{half:.1f} (90 % CI) at n = {d.n}", f"{seeds} for {goal} at Δ {d.mean:+.1f}"
 
 
 def byol_learns(c: Cells) -> Claim:
@@ -592,8 +608,24 @@ def collapse_claim(c: Cells, role: str, key: str, text: str, source: str, readin
     elif runs >= 2 and v.failed == 0 and above == HOLDS:
         verdict, reading = CONTRADICTED, readings[1]
     else:
-        verdict, reading = INCONCLUSIVE, "neither reading"
+        undecided = Comparison(f"{c.ids[role]} − {c.ids['random']}", INCONCLUSIVE, measured, d)
+        cols = (_per_comparison([undecided], detectable), undecided_collapse(d, v.failed, runs))
+        return Claim(
+            text, source, needs, f"{measured}: neither reading", INCONCLUSIVE, c.cells(role, "random"), "—", *cols
+        )
     return Claim(text, source, needs, f"{measured}: {reading}", verdict, c.cells(role, "random"))
+
+
+def undecided_collapse(d: stats.Estimate | None, failed: int, runs: int) -> str:
+    """What more seeds could decide of an undecided collapse claim: only the "none collapses and
+    it learns" reading can be reached by adding seeds, and only while none has collapsed and its
+    Δ over random init is positive; every seed collapsing cannot be planned for."""
+    if failed:
+        return f"— ({failed} of {runs} collapsed: neither reading at any n)"
+    n = stats.seeds_to_decide(d) if d is not None and d.mean > 0 else None
+    if n is None:
+        return "— (none collapsed and its Δ over random init is not above 0)"
+    return f"{n} for the CI above 0 at Δ {d.mean:+.1f}, if none collapses"
 
 
 def byol_predictor(c: Cells) -> Claim:
@@ -651,7 +683,9 @@ def claims_table(c: Cells, prov) -> Table:
         "inconclusive. The invariants (FIFO bound, key encoder) hold when every run satisfies them (≥ 2 runs).",
         "What would decide an inconclusive comparison: smallest detectable Δ: its CI's half-width, "
         "t(0.975, n − 1) · sd / √n at these n seeds and their spread; seeds to decide: the smallest n with "
-        "t(0.975, n − 1) · sd / √n < |Δ| at the observed Δ and spread.",
+        "t(0.975, n − 1) · sd / √n < |Δ| at the observed Δ and spread (an equivalence: with t(0.95, n − 1) "
+        "and the distance from Δ to the nearer margin; a collapse claim: for the probe's CI above 0, while "
+        "no seed has collapsed).",
         f"not decidable here: the experiment cannot decide the claim (the needs column; the reason says what "
         f"would), known before the runs it judges: 'a priori' from the config (those cells are not trained), "
         f"or from the pilot runs (other seeds than the compared ones). This budget ({budget}, "

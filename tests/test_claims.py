@@ -279,6 +279,27 @@ def test_byol_learning_without_the_ema_is_simsiams_reading(tmp_path):
     assert row["verdict"] == INCONCLUSIVE and row["measured"].startswith("1 of 3 seeds collapsed")
 
 
+def test_undecided_rivals_say_what_more_seeds_would_decide(tmp_path):
+    """The reference − SimCLR at 1,024: -1, -5, -3: mean -3, std 2, 90 % half-width t(0.95, 2) =
+    2.920 x 2 / sqrt 3 = 3.37: [-6.4, +0.4] reaches past -5; inside at n with t(0.95, n - 1) x 2 /
+    sqrt n < 2: n = 4: 2.353; n = 5: 2.132 x 2 / 2.236 = 1.91. tau = 0 − random init: 2, 0, 4:
+    no seed collapsed, 95 % CI +2 ± 4.97 includes 0; above 0 at t(0.975, n - 1) x 2 / sqrt n < 2:
+    n = 6: 2.571 x 2 / 2.449 = 2.10; n = 7: 2.447 x 2 / 2.646 = 1.85."""
+    full_results(tmp_path, simclr_large=([61.0, 55.0, 73.0], None, {}), byol_no_ema=([12.0, 11.0, 13.0], None, {}))
+    write_claims(tmp_path, CONFIG)
+    rows = rows_by_claim(tmp_path)
+    queue, ema = rows["queue vs batch"], rows["byol ema"]
+    assert queue["verdict"] == INCONCLUSIVE and "90 % CI [-6.4, +0.4] reaches past ±5" in queue["measured"]
+    assert queue["smallest detectable Δ"] == "±3.4 (90 % CI) at n = 3"
+    assert queue["seeds to decide"] == "5 for the 90 % CI inside ±5 at Δ -3.0"
+    assert ema["verdict"] == INCONCLUSIVE and ema["measured"].startswith("0 of 3 seeds collapsed")
+    assert ema["seeds to decide"] == "7 for the CI above 0 at Δ +2.0, if none collapses"
+    # a collapsed seed and a healthy one: no number of seeds makes every seed collapse
+    full_results(tmp_path, byol_no_ema=([30.0, 24.0, 10.0], [None, None, COLLAPSED_BYOL], {}))
+    write_claims(tmp_path, CONFIG)
+    assert rows_by_claim(tmp_path)["byol ema"]["seeds to decide"] == "— (1 of 3 collapsed: neither reading at any n)"
+
+
 def test_simclr_at_the_large_batch_far_from_moco_contradicts_the_match(tmp_path):
     """The reference − SimCLR at 1,024: 20, 19, 21: the 95 % CI [+17.5, +22.5] lies outside ±5."""
     full_results(tmp_path, simclr_large=([40.0, 31.0, 49.0], None, {}))

@@ -158,6 +158,18 @@ def test_seeds_to_decide_an_equivalence_margin_by_hand():
     assert seeds_to_decide(estimate([4, 6, 5]), 5.0) is None  # a Δ at the bound: nothing decides it
 
 
+def test_seeds_to_match_by_hand():
+    """t(0.95, dof) from a printed table: 2: 2.920, 3: 2.353; t(0.975, dof): 3: 3.182, 4: 2.776."""
+    from pipeline.report.stats import seeds_to_match
+
+    # -4, 0, -2: mean -2, std 2, 3 from the margin -5; the 90 % CI inside first at n = 4:
+    # n = 3: 2.920 x 2 / 1.732 = 3.37; n = 4: 2.353 x 2 / 2 = 2.35 < 3 (at 95 % n = 4 gives 3.18: 5)
+    assert seeds_to_match(estimate([-4, 0, -2]), 5.0) == 4
+    # -8, -6, -10: mean -8, 3 beyond -5: the 95 % CI outside first at n = 5: 2.776 x 2 / 2.236 = 2.48
+    assert seeds_to_match(estimate([-8, -6, -10]), 5.0) == 5
+    assert seeds_to_match(estimate([5, 6, 4]), 5.0) is None  # a Δ at the margin: nothing decides it
+
+
 # --- provenance ---------------------------------------------------------------------------------
 def test_cpu_model_and_flags_from_cpuinfo(tmp_path):
     info = tmp_path / "cpuinfo"

@@ -128,11 +128,11 @@ def judge_size(delta: Estimate | None, direction: int, magnitude: float) -> str 
     return SIZE_LARGER if lo > magnitude else SIZE_CONSISTENT
 
 
-def seeds_to_decide(delta: Estimate | None, bound: float = 0.0) -> int | None:
-    """The fewest seeds whose 95 % CI, at the observed spread, would exclude ``bound`` (0: a
-    direction; a margin: an equivalence) for a Δ of the observed size: the smallest n with
-    t(0.975, n − 1) · std / √n < |mean − bound|. None when it cannot be said (no spread
-    measured, a Δ at the bound, or more than MAX_SEEDS)."""
+def seeds_to_decide(delta: Estimate | None, bound: float = 0.0, level: float = LEVEL) -> int | None:
+    """The fewest seeds whose CI at ``level`` (95 %; an equivalence's 90 %), at the observed
+    spread, would exclude ``bound`` (0: a direction; a margin: an equivalence) for a Δ of the
+    observed size: the smallest n with t((1 + level) / 2, n − 1) · std / √n < |mean − bound|.
+    None when it cannot be said (no spread measured, a Δ at the bound, or more than MAX_SEEDS)."""
     if delta is None or delta.std is None or delta.mean == bound:
         return None
     distance = abs(delta.mean - bound)
@@ -141,7 +141,7 @@ def seeds_to_decide(delta: Estimate | None, bound: float = 0.0) -> int | None:
     # t > 1.96 for every dof: no n below (1.96 std / distance)^2 can do; start there, walk up
     n = max(2, int((1.959 * delta.std / distance) ** 2))
     while n <= MAX_SEEDS:
-        if t_quantile(0.5 + LEVEL / 2, n - 1) * delta.std / math.sqrt(n) < distance:
+        if t_quantile(0.5 + level / 2, n - 1) * delta.std / math.sqrt(n) < distance:
             return n
         n += 1
     return None
@@ -179,3 +179,12 @@ def equivalent(d: Estimate, margin: float) -> tuple[str, str]:
     if d.mean - d.half > margin or d.mean + d.half < -margin:
         return CONTRADICTED, f"95 % CI outside ±{margin:g}"
     return INCONCLUSIVE, f"{ci} reaches past ±{margin:g}"
+
+
+def seeds_to_match(d: Estimate, margin: float) -> int | None:
+    """The fewest seeds that would decide "a matches b" for a Δ of the observed size and spread:
+    inside ±margin, those that bring its 90 % CI inside (holds); outside, those that take its
+    95 % CI outside (contradicted). None as seeds_to_decide."""
+    nearer = math.copysign(margin, d.mean)
+    inside = abs(d.mean) < margin
+    return seeds_to_decide(d, nearer, EQUIVALENCE_LEVEL if inside else LEVEL)
