@@ -438,6 +438,22 @@ def test_the_rivals_join_the_main_table_and_its_figure(tmp_path):
     assert (tmp_path / "figures" / "methods.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_methods_figure_tells_apart_rows_of_one_method(tmp_path):
+    """SimCLR at two batches in one folder (the claims' cells beside the grid's): two rows of the
+    table, two ticks of the figure, each with its other settings."""
+    from pipeline.report import figures
+    from pipeline.report.studies import collect, groups
+
+    for cid, top1 in (("base", 60.0), ("method=simclr", 58.0), ("method=simclr,batch_size=512", 55.0)):
+        fake_cell(tmp_path, cid, top1)
+    write_tables(tmp_path, {})
+    simclr = [ln for ln in (tmp_path / "tables" / "methods.md").read_text().splitlines() if ln.startswith("| SimCLR")]
+    assert len(simclr) == 2 and sum("| batch_size=512 |" in ln for ln in simclr) == 1
+    fig = figures.methods(groups(collect(tmp_path)))
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert ticks[:3] == ["MoCo (base cell) v2", "SimCLR", "SimCLR\nbatch_size=512"]
+
+
 def test_the_methods_figure_without_cells_says_so():
     from pipeline.report import figures
 

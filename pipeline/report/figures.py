@@ -134,7 +134,9 @@ def methods(gs):
     """The main table's rows as a figure: each method's linear top-1 by seed (one grey line per
     seed across the methods: the pairing of the paired Δs), its mean and 95 % CI beside."""
     fig, ax = pyplot().subplots(figsize=(max(5, 1.1 * len(gs) + 2), 3.5))
-    rows = [(" ".join(k for k in keys[:2] if k), g) for keys, g in method_groups(gs) if g is not None]
+    # the table's method and variant, and its other settings on a second line: a folder holding the
+    # claims' cells beside the grid's has several rows of one method, told apart only by those
+    rows = [(_method_label(keys), g) for keys, g in method_groups(gs) if g is not None]
     vals = [value(g.cells, "top1") for _, g in rows]
     xs = list(range(len(rows)))
     for seed in sorted({s for v in vals for s in v.by_seed}):
@@ -150,6 +152,12 @@ def methods(gs):
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def _method_label(keys: tuple) -> str:
+    """A methods row's tick: "MoCo (base cell) v2"; "SimCLR" and "epochs=9, batch_size=256" below."""
+    label = " ".join(k for k in keys[:2] if k)
+    return f"{label}\n{keys[3]}" if len(keys) > 3 and keys[3] else label
 
 
 def read_log(results: Path, cell: str) -> pd.DataFrame:
