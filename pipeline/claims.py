@@ -622,10 +622,11 @@ def undecided_collapse(d: stats.Estimate | None, failed: int, runs: int) -> str:
     Δ over random init is positive; every seed collapsing cannot be planned for."""
     if failed:
         return f"— ({failed} of {runs} collapsed: neither reading at any n)"
-    n = stats.seeds_to_decide(d) if d is not None and d.mean > 0 else None
-    if n is None:
+    if d is None or d.mean <= 0:
         return "— (none collapsed and its Δ over random init is not above 0)"
-    return f"{n} for the CI above 0 at Δ {d.mean:+.1f}, if none collapses"
+    n = stats.seeds_to_decide(d)
+    shown = f"> {stats.MAX_SEEDS:,}" if n is None else str(n)
+    return f"{shown} for the CI above 0 at Δ {d.mean:+.1f}, if none collapses"
 
 
 def byol_predictor(c: Cells) -> Claim:

@@ -298,6 +298,12 @@ def test_undecided_rivals_say_what_more_seeds_would_decide(tmp_path):
     full_results(tmp_path, byol_no_ema=([30.0, 24.0, 10.0], [None, None, COLLAPSED_BYOL], {}))
     write_claims(tmp_path, CONFIG)
     assert rows_by_claim(tmp_path)["byol ema"]["seeds to decide"] == "— (1 of 3 collapsed: neither reading at any n)"
+    # none collapsed, but 1 point below random init on every seed: more seeds only confirm it is not above
+    full_results(tmp_path, byol_no_ema=([9.0, 10.0, 8.0], None, {}))
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["byol ema"]
+    assert row["verdict"] == INCONCLUSIVE
+    assert row["seeds to decide"] == "— (none collapsed and its Δ over random init is not above 0)"
 
 
 def test_simclr_at_the_large_batch_far_from_moco_contradicts_the_match(tmp_path):

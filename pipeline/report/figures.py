@@ -154,7 +154,7 @@ def methods(gs):
     return fig
 
 
-def _method_label(keys: tuple) -> str:
+def _method_label(keys: list[str]) -> str:
     """A methods row's tick: "MoCo (base cell) v2"; "SimCLR" and "epochs=9, batch_size=256" below."""
     label = " ".join(k for k in keys[:2] if k)
     return f"{label}\n{keys[3]}" if len(keys) > 3 and keys[3] else label
