@@ -554,9 +554,8 @@ def queue_vs_batch(c: Cells) -> Claim:
         return Claim(text, SEED_NOTES, needs, x.text, INCONCLUSIVE, c.cells(*roles))
     verdict, why = stats.equivalent(x.estimate, EQUIVALENCE)
     measured = f"{x.label}: Δ {x.estimate.text(signed=True)} ({why})"
-    if verdict != INCONCLUSIVE:
-        return Claim(text, SEED_NOTES, needs, measured, verdict, c.cells(*roles))
-    return Claim(text, SEED_NOTES, needs, measured, verdict, c.cells(*roles), "—", *to_match(x.estimate))
+    undecided = ("—", *to_match(x.estimate)) if verdict == INCONCLUSIVE else ()
+    return Claim(text, SEED_NOTES, needs, measured, verdict, c.cells(*roles), *undecided)
 
 
 def to_match(d: stats.Estimate) -> tuple[str, str]:
