@@ -41,7 +41,6 @@ from pipeline.methods import Metric, method_spec
 from pipeline.methods.build import arch_of, bn_guard_text, build_model
 from pipeline.methods.ema_check import EmaRecord
 from pipeline.methods.momentum_target import MomentumTarget
-from pipeline.methods.split_bn import max_splits
 from pipeline.nets.fast_path import FastPath
 from pipeline.nets.method import Method, Step
 from pipeline.nets.models import build_backbone
@@ -152,7 +151,7 @@ class Trainer:
         self.device = distributed.rank_device(env.local_rank)
         self.threads = cpus.use(p.threads, self.device.type, d.workers)
         kept = checkpoint.recorded(self.state_path, self.fingerprint, "fast_path")  # a resume keeps its path
-        self.fast = FastPath(p.fast_path, self.device, p.backbone, max_splits(self.model), kept=kept)
+        self.fast = FastPath(p.fast_path, self.device, p.backbone, kept=kept)
         log(f"fast path: {self.fast.describe()}")
         if self.device.type == "cuda" and env.world_size > 1 and self.model.sync_batch_norm:
             self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)

@@ -10,7 +10,7 @@ from pipeline.dag.config import ConfigError, section
 from pipeline.methods.build import bn_guard_text, build_model
 from pipeline.methods.moco.builder import MoCo
 from pipeline.methods.moco.mechanisms import EndToEnd
-from pipeline.methods.split_bn import SplitBatchNorm2d, default_splits, split_batch_norm
+from pipeline.methods.split_bn import SplitBatchNorm2d, block_order, default_splits, split_batch_norm
 from pipeline.nets.method import Encoder
 from pipeline.nets.models import build_backbone
 
@@ -31,15 +31,39 @@ P = {
 }
 
 
-def test_split_bn_normalises_each_sub_batch_with_its_own_statistics():
+LAYOUTS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+@pytest.fixture
+def blocks_used(monkeypatch) -> list:
+    """The layers that normalised a batch in blocks (the channels_last way), one entry per call."""
+    calls: list = []
+    forward_blocks = SplitBatchNorm2d._forward_blocks
+
+    def spy(self, x):
+        calls.append(self)
+        return forward_blocks(self, x)
+
+    monkeypatch.setattr(SplitBatchNorm2d, "_forward_blocks", spy)
+    return calls
+
+
+def through_encoder(bn: nn.BatchNorm2d, splits: int, x: torch.Tensor, layout: str):
+    """``bn`` split as an encoder's layer (its hooks around it), run on ``x`` in ``layout``."""
+    encoder = split_batch_norm(nn.Sequential(bn), splits)
+    return encoder[0], encoder(x.contiguous(memory_format=LAYOUTS[layout]))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_split_bn_normalises_each_sub_batch_with_its_own_statistics(layout, blocks_used):
     torch.manual_seed(0)
     plain = nn.BatchNorm2d(3, momentum=0.3)
     nn.init.normal_(plain.weight)
     nn.init.normal_(plain.bias)
-    split = split_batch_norm(nn.Sequential(copy.deepcopy(plain)), 4)[0]
-    assert isinstance(split, SplitBatchNorm2d)
     x = torch.randn(12, 3, 5, 5) * 3 + 1
-    y = split(x)
+    split, y = through_encoder(copy.deepcopy(plain), 4, x, layout)
+    assert isinstance(split, SplitBatchNorm2d)
+    assert blocks_used == ([split] if layout == "channels_last" else []) and not split.in_blocks
     expected_mean, expected_var = torch.zeros(3), torch.zeros(3)
     for j in range(4):  # sub-batch j: images j, j+4, j+8
         ref = copy.deepcopy(plain)
@@ -55,15 +79,16 @@ def test_split_bn_normalises_each_sub_batch_with_its_own_statistics():
     assert torch.equal(split(x), plain.eval()(x))  # eval: plain BN
 
 
-def test_split_bn_gradients_through_an_in_place_relu_match_plain_bn_per_sub_batch():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_split_bn_gradients_through_an_in_place_relu_match_plain_bn_per_sub_batch(layout, blocks_used):
     """As in a ResNet (BN then ReLU(inplace=True)): the output is no view, so autograd need not
     rebuild it in backward, and the gradients are those of plain BN on each sub-batch."""
     torch.manual_seed(0)
     plain = nn.BatchNorm2d(3)
     nn.init.normal_(plain.weight)
-    split = split_batch_norm(nn.Sequential(copy.deepcopy(plain)), 2)[0]
     x = torch.randn(8, 3, 4, 4, requires_grad=True)
-    y = split(x)
+    split, y = through_encoder(copy.deepcopy(plain), 2, x, layout)
+    assert len(blocks_used) == (layout == "channels_last")
     assert y._base is None  # not a view of batch_norm's (n/s, s*c, h, w) output
     grad_out = torch.randn(8, 3, 4, 4)
     torch.relu_(y).backward(grad_out)
@@ -85,13 +110,14 @@ def test_one_split_is_plain_batch_norm_bit_for_bit():
         assert torch.equal(a, b), name
 
 
-def key_and_query_bn_groups(model: nn.Module, n: int):
+def key_and_query_bn_groups(model: nn.Module, n: int, layout: str = "contiguous"):
     """For each sample i, the set of samples whose content changes the normalised output of
     query i (resp. key i): the images it shares BN statistics with. Found by perturbing each
     image in turn, with the key shuffle's permutation fixed by reseeding."""
 
     def outputs(x1, x2):
         torch.manual_seed(123)  # the same shuffle every call
+        x1, x2 = (x.contiguous(memory_format=LAYOUTS[layout]) for x in (x1, x2))
         with torch.no_grad():
             q = model.encoder_q(x1)
             k = model.encode_keys(x2)
@@ -127,14 +153,15 @@ class BNOnly(nn.Module):
 
 
 @pytest.mark.parametrize("mechanism", ["moco", "end_to_end"])
-def test_guard_normalises_key_and_query_over_different_images(mechanism):
+@pytest.mark.parametrize("layout", LAYOUTS)  # channels_last: the fast path's blocks
+def test_guard_normalises_key_and_query_over_different_images(mechanism, layout):
     n, splits = 16, 4
     encoder = split_batch_norm(BNOnly(), splits)
     model = MoCo(encoder, dim=192, K=32) if mechanism == "moco" else EndToEnd(encoder)
     model.train()
-    q_groups, k_groups = key_and_query_bn_groups(model, n)
+    q_groups, k_groups = key_and_query_bn_groups(model, n, layout)
     for i in range(n):
-        assert len(q_groups[i]) == n // splits - 1  # normalised with its own sub-batch only
+        assert q_groups[i] == {j for j in range(n) if j % splits == i % splits} - {i}  # its sub-batch
         assert len(k_groups[i]) == n // splits - 1
         assert q_groups[i] | {i} != k_groups[i] | {i}, f"key {i} shares its query's BN statistics"
 
@@ -199,29 +226,75 @@ def test_split_batch_norm_refuses_a_batch_it_cannot_split():
         SplitBatchNorm2d(4, splits=2)(torch.randn(3, 4, 2, 2))
 
 
-def test_split_batch_norm_without_running_statistics_normalises_each_sub_batch():
-    from pipeline.methods.split_bn import SplitBatchNorm2d
-
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_split_batch_norm_without_running_statistics_normalises_each_sub_batch(layout, blocks_used):
     x = torch.randn(4, 3, 2, 2, generator=torch.Generator().manual_seed(0)) * 5 + 2
-    y = SplitBatchNorm2d(3, splits=2, track_running_stats=False, affine=False)(x)
+    _, y = through_encoder(nn.BatchNorm2d(3, track_running_stats=False, affine=False), 2, x, layout)
+    assert len(blocks_used) == (layout == "channels_last")
     reference = torch.nn.BatchNorm2d(3, track_running_stats=False, affine=False)
     for j in (0, 1):  # sub-batch j: images j, j + 2
         torch.testing.assert_close(y[j::2], reference(x[j::2]))
 
 
-def test_split_batch_norm_cumulative_average_is_batch_norms_per_sub_batch():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_split_batch_norm_cumulative_average_is_batch_norms_per_sub_batch(layout, blocks_used):
     """momentum=None: the running statistics are the plain average over the batches seen, as
     BatchNorm's; the split one holds the mean of its sub-batches' statistics."""
-    from pipeline.methods.split_bn import SplitBatchNorm2d
-
     g = torch.Generator().manual_seed(0)
     batches = [torch.randn(4, 3, 2, 2, generator=g) * (1 + i) + i for i in range(2)]
-    split = SplitBatchNorm2d(3, splits=2, momentum=None)
+    encoder = split_batch_norm(nn.Sequential(nn.BatchNorm2d(3, momentum=None)), 2)
+    split = encoder[0]
     references = [torch.nn.BatchNorm2d(3, momentum=None) for _ in (0, 1)]
     for x in batches:
-        split(x)
+        encoder(x.contiguous(memory_format=LAYOUTS[layout]))
         for j, ref in enumerate(references):
             ref(x[j::2])
     torch.testing.assert_close(split.running_mean, (references[0].running_mean + references[1].running_mean) / 2)
     torch.testing.assert_close(split.running_var, (references[0].running_var + references[1].running_var) / 2)
-    assert int(split.num_batches_tracked) == 2
+    assert int(split.num_batches_tracked) == 2 and len(blocks_used) == 2 * (layout == "channels_last")
+
+
+def resnet_pair(splits: int):
+    """A split-BN ResNet encoder (float64: the two layouts' sums then agree to ~1e-12) and its
+    copy in channels_last memory."""
+    torch.manual_seed(0)
+    backbone = build_backbone({"backbone": "resnet18", "width": 4, "cifar_stem": True})
+    encoder = split_batch_norm(nn.Sequential(backbone, nn.Linear(32, 8)), splits).double()
+    return encoder, copy.deepcopy(encoder).to(memory_format=torch.channels_last)
+
+
+def test_a_channels_last_encoder_in_blocks_is_the_contiguous_one():
+    """The fast path's split BN (the batch regrouped once into blocks, each normalised on its
+    own, the outputs put back) computes what the contiguous one does: the same outputs in the
+    same order, gradients, running statistics and batch count."""
+    contiguous, channels_last = resnet_pair(4)
+    x = torch.randn(16, 3, 16, 16, dtype=torch.float64)
+    y = contiguous(x)
+    y_cl = channels_last(x.contiguous(memory_format=torch.channels_last))
+    torch.testing.assert_close(y_cl, y, rtol=1e-10, atol=1e-12)
+    y.square().sum().backward()
+    y_cl.square().sum().backward()
+    for (name, p), p_cl in zip(contiguous.named_parameters(), channels_last.parameters()):
+        torch.testing.assert_close(p_cl.grad, p.grad, rtol=1e-9, atol=1e-12, msg=name)
+    for (name, b), b_cl in zip(contiguous.state_dict().items(), channels_last.state_dict().values()):
+        torch.testing.assert_close(b_cl, b, rtol=1e-10, atol=1e-12, msg=name)
+    assert not any(m.in_blocks for m in channels_last.modules() if isinstance(m, SplitBatchNorm2d))
+
+
+def test_blocks_hold_the_sub_batches_and_only_in_training():
+    """Block j of the regrouped batch is sub-batch j (images j, j + s, ...); in eval mode BN is
+    per image and nothing is regrouped; a deep copy (the key encoder) regroups its own layers."""
+    assert block_order(6, 2, torch.device("cpu")).tolist() == [0, 2, 4, 1, 3, 5]
+    assert block_order(6, 3, torch.device("cpu")).tolist() == [0, 3, 1, 4, 2, 5]
+    _, channels_last = resnet_pair(2)
+    x = torch.randn(8, 3, 16, 16, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    key_encoder = copy.deepcopy(channels_last)
+    seen = []
+    for layer in key_encoder.modules():
+        if isinstance(layer, SplitBatchNorm2d):
+            layer.register_forward_pre_hook(lambda layer, args: seen.append(layer.in_blocks))
+    key_encoder(x)
+    assert seen and all(seen)
+    seen.clear()
+    key_encoder.eval()(x)
+    assert seen and not any(seen)

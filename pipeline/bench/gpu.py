@@ -21,7 +21,6 @@ from pipeline.bench.timing import sync, write
 from pipeline.dag.config import section
 from pipeline.dag.sections import Pretrain
 from pipeline.methods.build import build_model
-from pipeline.methods.split_bn import max_splits
 from pipeline.nets.fast_path import FastPath
 from pipeline.nets.optim import build_optimizer
 
@@ -40,7 +39,7 @@ def peak_tflops() -> float | None:
 def measure(p: Pretrain, batch: int, size: int, steps: int, device, fast_path: str = "auto") -> dict:
     torch.manual_seed(0)
     model = build_model(p, size, num_classes=1000, num_samples=100 * batch).to(device).train()
-    fast = FastPath(fast_path, device, p.backbone, max_splits(model))  # the Trainer's (auto: on for CUDA)
+    fast = FastPath(fast_path, device, p.backbone)  # the Trainer's (auto: on for CUDA)
     fast.model(model)
     opt = build_optimizer(p, model.parameters())
     x1, x2 = (torch.randn(batch, 3, size, size, device=device) for _ in range(2))

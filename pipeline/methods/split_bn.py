@@ -11,6 +11,13 @@ statistics normalise key i are then not those that normalise query i.
 ``SplitBatchNorm2d`` is a ``BatchNorm2d`` with the same parameters, buffers and state-dict
 keys, and normalises like plain BN in eval mode: a checkpoint's backbone loads into a plain
 BatchNorm network unchanged (probe, detection, exports).
+
+Two ways to compute the same sub-batches. A contiguous batch is regrouped into channels, a view:
+one batch_norm call. In channels_last memory (the fast path) that regrouping copies every
+activation it normalises, so there the encoder's hooks reorder the batch once at its input so
+that each sub-batch is a block of the batch, the layers normalise block by block (each block
+contiguous in any format) and the outputs go back to the input's order: sub-batch j is still the
+images i with i % splits == j, and the encoder's output is the same up to float rounding.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 M = TypeVar("M", bound=nn.Module)
+CL = torch.channels_last
 
 MAX_SPLITS = 8  # the official single-GPU demo's bn_splits
 # below this, prefer fewer, larger sub-batches: 2 of 32 learnt more reliably than 4 of 16 on the
@@ -36,6 +44,7 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
     def __init__(self, num_features: int, splits: int, **kwargs):
         super().__init__(num_features, **kwargs)
         self.splits = splits
+        self.in_blocks = False  # set by the encoder's hooks for one forward: the batch comes in blocks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.splits == 1:
@@ -44,6 +53,8 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         s = self.splits
         if n % s:
             raise ValueError(f"split BatchNorm: a batch of {n} cannot be split into {s} equal sub-batches")
+        if self.in_blocks:
+            return self._forward_blocks(x)
         # (n, c, h, w) -> (n/s, s*c, h, w): image i's channels land in group i % s, so one
         # batch_norm call normalises every sub-batch with its own statistics.
         running_mean, running_var = self.running_mean, self.running_var  # None unless tracked
@@ -60,6 +71,24 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         # rebuild the view in backward (AsStrided + CopySlices: a copy of every activation).
         return torch.ops.aten._unsafe_view(y, (n, c, h, w)) if y.is_contiguous() else y.reshape(n, c, h, w)
 
+    def _forward_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """Sub-batch j is the j-th of ``splits`` equal blocks of the batch: one batch_norm each."""
+        running_mean, running_var = self.running_mean, self.running_var  # None unless tracked
+        means = [None if running_mean is None else running_mean.clone() for _ in range(self.splits)]
+        variances = [None if running_var is None else running_var.clone() for _ in range(self.splits)]
+        factor = self._track_batch()
+        y = torch.cat(
+            [
+                F.batch_norm(block, mean, var, self.weight, self.bias, True, factor, self.eps)
+                for block, mean, var in zip(x.chunk(self.splits), means, variances)
+            ]
+        )
+        if running_mean is not None and running_var is not None:
+            with torch.no_grad():  # the mean over the sub-batches, as the regrouped path's
+                running_mean.copy_(torch.stack([m for m in means if m is not None]).mean(0))
+                running_var.copy_(torch.stack([v for v in variances if v is not None]).mean(0))
+        return y
+
     def _track_batch(self) -> float:
         """Count this batch, as BatchNorm does; returns the running statistics' update factor."""
         count = self.num_batches_tracked  # None unless tracked
@@ -71,15 +100,55 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         return self.momentum
 
 
+def block_order(n: int, splits: int, device: torch.device) -> torch.Tensor:
+    """The batch regrouped by sub-batch: images 0, s, 2s, ..., then 1, 1 + s, ... (s = splits)."""
+    return torch.arange(n, device=device).view(n // splits, splits).t().reshape(-1)
+
+
+def _split_layers(encoder: nn.Module) -> list[SplitBatchNorm2d]:
+    return [m for m in encoder.modules() if isinstance(m, SplitBatchNorm2d) and m.splits > 1]
+
+
+def _regroup_into_blocks(encoder: nn.Module, args: tuple) -> tuple | None:
+    """Forward pre-hook: a channels_last batch in training goes through the encoder in blocks."""
+    x, layers = args[0], _split_layers(encoder)
+    channels_last = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=CL)
+    blocks = encoder.training and channels_last and len(x) % layers[0].splits == 0  # else: BN says why
+    for layer in layers:  # every forward sets them: no flag outlives a forward that raised
+        layer.in_blocks = blocks
+    if not blocks:
+        return None
+    return (x[block_order(len(x), layers[0].splits, x.device)].contiguous(memory_format=CL), *args[1:])
+
+
+def _back_in_order(encoder: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+    """Forward hook: the outputs of a forward in blocks, back in the order of its input."""
+    layers = _split_layers(encoder)
+    if not layers[0].in_blocks:
+        return None
+    for layer in layers:
+        layer.in_blocks = False
+    return out[torch.argsort(block_order(len(out), layers[0].splits, out.device))]
+
+
 def has_batch_norm(module: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
 
 
 def split_batch_norm(module: M, splits: int) -> M:
     """Replace every BatchNorm2d of ``module`` (in place) by a SplitBatchNorm2d that holds the
-    same parameters and buffers. splits=1 leaves the module untouched."""
+    same parameters and buffers, and hook ``module`` (an encoder: images in, one output row per
+    image) to run channels_last batches in blocks. splits=1 leaves the module untouched."""
     if splits == 1:
         return module
+    _replace_batch_norms(module, splits)
+    if _split_layers(module):  # hooks, not a wrapper: the state-dict keys stay the encoder's
+        module.register_forward_pre_hook(_regroup_into_blocks)
+        module.register_forward_hook(_back_in_order)
+    return module
+
+
+def _replace_batch_norms(module: nn.Module, splits: int) -> None:
     for name, child in module.named_children():
         if type(child) is nn.BatchNorm2d:
             split = SplitBatchNorm2d(
@@ -93,8 +162,7 @@ def split_batch_norm(module: M, splits: int) -> M:
             split.load_state_dict(child.state_dict())
             setattr(module, name, split)
         else:
-            split_batch_norm(child, splits)
-    return module
+            _replace_batch_norms(child, splits)
 
 
 def max_splits(module: nn.Module) -> int:

@@ -42,9 +42,7 @@ class FastPath:
     run keeps it, so that a requeue onto a node where ``auto`` resolves otherwise does not change
     the precision half-way through a run (an explicit on / off is the fingerprint's business)."""
 
-    def __init__(
-        self, setting: str | bool, device: torch.device, backbone: str, bn_splits: int = 1, kept: bool | None = None
-    ):
+    def __init__(self, setting: str | bool, device: torch.device, backbone: str, kept: bool | None = None):
         here = resolve(setting, device)
         self.on = kept if setting == "auto" and kept is not None else here
         self.kept_note = (
@@ -52,12 +50,9 @@ class FastPath:
             if self.on != here
             else ""
         )
-        # Split BN (bn_splits > 1, pipeline.methods.split_bn) regroups the batch into channels: from
-        # channels_last that reshape copies every activation it normalises, which cost more
-        # than channels_last saved (python -m pipeline.bench step --fast-path on: the guarded
-        # v2 step x1.55 slower on CPU, x1.03 with the BN outputs copied back): such models stay
-        # contiguous, where the reshape is a view.
-        self.channels_last = self.on and is_resnet(backbone) and bn_splits == 1
+        # split BN too: in channels_last it normalises the batch block by block
+        # (pipeline.methods.split_bn), where regrouping it into channels would copy it
+        self.channels_last = self.on and is_resnet(backbone)
         self.device_type = device.type
 
     def autocast(self) -> torch.autocast:
@@ -81,5 +76,5 @@ class FastPath:
         kept = f"; {self.kept_note}" if self.kept_note else ""
         if not self.on:
             return f"off (fp32, contiguous) on {self.device_type}{kept}"
-        layout = "channels_last" if self.channels_last else "contiguous (not a ResNet, or split BN)"
+        layout = "channels_last" if self.channels_last else "contiguous (not a ResNet)"
         return f"on: bf16 autocast, {layout}, on {self.device_type}{kept}"
