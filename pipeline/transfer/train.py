@@ -45,6 +45,27 @@ def to_device(images, targets, device) -> tuple[list, list]:
     )
 
 
+def optimizer(model: nn.Module, dc: Detect) -> torch.optim.SGD:
+    """SGD with momentum over every weight the fine-tuning trains."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.SGD(params, lr=dc.lr, momentum=0.9, weight_decay=dc.weight_decay)
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def restore(detector: nn.Module, opt: torch.optim.Optimizer, resumed: dict) -> None:
+    """A trial's weights, optimizer and this rank's own BN statistics (unsynchronised BN on CPU
+    ranks) from its resume state (``StageState.load``'s, this rank's values in ``rank``)."""
+    detector.load_state_dict(resumed["detector"])
+    opt.load_state_dict(resumed["optimizer"])
+    with torch.no_grad():
+        for name, buf in distributed.bn_statistics(detector).items():
+            buf.copy_(resumed["rank"]["bn"][name])
+
+
 def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState, fast: bool = False) -> list[float]:
     """Fine-tune everything trainable (a FasterRCNN, or it wrapped in DDP); returns the mean
     loss of each epoch (this rank's). Resumes from ``state`` and saves it at epoch ends, every
@@ -54,8 +75,7 @@ def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState, fa
     entropy, smooth L1, BCE with logits) and so their sum, the weights and the optimiser."""
     detector = getattr(model, "module", model)  # DDP's: the weights saved under their own names
     device = next(model.parameters()).device
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=dc.lr, momentum=0.9, weight_decay=dc.weight_decay)
+    opt = optimizer(model, dc)
     steps = len(loader)  # of a whole epoch: the sampler starts at 0
     total = iterations(dc, steps)
     epochs = math.ceil(total / steps)  # the last one cut short at `total` iterations
@@ -63,13 +83,9 @@ def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState, fa
     epoch, step, losses, curve = 0, 0, [], []
     resumed = state.load()
     if resumed is not None:
-        detector.load_state_dict(resumed["detector"])
-        opt.load_state_dict(resumed["optimizer"])
+        restore(detector, opt, resumed)
         epoch, step, mine = resumed["epoch"], resumed["step_in_epoch"], resumed["rank"]
         losses, curve = list(mine["losses"]), list(mine["curve"])
-        with torch.no_grad():  # this rank's own BN statistics (unsynchronised BN on CPU ranks)
-            for name, buf in distributed.bn_statistics(detector).items():
-                buf.copy_(mine["bn"][name])
     done = epoch * steps + step
 
     def save() -> None:
@@ -99,8 +115,7 @@ def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState, fa
             if done == total:
                 break
             images, targets = to_device(images, targets, device)
-            for group in opt.param_groups:
-                group["lr"] = dc.lr * schedule.factor(done)
+            set_lr(opt, dc.lr * schedule.factor(done))
             with bf16_autocast(device.type, fast):
                 loss = sum(model(images, targets).values())
             if not torch.isfinite(loss):

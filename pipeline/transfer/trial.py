@@ -8,8 +8,10 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils.data import DataLoader
 
 from pipeline.dag.config import section, to_dict
+from pipeline.dag.sections import Detect
 from pipeline.data.detection import load_splits
 from pipeline.nets.fast_path import precision, resolve
 from pipeline.runtime import checkpoint, cpus, distributed
@@ -21,6 +23,20 @@ from pipeline.transfer.evaluate import evaluate, predict
 from pipeline.transfer.model import build_detector, test_scale, verify_backbone
 from pipeline.transfer.ranks import normalisation, per_rank_batch, sync_batchnorm
 from pipeline.transfer.train import iterations, run_fingerprint, train
+
+
+def train_loader(train_set: CocoBoxes, dc: Detect, env, device: torch.device, seed: int) -> DataLoader:
+    """This rank's batches of a trial: the order and the flips drawn from ``seed`` and the epoch."""
+    return DataLoader(
+        EpochSeeded(train_set, seed),
+        batch_size=per_rank_batch(dc, env.world_size),
+        sampler=EpochOrder(len(train_set), env.world_size, env.rank, seed),
+        collate_fn=collate,
+        num_workers=dc.workers,
+        pin_memory=device.type == "cuda",
+        drop_last=len(train_set) > dc.batch_size,  # equal-sized steps, unless one batch is all there is
+        generator=torch.Generator().manual_seed(seed),  # (not the process's stream: the resume restores that)
+    )
 
 
 def run(
@@ -47,16 +63,7 @@ def run(
     detector, synced = sync_batchnorm(detector, dc, env.world_size, device)
     detector.to(device)
     per_rank = per_rank_batch(dc, env.world_size)
-    loader = torch.utils.data.DataLoader(
-        EpochSeeded(train_set, seed),
-        batch_size=per_rank,
-        sampler=EpochOrder(len(train_set), env.world_size, env.rank, seed),
-        collate_fn=collate,
-        num_workers=dc.workers,
-        pin_memory=device.type == "cuda",
-        drop_last=len(train_set) > dc.batch_size,  # equal-sized steps, unless one batch is all there is
-        generator=torch.Generator().manual_seed(seed),  # (not the process's stream: the resume restores that)
-    )
+    loader = train_loader(train_set, dc, env, device, seed)
     head, norm_text, total = dc.head, normalisation(dc, synced, env.world_size), iterations(dc, len(loader))
     log(
         f"{train_split.name}: {len(train_set)} train / {val_split.name}: {len(val_set)} val images, "
