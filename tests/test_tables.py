@@ -664,3 +664,20 @@ def test_segmentation_table_and_the_main_tables_mask_columns(results, tmp_path):
     main = md_rows(tmp_path, "methods")  # variant, backbone, top-1, kNN, AP50, AP, AP75, mask AP50, AP, AP75, Δ
     assert main["MoCo (base cell)"][8] == "13.0 ± 25.4 (n=2)"
     assert "mask AP" not in (results / "tables" / "main.md").read_text()  # boxes only: no mask columns
+
+
+def test_a_failed_pretraining_fails_its_ap_only_where_a_fine_tuning_ran(tmp_path):
+    """A failed pretraining counts as failed in its probe's columns; in the AP columns only where
+    it was fine-tuned: a cell outside detect.cells has no AP, failed or not ("—")."""
+    r = tmp_path / "r"
+    fake_cell(r, "base", 60.0, ap=15.0)
+    fake_cell(r, "method=supervised", 70.0, ap=18.0)
+    fake_cell(r, "method=random", 20.0, ap=3.0)
+    fake_cell(r, "variant=v1", 10.0, diverged=True)  # failed, never fine-tuned
+    fake_cell(r, "variant=v3", 10.0, ap=1.0, diverged=True)  # failed, fine-tuned
+    write_tables(r, CONFIG)
+    lines = [ln for ln in (r / "tables" / "methods.md").read_text().splitlines() if ln.startswith("| MoCo |")]
+    # method | variant | backbone | linear, kNN, AP50, AP, AP75 | Δ linear vs random init, Δ AP50 vs supervised
+    rows = {cells[1]: cells[3:] for cells in ([c.strip() for c in ln.strip("|").split("|")] for ln in lines)}
+    assert rows["v1"] == ["fail (1 of 1)"] * 2 + ["—"] * 3 + ["— (1 of 1 failed)", "—"]
+    assert rows["v3"] == ["fail (1 of 1)"] * 5 + ["— (1 of 1 failed)"] * 2

@@ -185,13 +185,19 @@ def value(cells: pd.DataFrame | None, metric: str) -> Value:
     own value, the seeds that failed and the seeds without the metric."""
     if cells is None or cells.empty:
         return Value()
-    failed = frozenset(seed_of(c) for _, c in cells[cells["status"] == "fail"].iterrows())
-    by_seed, missing = {}, 0
-    for _, c in cells[cells["status"] != "fail"].iterrows():
+
+    def samples(c: pd.Series) -> list[float]:
         found = c[metric + SAMPLES] if metric + SAMPLES in cells else [c[metric] if metric in cells else None]
-        samples = [float(v) for v in found if v is not None and not pd.isna(v)]
-        if samples:
-            by_seed[seed_of(c)] = sum(samples) / len(samples)
+        return [float(v) for v in found if v is not None and not pd.isna(v)]
+
+    # a failed pretraining fails its probe; its fine-tuning only where one ran (a cell outside
+    # detect.cells has no AP, failed or not)
+    failing = [c for _, c in cells[cells["status"] == "fail"].iterrows()]
+    failed = frozenset(seed_of(c) for c in failing if metric not in TRANSFER_KEYS or samples(c))
+    by_seed, missing = {}, len(failing) - len(failed)
+    for _, c in cells[cells["status"] != "fail"].iterrows():
+        if found := samples(c):
+            by_seed[seed_of(c)] = sum(found) / len(found)
         else:
             missing += 1
     if not by_seed:
