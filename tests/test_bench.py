@@ -5,8 +5,13 @@ still runs, then its medians are replaced by round numbers whose ratios are work
 """
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
+from conftest import REPO
 
 TINY = "workflow/config/presets/tiny.yaml"
 
@@ -211,3 +216,26 @@ def test_bench_startup_reports_the_ratio_of_medians_to_import_torch(monkeypatch)
     monkeypatch.setattr(startup, "import_once", fake)
     rows = startup.measure(["stage"], rounds=3)
     assert rows["stage"]["ratio_to_torch"] == 1.5 and rows["stage"]["imports"] == ["timm"]
+
+
+@pytest.mark.integration
+def test_suite_vs_times_two_commits_each_importing_its_own_pipeline(tmp_path):
+    """bench/suite_vs.sh (issue 50's measure): each side a fresh clone run as make test runs it,
+    importing its own pipeline/, both times and their ratio in the summary, with the CPU."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "VENV": sys.prefix}
+    proc = subprocess.run(
+        ["bash", "bench/suite_vs.sh", "HEAD", "tests/test_stats.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("CPU: ") and summary[1] == "pytest arguments: tests/test_stats.py"
+    assert len(summary) == 5 and summary[-1].startswith("HEAD / HEAD: ")
+    for side in summary[2:4]:
+        assert re.fullmatch(r"[0-9a-f]+: \d+ s, exit 0: =+ \d+ passed in .*", side), side
+    assert len(list(out.glob("*.log"))) == 2
