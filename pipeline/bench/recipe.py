@@ -143,6 +143,24 @@ CANDIDATES: dict[str, dict] = {
         **{"method": "byol", "epochs": 13, "optimizer": "sgd", "lr": 0.12, "weight_decay": 5e-4},
         "synthetic": {"backgrounds": 1},
     },
+    # lr 0.12 met the bar on seeds 0-2 with no room (+15.0 on seed 0) and missed it on val's seed 2
+    # (+13.5). Fixed before any of them ran, three candidates one knob from it, and the rule: on
+    # held-out seeds 0-4 (lr 0.12 too), the candidate with the highest worst margin over random
+    # init's same seed is BYOL's recipe, then judged once on val's fresh seeds. The knobs: lr x 2
+    # again (the knob that moved it most); the paper's target decay (tau 0.996, a slower teacher);
+    # SimCLR's colour strength (the shortcut reading: colour survives v2's jitter, and without
+    # negatives nothing asks BYOL to drop it; untried with SGD, LARS learnt nothing either way)
+    **{
+        name: {
+            **{"method": "byol", "epochs": 13, "optimizer": "sgd", "lr": lr, "weight_decay": 5e-4, **knob},
+            "synthetic": {"backgrounds": 1},
+        }
+        for name, lr, knob in (
+            ("byol_bg1_sgd_lr0.24", 0.24, {}),
+            ("byol_bg1_sgd_lr0.12_m0.996", 0.12, {"m": 0.996}),
+            ("byol_bg1_sgd_lr0.12_jitter2", 0.12, {"jitter_scale": 2.0}),
+        )
+    },
 }
 # each rival's recipe on the embedded data, as the study chose it (its grid.<method> in
 # config.yaml trains exactly this candidate's pretraining: tests/test_recipe_study.py)
