@@ -15,7 +15,7 @@ demo: setup
 	@echo; echo "All tables: results/tables/   per-cell outputs: results/cells/<cell>/"
 
 test: setup-test
-	python -m pytest --cov --cov-report= $(PYTEST_ARGS)
+	python -m pytest -n auto --cov --cov-report= $(PYTEST_ARGS)
 
 # the editing loop: every module's unit tests, not the workflow, SLURM or multi-process ones
 # (docs/testing.md); make test runs them all

@@ -116,7 +116,35 @@ def site_profile_dir(tmp_path_factory) -> Path:
 WORKFLOW_FIXTURES = {"tiny_results", "finished", "done", "fresh_new", "cluster", "site_profile_dir"}
 
 
+# make test runs the suite on every core (pytest-xdist, -n auto), a file to a worker at a time, so
+# that a module's fixtures (a workflow run, the SLURM cluster) are built once. The SLURM files share
+# one worker: one cluster, on fixed ports. The files whose tests take longest go first, so that
+# their chain starts at once and the other workers fill in beside it (docs/testing.md).
+SLURM_FILES = ("test_slurm.py", "test_slurm_grid.py")
+LONGEST_FIRST = (*SLURM_FILES, "test_workflow.py", "test_stale_state.py", "test_rerun.py")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if WORKFLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit of work a worker takes whole: its file, or "slurm" for the SLURM files."""
+    path = nodeid.split("::", 1)[0]
+    return "slurm" if Path(path).name in SLURM_FILES else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    config.option.loadscopereorder = False  # the collection's order (longest first), not the test count
+    return ByFile(config, log)
