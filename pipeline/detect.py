@@ -33,7 +33,6 @@ over N ranks; rank 0 scores the val split and writes the metrics.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from pipeline.dag.config import ConfigError, load_stage_config
@@ -41,7 +40,8 @@ from pipeline.data.detection import DetectionDataError
 from pipeline.runtime import checkpoint, distributed, preempt
 from pipeline.transfer import log
 from pipeline.transfer.data import CocoBoxes, collate
-from pipeline.transfer.evaluate import AP_KEYS, MASK_KEYS, coco_evaluate, evaluate
+from pipeline.transfer.evaluate import coco_evaluate, evaluate
+from pipeline.transfer.metrics import AP_KEYS, MASK_KEYS
 from pipeline.transfer.model import Res5Head, anchor_sizes, build_detector, pretrained_part, test_scale, verify_backbone
 from pipeline.transfer.ranks import normalisation, per_rank_batch, sync_batchnorm
 from pipeline.transfer.summary import summarize_trials
@@ -78,19 +78,6 @@ __all__ = [
 
 
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["summarize"]:
-        ap = argparse.ArgumentParser(
-            prog="python -m pipeline.detect summarize", description="mean and std of a cell's detection trials"
-        )
-        ap.add_argument("--out", required=True, help="the cell's detect.json")
-        ap.add_argument("trials", nargs="+", help="trial metrics JSONs")
-        args = ap.parse_args(argv[1:])
-        try:
-            summarize_trials(args.trials, Path(args.out))
-        except FileNotFoundError as err:
-            raise SystemExit(f"[detect] error: {err}") from None
-        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="inline JSON or a YAML file with a 'detect' section")
     ap.add_argument("--checkpoint", required=True, help="pretraining checkpoint.pt")

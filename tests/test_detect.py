@@ -22,6 +22,7 @@ from pipeline.nets.models import build_backbone
 from pipeline.runtime import checkpoint
 from pipeline.runtime.distributed import DistEnv
 from pipeline.synthetic import run as generate
+from pipeline.transfer.summary import main as summary_job
 
 ARCH = {"backbone": "resnet18", "width": 8, "cifar_stem": True}
 CUDA1 = torch.device("cuda", 1)  # a device object only: nothing runs on it
@@ -357,7 +358,7 @@ def test_voc_c4_trials_and_their_summary(voc_root, ckpt_path, tmp_path):
     assert set(runs[0]["coco_style"]) >= set(detect.AP_KEYS)
     assert set(runs[0]["per_class_AP50"]) <= set(VOC_CLASSES)
     assert runs[0]["normalisation"] == "frozen BN (pretrained statistics), batch 4"
-    detect.main(["summarize", "--out", str(tmp_path / "detect.json"), *map(str, trials)])
+    summary_job(["--out", str(tmp_path / "detect.json"), *map(str, trials)])
     summary = json.loads((tmp_path / "detect.json").read_text())
     assert summary["n"] == 2 and [t["seed"] for t in summary["trials"]] == [3, 4]
     for key in ("AP", "AP50"):
@@ -371,7 +372,18 @@ def test_summary_of_one_trial_has_no_std(tmp_path):
     s = detect.summarize_trials([tmp_path / "t0.json"], tmp_path / "d.json")
     assert (s["AP"], s["std"]["AP"], s["AP75"], s["n"]) == (10.0, None, None, 1)
     with pytest.raises(SystemExit, match="detection trial unreadable: .*t1.json"):
-        detect.main(["summarize", "--out", str(tmp_path / "d.json"), str(tmp_path / "t1.json")])
+        summary_job(["--out", str(tmp_path / "d.json"), str(tmp_path / "t1.json")])
+
+
+def test_the_summary_job_imports_no_torch():
+    """A cell's detect.json averages JSON files: its job, one per cell, pays no torch, torchvision
+    or pycocotools start-up (3.6 s of imports in the fine-tuning stage)."""
+    code = (
+        "import sys, pipeline.transfer.summary\n"
+        "print(sorted(m for m in ('torch', 'torchvision', 'pycocotools') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
 
 
 def test_cli_errors_exit_with_a_message(det_dir, ckpt_path, tmp_path):

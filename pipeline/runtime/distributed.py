@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pipeline.runtime.stage_log import is_main_process as is_main_process  # rank 0 logs and writes
+
 
 @dataclass
 class DistEnv:
@@ -32,11 +34,6 @@ def _export_slurm_env() -> None:
     # keep every GPU visible: the rank picks its own with LOCAL_RANK.
     os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-
-
-def is_main_process() -> bool:
-    """Rank 0, or the one process (before init too: torchrun sets RANK): it logs and writes."""
-    return os.environ.get("RANK", "0") == "0"
 
 
 def rank_device(local_rank: int = 0) -> torch.device:

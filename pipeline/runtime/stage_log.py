@@ -4,10 +4,18 @@ instead of tearing it."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
 from tqdm import tqdm
+
+
+def is_main_process() -> bool:
+    """Rank 0, or the one process (before init too: torchrun sets RANK): it logs and writes.
+    (Here rather than in pipeline.runtime.distributed, so that a job that only logs, such as a
+    cell's detection summary, never imports torch.)"""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def stage_log(stage: str, *, stderr: bool = False, when: Callable[[], bool] = lambda: True) -> Callable[[str], None]:

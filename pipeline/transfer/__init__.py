@@ -4,7 +4,6 @@ command line): the scenes as detector inputs (data), the detector over a pretrai
 split (evaluate), one trial from checkpoint to metrics JSON (trial) and a cell's trials as mean
 and std (summary). ``log`` writes the stage's ``[detect]`` lines, on rank 0 only."""
 
-from pipeline.runtime import distributed
-from pipeline.runtime.stage_log import stage_log
+from pipeline.runtime.stage_log import is_main_process, stage_log
 
-log = stage_log("detect", when=distributed.is_main_process)
+log = stage_log("detect", when=is_main_process)  # no torch here: the summary job needs none

@@ -20,10 +20,7 @@ from pipeline.eval import masks as masks_io
 from pipeline.eval import voc_eval
 from pipeline.transfer import log
 from pipeline.transfer.data import CocoBoxes, collate
-
-AP_KEYS = ["AP", "AP50", "AP75", "APs", "APm", "APl"]  # the order of COCOeval.stats
-
-MASK_KEYS = [f"mask_{k}" for k in AP_KEYS]  # segm AP, beside the box AP of AP_KEYS
+from pipeline.transfer.metrics import AP_KEYS
 
 MASK_THRESHOLD = 0.5  # a predicted mask's pixels: probability above this (torchvision's, Detectron2's)
 

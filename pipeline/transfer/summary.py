@@ -1,16 +1,20 @@
 """A cell's detection result from its trials: the mean and sample std of every AP key (box,
 and mask when the trials have it), the settings the trials share, and each trial's own numbers,
-written as the cell's detect.json."""
+written as the cell's detect.json. The workflow's job, one per cell, imports no torch:
+
+    python -m pipeline.transfer.summary --out results/cells/base/detect.json <trial JSONs>
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from pathlib import Path
 
 from pipeline.runtime.io import atomic_write_json
 from pipeline.transfer import log
-from pipeline.transfer.evaluate import AP_KEYS, MASK_KEYS
+from pipeline.transfer.metrics import AP_KEYS, MASK_KEYS
 
 
 def summarize_trials(paths: list, out: Path) -> dict:
@@ -66,3 +70,20 @@ def summarize_trials(paths: list, out: Path) -> dict:
         + f" over {len(trials)} trial(s) -> {out}"
     )
     return summary
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.transfer.summary", description="a cell's detect.json: the mean and std of its trials"
+    )
+    ap.add_argument("--out", required=True, help="the cell's detect.json")
+    ap.add_argument("trials", nargs="+", help="trial metrics JSONs")
+    args = ap.parse_args(argv)
+    try:
+        summarize_trials(args.trials, Path(args.out))
+    except FileNotFoundError as err:
+        raise SystemExit(f"[detect] error: {err}") from None
+
+
+if __name__ == "__main__":
+    main()

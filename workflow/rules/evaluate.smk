@@ -86,7 +86,7 @@ rule detect_trials:
     params:
         py=PY,
     shell:
-        "{params.py} -m pipeline.detect summarize --out {output:q} {input:q} > {log:q} 2>&1"
+        "{params.py} -m pipeline.transfer.summary --out {output:q} {input:q} > {log:q} 2>&1"
 
 
 rule cell:
