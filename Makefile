@@ -20,7 +20,7 @@ test: setup-test
 # the editing loop: every module's unit tests, not the workflow, SLURM or multi-process ones
 # (docs/testing.md); make test runs them all
 test-quick: setup-test
-	python -m pytest -q -m "not slow and not slurm and not integration and not cuda" $(PYTEST_ARGS)
+	python -m pytest -q -n auto -m "not slow and not slurm and not integration and not cuda" $(PYTEST_ARGS)
 
 # CI, after make test: every line of pipeline/ the suite never ran must be a CUDA-only line of
 # .ci/coverage-allowlist.txt (with its reason); prints the coverage figure
