@@ -40,7 +40,7 @@ from pipeline.data.loaders import Reading, Views, batches_from, crop_loader, dat
 from pipeline.eval.features import extract
 from pipeline.eval.knn import knn_accuracy
 from pipeline.nets.models import build_backbone
-from pipeline.nets.optim import STEP_DROPS, Schedule, share_of
+from pipeline.nets.optim import SGD, STEP_DROPS, Schedule, share_of
 from pipeline.runtime import checkpoint, cpus, distributed, preempt, provenance
 from pipeline.runtime.board import Board, board_dir
 from pipeline.runtime.io import atomic_write_json
@@ -134,9 +134,7 @@ class LinearProbe:
         self.schedule = Schedule(self.steps, s["schedule"], drops=share_of(self.steps, STEP_DROPS))
         self.classifier = synced(make_classifier(dim, num_classes, standardize), device).to(device)
         self.model = distributed.ddp(self.classifier, device)
-        self.opt = torch.optim.SGD(
-            self.classifier.parameters(), lr=s["lr"], momentum=0.9, weight_decay=s["weight_decay"]
-        )
+        self.opt = SGD(self.classifier.parameters(), lr=s["lr"], momentum=0.9, weight_decay=s["weight_decay"])
         self.step = 0
 
     def train_batch(self, feats: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -192,14 +192,18 @@ def test_bench_digits_writes_an_imagefolder_the_workflow_reads(tmp_path, monkeyp
 @pytest.mark.integration
 def test_bench_startup_times_each_import_in_a_fresh_process_beside_torch(tmp_path, monkeypatch):
     """Real imports (one round, fresh interpreters): a light module imports none of the heavy
-    packages, torch's own ratio is 1, and the result is written."""
+    packages, torch's own ratio is 1, the result is written, and of the two first steps only
+    torch.optim.SGD's imports torch._dynamo."""
     from pipeline.bench import startup
 
     monkeypatch.chdir(tmp_path)
-    result = startup.main(["--rounds", "1", "--modules", "pipeline.dag.layout"])
+    result = startup.main(["--rounds", "1", "--modules", "pipeline.dag.layout", "--first-step"])
     rows = result["imports"]
     assert rows["torch"]["ratio_to_torch"] == 1.0 and rows["torch"]["median_s"] > 0
     assert rows["pipeline.dag.layout"]["imports"] == [] and (tmp_path / "bench/out/startup.json").is_file()
+    # a first step of the stages' SGD leaves torch._dynamo out; torch's own SGD imports it
+    assert rows["pipeline.dag.layout+sgd"]["imports"] == []
+    assert rows["pipeline.dag.layout+torch-sgd"]["imports"] == ["torch._dynamo"]
 
 
 def test_bench_startup_reports_the_ratio_of_medians_to_import_torch(monkeypatch):

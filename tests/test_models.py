@@ -96,12 +96,26 @@ def test_a_resnet50s_names_and_shapes_are_torchvisions():
     assert {k: v.shape for k, v in ours.state_dict().items()} == ref
 
 
-def test_importing_the_pretraining_stage_leaves_torchvision_and_dynamo_unimported():
-    """A pretraining job's start-up imports torch and what the stage uses: not torchvision, whose
-    ops.roi_align imports torch._dynamo (seconds of every job's start-up)."""
-    code = (
-        "import sys, pipeline.pretrain, pipeline.probe\n"
-        "print(sorted(m for m in ('torchvision', 'torch._dynamo', 'timm') if m in sys.modules))"
-    )
+def test_the_pretraining_and_probe_stages_leave_torchvision_and_dynamo_unimported_through_a_step():
+    """A pretraining or probe job's start-up imports torch and what the stage uses: not
+    torchvision, whose ops.roi_align imports torch._dynamo (seconds of every job's start-up), and
+    its optimizers' first step, zero_grad and state dict do not import torch._dynamo either
+    (torch.optim's compile wrappers do)."""
+    code = """
+import sys, torch, pipeline.pretrain, pipeline.probe
+from pipeline.dag.sections import Pretrain
+from pipeline.nets.optim import build_optimizer
+from pipeline.probe import LinearProbe
+probe = LinearProbe(4, 2, {"lr": 0.1, "weight_decay": 0.0, "epochs": 1, "schedule": "cosine"}, False, 1)
+probe.train_batch(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+for name in ("sgd", "lars", "adamw"):
+    w = torch.nn.Parameter(torch.ones(3, 3))
+    opt = build_optimizer(Pretrain(optimizer=name), [w])
+    w.grad = torch.ones(3, 3)
+    opt.step()
+    opt.zero_grad()
+    opt.load_state_dict(opt.state_dict())
+print(sorted(m for m in ("torchvision", "torch._dynamo", "timm") if m in sys.modules))
+"""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

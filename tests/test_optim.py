@@ -11,7 +11,7 @@ from torch import nn
 
 from pipeline.dag.config import section
 from pipeline.dag.sections import Pretrain
-from pipeline.nets.optim import LARS, STEP_DROPS, Schedule, build_optimizer, share_of
+from pipeline.nets.optim import LARS, SGD, STEP_DROPS, AdamW, Schedule, build_optimizer, share_of
 
 
 def steps(params_and_grads, n, **hyper):
@@ -160,3 +160,37 @@ def test_learning_rate_warmup_and_steps(schedule, step, expected):
 
     p = section("pretrain", {"lr": 1.0, "epochs": 100, **schedule})
     assert pretrain_schedule(p, steps_per_epoch=10).factor(step) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "ours, reference, kwargs",
+    [
+        (SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=5e-4)),
+        (AdamW, torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.05)),
+    ],
+    ids=["sgd", "adamw"],
+)
+def test_eager_optimizers_step_as_torchs_and_share_its_state_dict(ours, reference, kwargs):
+    """The stages' optimizers skip torch's compile wrappers, nothing else: five steps leave every
+    weight bit for bit where torch's own class leaves it, and each loads the other's state dict
+    (a checkpoint written by either resumes in the other)."""
+    torch.manual_seed(0)
+    start = [torch.randn(4, 3), torch.randn(3)]
+    grads = [[torch.randn_like(w) for w in start] for _ in range(5)]
+    runs = {}
+    for cls in (ours, reference):
+        weights = [nn.Parameter(w.clone()) for w in start]
+        opt = cls(weights, **kwargs)
+        for step_grads in grads:
+            for w, g in zip(weights, step_grads):
+                w.grad = g.clone()
+            opt.step()
+            opt.zero_grad()
+        runs[cls] = (weights, opt)
+    (mine, my_opt), (theirs, their_opt) = runs[ours], runs[reference]
+    assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+    assert all(w.grad is None for w in mine)  # zero_grad sets to None, as torch's
+    my_opt.load_state_dict(their_opt.state_dict())
+    their_opt.load_state_dict(my_opt.state_dict())
+    for a, b in zip(my_opt.state_dict()["state"].values(), their_opt.state_dict()["state"].values()):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

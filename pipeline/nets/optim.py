@@ -3,16 +3,45 @@ linear warmup then cosine (or x0.1 at 60% and 80%)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 import torch
 
 from pipeline.dag.sections import Pretrain
 
+# torch.optim wraps these methods for torch.compile (a graph break in step, a compile-excluded
+# zero_grad, add_param_group, state_dict, load_state_dict), and each wrapper imports torch._dynamo
+# on its first call: ~1.5 s of a stage's CPU before its first step, for a compiler the stages never
+# point at an optimizer (pretrain.compile compiles the model only).
+COMPILE_WRAPPED = ("step", "zero_grad", "add_param_group", "state_dict", "load_state_dict")
+OptimizerT = TypeVar("OptimizerT", bound=torch.optim.Optimizer)
 
-class LARS(torch.optim.Optimizer):
+
+def eager(optimizer: type[OptimizerT]) -> type[OptimizerT]:
+    """``optimizer`` with torch's own methods unwrapped: the same arithmetic, the same state dict,
+    without importing torch._dynamo. step keeps what its wrapper does outside compilation: no
+    autograd (the stages' optimizers are not differentiable)."""
+
+    def plain(name: str):
+        method = inspect.unwrap(getattr(optimizer, name))
+        return torch.no_grad()(method) if name == "step" else method
+
+    methods = {name: plain(name) for name in COMPILE_WRAPPED}
+    return cast(
+        "type[OptimizerT]",
+        type(optimizer.__name__, (optimizer,), {**methods, "__doc__": optimizer.__doc__, "__module__": __name__}),
+    )
+
+
+SGD = eager(torch.optim.SGD)
+AdamW = eager(torch.optim.AdamW)
+
+
+class LARS(eager(torch.optim.Optimizer)):  # type: ignore[misc]  # a class made at run time
     """SGD with momentum and a layer-wise trust ratio (You et al. 2017), as MoCo v3 uses it:
     weight decay and adaptation apply to weight matrices and kernels only (ndim > 1), never
     to biases or normalisation parameters."""
@@ -62,11 +91,11 @@ def build_optimizer(p: Pretrain, params) -> torch.optim.Optimizer:
     params = [t for t in params if t.requires_grad]  # never the key encoder nor frozen parts
     name, wd = optimizer_name(p), p.weight_decay
     if name == "sgd":
-        return torch.optim.SGD(params, lr=p.lr, momentum=p.sgd_momentum, weight_decay=wd)
+        return SGD(params, lr=p.lr, momentum=p.sgd_momentum, weight_decay=wd)
     if name == "lars":
         return LARS(params, lr=p.lr, weight_decay=wd, momentum=p.sgd_momentum, trust_coefficient=p.lars_trust)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=p.lr, weight_decay=wd)
+        return AdamW(params, lr=p.lr, weight_decay=wd)
     raise ValueError(f"unknown optimizer '{name}' (sgd, lars, adamw)")
 
 

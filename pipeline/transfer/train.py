@@ -20,7 +20,7 @@ from pipeline.dag.config import result_part, to_dict
 from pipeline.dag.sections import JOBS, RUNTIME, Detect
 from pipeline.data.detection import DetectionSplit
 from pipeline.nets.fast_path import bf16_autocast
-from pipeline.nets.optim import Schedule
+from pipeline.nets.optim import SGD, Schedule
 from pipeline.runtime import checkpoint, distributed, preempt
 from pipeline.transfer import log
 
@@ -45,10 +45,10 @@ def to_device(images, targets, device) -> tuple[list, list]:
     )
 
 
-def optimizer(model: nn.Module, dc: Detect) -> torch.optim.SGD:
+def optimizer(model: nn.Module, dc: Detect) -> torch.optim.Optimizer:
     """SGD with momentum over every weight the fine-tuning trains."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.SGD(params, lr=dc.lr, momentum=0.9, weight_decay=dc.weight_decay)
+    return SGD(params, lr=dc.lr, momentum=0.9, weight_decay=dc.weight_decay)
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
