@@ -9,13 +9,15 @@ in every job of the workflow:
 - FFCV compiles each loader's pipeline with numba in every new process. ``load()`` makes
   those compilations use numba's on-disk cache: only the first job compiles. numba keys a
   cached function by its bytecode, its closure values (the pipeline's parameters), its
-  signature and its source file, so a changed pipeline or a new FFCV recompiles. Functions
-  that call FFCV's C library through ctypes cannot be cached (numba says "dynamic globals")
-  and still compile in each process.
+  signature and its source file, so a changed pipeline or a new FFCV recompiles.
+- Functions that call FFCV's C library through ctypes cannot be cached (numba says "dynamic
+  globals"): every decoder compiled again in each process. ``load()`` puts the same C
+  functions, called by symbol name (pipeline.data.ffcv_calls), in place of FFCV's ctypes ones.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import warnings
 
@@ -30,6 +32,7 @@ def load():
         if "ffcv" not in sys.modules:
             _import_without_typed_dict()
         _cache_compilations()
+        _call_c_by_symbol()
         _LOADED = True
     return sys.modules["ffcv"]
 
@@ -60,10 +63,70 @@ def _cache_compilations() -> None:
         dispatcher = njit(signature, fastmath=True, nogil=True, error_model="numpy", parallel=parallel, cache=True)(
             code
         )
+        _key_by_content(dispatcher)
         COMPILED.append(dispatcher)
         return dispatcher
 
     Compiler.compile = staticmethod(compile_cached)
+
+
+def _key_by_content(dispatcher) -> None:
+    """Key a compiled closure in numba's cache by what it computes, not by ids drawn per process.
+
+    numba keys a cached closure by its pickled closure values. A compiled function among them
+    pickles with an id drawn at random in each process (and with its signatures, whose pickle
+    differs between a fresh compile and a cache load): FFCV's decoders, which hold the memory
+    reader and the C calls as closure values, missed the cache in every job and added an entry
+    to it. Here a compiled function is named by its content (code, closure, options, what it
+    calls), and the closures that hold one are keyed through those names."""
+    import types
+
+    _content_id(dispatcher)
+    dispatcher._cache._index_key = types.MethodType(_index_key, dispatcher._cache)
+
+
+def _index_key(cache, sig, codegen):
+    """numba's FunctionCache._index_key with the closure values as _closure_bytes gives them."""
+    func = cache._py_func
+    return (sig, codegen.magic_tuple(), (hashlib.sha256(func.__code__.co_code).hexdigest(), _closure_bytes(func).hex()))
+
+
+def _closure_bytes(func) -> bytes:
+    from numba.core import serialize
+    from numba.core.registry import CPUDispatcher
+
+    values = [cell.cell_contents for cell in func.__closure__ or ()]
+    return _digest(_content_id(v).encode() if isinstance(v, CPUDispatcher) else serialize.dumps(v) for v in values)
+
+
+def _content_id(dispatcher) -> str:
+    """The dispatcher's id (numba's uuid), set from its content the first time it is asked for."""
+    from numba.core.registry import CPUDispatcher
+
+    if dispatcher._MemoMixin__uuid is None:
+        func = dispatcher.py_func
+        called = [func.__globals__.get(name) for name in func.__code__.co_names]
+        content = [f"{func.__module__}.{func.__qualname__}".encode(), func.__code__.co_code, _closure_bytes(func)]
+        content += [_content_id(f).encode() for f in called if isinstance(f, CPUDispatcher)]
+        content.append(repr(sorted(dispatcher.targetoptions.items())).encode())
+        dispatcher._set_uuid(_digest(content).hex())
+    return dispatcher._MemoMixin__uuid
+
+
+def _digest(parts) -> bytes:
+    """One sha256 over the sha256 of each part (so that no two lists of parts join alike)."""
+    return hashlib.sha256(b"".join(hashlib.sha256(part).digest() for part in parts)).digest()
+
+
+def _call_c_by_symbol() -> None:
+    import ffcv.fields.rgb_image
+    import ffcv.libffcv
+
+    from pipeline.data import ffcv_calls
+
+    for module in (ffcv.libffcv, ffcv.fields.rgb_image):  # rgb_image took its own references at import
+        for name in ("imdecode", "resize_crop", "memcpy"):
+            setattr(module, name, getattr(ffcv_calls, name))
 
 
 def cache_stats() -> dict:
