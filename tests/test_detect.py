@@ -325,6 +325,21 @@ def test_tiny_run_writes_metrics(det_dir, ckpt_path, tmp_path):
     assert m["arch"] == ARCH and m["norm"] == "frozen_bn" and m["config"]["detect"]["image_size"] == 64
 
 
+def test_a_trial_runs_without_importing_torch_dynamo(det_dir, ckpt_path, tmp_path):
+    """The detection stage as a job runs it: a fine-tuning and a COCO evaluation through
+    torchvision's RoIAlign, and torch._dynamo, which torchvision's ops import and the stage never
+    runs, is not imported (pipeline.runtime.lean_torchvision; -X importtime lists every import)."""
+    out = tmp_path / "metrics.json"
+    cmd = [sys.executable, "-X", "importtime", "-m", "pipeline.detect", "--config", json.dumps({"detect": TINY})]
+    cmd += ["--checkpoint", str(ckpt_path), "--data", str(det_dir), "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    assert "torchvision.ops.roi_align" in imported and "pycocotools.cocoeval" in imported
+    assert not [name for name in imported if name.startswith("torch._dynamo")]
+    assert len(json.loads(out.read_text())["train_loss"]) == 1
+
+
 @pytest.mark.integration
 def test_voc_c4_trials_and_their_summary(voc_root, ckpt_path, tmp_path):
     """Two trials (seeds) of a C4 detector on VOC07+12 -> VOC07 test, then their mean ± std."""

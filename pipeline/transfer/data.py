@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import torch
 from PIL import Image
-from torchvision.transforms.functional import pil_to_tensor
 
 from pipeline.dag.config import VOC_HAS_NO_MASKS, ConfigError
 from pipeline.data.detection import DetectionDataError, DetectionSplit
 from pipeline.data.loaders import sample_seed
 from pipeline.eval import masks as masks_io
+from pipeline.runtime import lean_torchvision
+
+lean_torchvision.load()  # before any torchvision import: see there
+from torchvision.transforms.functional import pil_to_tensor  # noqa: E402
 
 
 class CocoBoxes(torch.utils.data.Dataset):

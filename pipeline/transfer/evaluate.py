@@ -12,15 +12,18 @@ from pathlib import Path
 import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
-from torchvision.models.detection import FasterRCNN
 
 from pipeline.dag.sections import Detect
 from pipeline.data.detection import DetectionSplit
 from pipeline.eval import masks as masks_io
 from pipeline.eval import voc_eval
+from pipeline.runtime import lean_torchvision
 from pipeline.transfer import log
 from pipeline.transfer.data import CocoBoxes, collate
 from pipeline.transfer.metrics import AP_KEYS
+
+lean_torchvision.load()  # before any torchvision import: see there
+from torchvision.models.detection import FasterRCNN  # noqa: E402
 
 MASK_THRESHOLD = 0.5  # a predicted mask's pixels: probability above this (torchvision's, Detectron2's)
 

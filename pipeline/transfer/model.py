@@ -8,21 +8,23 @@ from typing import cast
 
 import torch
 from torch import nn
-from torchvision.models._utils import IntermediateLayerGetter
-from torchvision.models.detection import FasterRCNN, MaskRCNN
-from torchvision.models.detection.anchor_utils import AnchorGenerator
-from torchvision.models.detection.backbone_utils import BackboneWithFPN
-from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, FastRCNNPredictor, TwoMLPHead
-from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
-from torchvision.models.detection.rpn import RPNHead
-from torchvision.ops import FrozenBatchNorm2d, MultiScaleRoIAlign
-from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 
 from pipeline.dag.config import ConfigError
 from pipeline.dag.sections import Detect
 from pipeline.data.augment import MEAN, STD
 from pipeline.nets.models import build_backbone, group_norm
-from pipeline.runtime import checkpoint
+from pipeline.runtime import checkpoint, lean_torchvision
+
+lean_torchvision.load()  # before any torchvision import: see there
+from torchvision.models._utils import IntermediateLayerGetter  # noqa: E402
+from torchvision.models.detection import FasterRCNN, MaskRCNN  # noqa: E402
+from torchvision.models.detection.anchor_utils import AnchorGenerator  # noqa: E402
+from torchvision.models.detection.backbone_utils import BackboneWithFPN  # noqa: E402
+from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, FastRCNNPredictor, TwoMLPHead  # noqa: E402
+from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor  # noqa: E402
+from torchvision.models.detection.rpn import RPNHead  # noqa: E402
+from torchvision.ops import FrozenBatchNorm2d, MultiScaleRoIAlign  # noqa: E402
+from torchvision.ops.feature_pyramid_network import LastLevelMaxPool  # noqa: E402
 
 # One anchor size per pyramid level (layer1..layer4, pool), as fractions of the image side:
 # a x1.5 ladder from 1/8 to ~2/3 covers the 15-46 px shapes of 96 px scenes (IoU >= 0.6 when centred).

@@ -1,0 +1,37 @@
+"""torchvision imported without torch._dynamo, which the detection stage never runs.
+
+torchvision 0.29's ``ops.roi_align`` imports ``is_compile_supported`` from ``torch._dynamo.utils``
+at module level, and ``import torchvision`` imports ``ops``: ~1 s of CPU (2 s loaded) in every
+detection job, for a function roi_align calls only when torchvision's C++ ops are missing. While
+torchvision is imported, ``torch._dynamo.utils`` is a stand-in whose ``is_compile_supported``
+imports the real one when called; the stand-in is gone when the import returns, so that a
+later ``import torch._dynamo`` is the real one. Import torchvision through ``load()`` first.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+_DYNAMO_UTILS = "torch._dynamo.utils"
+
+
+def load() -> types.ModuleType:
+    """Import torchvision once per process (as above) and return it."""
+    if "torchvision" not in sys.modules and _DYNAMO_UTILS not in sys.modules:
+        stand_in = types.ModuleType(_DYNAMO_UTILS)
+        stand_in.is_compile_supported = _is_compile_supported  # type: ignore[attr-defined]
+        sys.modules[_DYNAMO_UTILS] = stand_in
+        try:
+            import torchvision  # noqa: F401
+        finally:
+            del sys.modules[_DYNAMO_UTILS]
+    import torchvision
+
+    return torchvision
+
+
+def _is_compile_supported(device_type):
+    from torch._dynamo.utils import is_compile_supported
+
+    return is_compile_supported(device_type)
