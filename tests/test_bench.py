@@ -243,3 +243,16 @@ def test_suite_vs_times_two_commits_each_importing_its_own_pipeline(tmp_path):
     for side in summary[2:4]:
         assert re.fullmatch(r"[0-9a-f]+: \d+ s, exit 0: =+ \d+ passed in .*", side), side
     assert len(list(out.glob("*.log"))) == 2
+
+
+def test_the_timeline_plugin_writes_each_tests_start_and_end_with_cpu(tmp_path, repo):
+    """bench/pytest_timeline.py: a test that spins the CPU for a while shows a later end than
+    start and CPU seconds spent between them."""
+    spin = "import time\ndef test_spin():\n    t = time.process_time()\n"
+    (tmp_path / "test_spin.py").write_text(spin + "    while time.process_time() - t < 0.2:\n        pass\n")
+    env = {**os.environ, "PYTHONPATH": str(repo / "bench"), "TIMELINE_DIR": str(tmp_path / "tl")}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "pytest_timeline", "-p", "no:cacheprovider", "test_spin.py"]
+    subprocess.run(cmd, cwd=tmp_path, env=env, check=True, capture_output=True)
+    start, end = [json.loads(line) for line in (tmp_path / "tl" / "main.jsonl").read_text().splitlines()]
+    assert (start["ev"], end["ev"]) == ("start", "end") and start["id"] == end["id"] == "test_spin.py::test_spin"
+    assert end["t"] > start["t"] and end["cpu"] - start["cpu"] >= 0.18  # os.times counts 10 ms ticks
