@@ -22,6 +22,9 @@ rule probe:
         f"{R}/logs/probe/{{cell}}.log",
     benchmark:
         f"{R}/benchmarks/probe/{{cell}}.tsv"
+    # the shortest jobs last (seconds each): they fill the cores while the last fine-tunings run,
+    # instead of a fine-tuning running alone at the end
+    priority: -1
     conda:
         CONDA_ENV
     threads: CFG.probe.threads
