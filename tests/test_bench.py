@@ -250,7 +250,8 @@ def test_the_timeline_plugin_writes_each_tests_start_and_end_with_cpu(tmp_path, 
     start and CPU seconds spent between them."""
     spin = "import time\ndef test_spin():\n    t = time.process_time()\n"
     (tmp_path / "test_spin.py").write_text(spin + "    while time.process_time() - t < 0.2:\n        pass\n")
-    env = {**os.environ, "PYTHONPATH": str(repo / "bench"), "TIMELINE_DIR": str(tmp_path / "tl")}
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}  # this run is no worker
+    env |= {"PYTHONPATH": str(repo / "bench"), "TIMELINE_DIR": str(tmp_path / "tl")}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "pytest_timeline", "-p", "no:cacheprovider", "test_spin.py"]
     subprocess.run(cmd, cwd=tmp_path, env=env, check=True, capture_output=True)
     start, end = [json.loads(line) for line in (tmp_path / "tl" / "main.jsonl").read_text().splitlines()]
