@@ -16,7 +16,7 @@ set -euo pipefail
 other=${1:?usage: bash bench/suite_vs.sh COMMIT [pytest arguments]}
 shift
 repo=$(git rev-parse --show-toplevel)
-venv=${VENV:-$repo/.venv}  # VENV: another environment of the same lock
+venv=$(realpath -m "${VENV:-$repo/.venv}")  # VENV: another environment of the same lock (each side runs in its clone)
 [ -x "$venv/bin/python" ] || { echo "[suite_vs] no $venv: run make setup-test first" >&2; exit 1; }
 # one environment runs both: HEAD's, when it holds every package version the other commit locks
 pins() { git -C "$repo" show "$1:requirements.lock" | grep -E '^[A-Za-z0-9_.-]+==' | sort -u; }
