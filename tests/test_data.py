@@ -4,9 +4,12 @@ papers'; the benchmark runs. Creating an FFCV Loader costs a numba compilation (
 the tests share loaders where they can."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
+from conftest import REPO
 from test_convert import make_cifar, make_imagefolder, make_stl10
 
 from pipeline.convert import run as convert
@@ -308,3 +311,37 @@ def test_data_identity_without_a_report(tmp_path):
     assert data_identity(tmp_path) == {"train.json content": None}  # no train.json: a hand-made .beton
     (tmp_path / "train.json").write_text(json.dumps({"classes": 2}))
     assert data_identity(tmp_path)["train.json content"] is not None
+
+
+# each in a fresh interpreter: the first call that imports torchvision in a process
+FIRST_TORCHVISION_IMPORT = {
+    "two views": "loaders.TwoViewDataset(None, 8, (0.5, 1.0), (0.75, 1.33), flip=True)",
+    "centre view": "loaders.CentreViewDataset(Source(), 4)[0]",
+    "cifar": "sources.scan_cifar(Path('missing'), 'bad split', 'cifar10')",
+    "stl10": "sources.scan_stl10(Path('missing'), 'bad split')",
+}
+
+
+@pytest.mark.parametrize("call", sorted(FIRST_TORCHVISION_IMPORT))
+def test_the_torchvision_loader_and_sources_leave_torch_dynamo_unimported(call):
+    """The torchvision loader's views and the CIFAR/STL-10 sources import torchvision, whose ops
+    import torch._dynamo (~1 s a job) unless imported through pipeline.runtime.lean_torchvision."""
+    code = f"""
+import sys
+from pathlib import Path
+import numpy as np
+from pipeline.data import loaders, sources
+class Source:
+    labels = [0]
+    def load(self, i):
+        return np.zeros((6, 6, 3), np.uint8)
+assert "torchvision" not in sys.modules
+try:
+    {FIRST_TORCHVISION_IMPORT[call]}
+except sources.SourceError:
+    pass  # the bad split, after the import
+print("torchvision" in sys.modules, any(m.startswith("torch._dynamo") for m in sys.modules))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", "False"]  # torchvision imported, torch._dynamo not

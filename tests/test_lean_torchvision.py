@@ -31,3 +31,31 @@ print(sys.modules["torch._dynamo.utils"] is real)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_transforms_v2_load_without_dynamo_and_their_disabled_function_works_when_called():
+    """tv_tensors.wrap, decorated with torch.compiler.disable at import: imported without
+    torch._dynamo, it wraps a tensor as before when called, through the real decorator (which
+    marks it for dynamo), and torch.compiler.disable is torch's own again."""
+    code = """
+import sys, torch, torch.compiler
+real_disable = torch.compiler.disable
+from pipeline.runtime import lean_torchvision
+v2 = lean_torchvision.transforms_v2()
+from torchvision import tv_tensors
+before = any(m.startswith("torch._dynamo") for m in sys.modules)
+like = tv_tensors.Image(torch.zeros(1, 2, 2))
+out = tv_tensors.wrap(torch.ones(1, 2, 2), like=like)
+print(before, type(out).__name__, bool(out.sum() == 4), "torch._dynamo" in sys.modules)
+print(torch.compiler.disable is real_disable, v2.__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "Image", "True", "True", "True", "torchvision.transforms.v2"]
+
+
+def test_the_deferred_disable_takes_the_decorators_arguments():
+    """@torch.compiler.disable(recursive=False) as well as @torch.compiler.disable."""
+    from pipeline.runtime import lean_torchvision
+
+    plus_one = lean_torchvision._disable_on_first_call(recursive=False)(lambda x: x + 1)
+    assert plus_one(1) == 2 and plus_one(2) == 3

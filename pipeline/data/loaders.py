@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from pipeline.dag.sections import Data, Pretrain
+from pipeline.runtime import lean_torchvision
 
 LOADERS = ("ffcv", "torchvision")
 RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop (as torchvision's default)
@@ -385,7 +386,7 @@ class TwoViewDataset(torch.utils.data.Dataset):
     keyed_by_epoch = True
 
     def __init__(self, source, crop_size: int, scale, ratio, flip: bool, seed: int = 0, views: int = 2, indices=None):
-        from torchvision.transforms import v2
+        v2 = lean_torchvision.transforms_v2()  # not torch._dynamo with it (see there)
 
         self.source, self.seed, self.views = source, seed, views
         self.indices = None if indices is None else list(indices)
@@ -415,7 +416,7 @@ class CentreViewDataset(torch.utils.data.Dataset):
         return len(self.source)
 
     def __getitem__(self, i):
-        from torchvision.transforms.v2 import functional as F
+        F = lean_torchvision.transforms_v2().functional
 
         image = _as_chw(self.source.load(i))
         h, w = image.shape[1:]

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.data.folders import FolderWalk, split_images
+from pipeline.runtime import lean_torchvision
 
 FILE_KINDS = ("imagefolder", "unlabeled")
 ARRAY_KINDS = ("cifar10", "cifar100", "stl10")
@@ -244,7 +245,7 @@ def _unverified(cls):
 
 
 def scan_cifar(root: Path, split: str, kind: str) -> ArraySource:
-    from torchvision import datasets
+    datasets = lean_torchvision.load().datasets  # not torch._dynamo with it (see there)
 
     if split not in ("train", "val", "test"):
         raise SourceError(f"{kind}: unknown split '{split}' (train, val = test)")
@@ -269,7 +270,7 @@ STL_SPLITS = {
 
 
 def scan_stl10(root: Path, split: str) -> ArraySource:
-    from torchvision import datasets
+    datasets = lean_torchvision.load().datasets  # not torch._dynamo with it (see there)
 
     if split not in STL_SPLITS:
         raise SourceError(f"stl10: unknown split '{split}' ({', '.join(STL_SPLITS)})")

@@ -5,11 +5,14 @@ at module level, and ``import torchvision`` imports ``ops``: ~1 s of CPU (2 s lo
 detection job, for a function roi_align calls only when torchvision's C++ ops are missing. While
 torchvision is imported, ``torch._dynamo.utils`` is a stand-in whose ``is_compile_supported``
 imports the real one when called; the stand-in is gone when the import returns, so that a
-later ``import torch._dynamo`` is the real one. Import torchvision through ``load()`` first.
+later ``import torch._dynamo`` is the real one. Import torchvision through ``load()`` first,
+and its transforms v2 through ``transforms_v2()``: their ``tv_tensors`` decorate a function with
+``torch.compiler.disable`` at import, which imports torch._dynamo too.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 
@@ -29,6 +32,41 @@ def load() -> types.ModuleType:
     import torchvision
 
     return torchvision
+
+
+def transforms_v2() -> types.ModuleType:
+    """``torchvision.transforms.v2`` without torch._dynamo: while ``tv_tensors`` is imported,
+    ``torch.compiler.disable`` defers to the decorated function's first call."""
+    load()
+    if "torchvision.tv_tensors" not in sys.modules and "torch._dynamo" not in sys.modules:
+        import torch.compiler
+
+        real = torch.compiler.disable
+        torch.compiler.disable = _disable_on_first_call
+        try:
+            import torchvision.tv_tensors  # noqa: F401
+        finally:
+            torch.compiler.disable = real
+    from torchvision.transforms import v2
+
+    return v2
+
+
+def _disable_on_first_call(fn=None, recursive=True, *, reason=None):
+    """``torch.compiler.disable``, applied when ``fn`` is first called (so dynamo is imported then)."""
+    if fn is None:  # @disable(recursive=..., reason=...)
+        return functools.partial(_disable_on_first_call, recursive=recursive, reason=reason)
+    disabled: list = []
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not disabled:
+            import torch.compiler
+
+            disabled.append(torch.compiler.disable(fn, recursive, reason=reason))
+        return disabled[0](*args, **kwargs)
+
+    return call
 
 
 def _is_compile_supported(device_type):
