@@ -67,3 +67,43 @@ def test_cache_stats_sums_every_compiled_functions_hits_and_misses(monkeypatch):
 
     monkeypatch.setattr(ffcv_runtime, "COMPILED", [compiled({"a": 2, "b": 1}, {"a": 1}), compiled({}, {"c": 3})])
     assert ffcv_runtime.cache_stats() == {"functions": 2, "cache_hits": 3, "cache_misses": 4}
+
+
+# One closure compiled per value given, in order; each returns an array of its value's dtype.
+FILL = """
+import json, sys
+import numpy as np
+from pipeline.data import ffcv_runtime
+ffcv_runtime.load()
+from ffcv.pipeline.compiler import Compiler
+
+def filled_with(value):
+    def fill(n):
+        return np.full(n, value)
+    return fill
+
+out = []
+for text in sys.argv[1:]:
+    array = Compiler.compile(filled_with(float(text) if "." in text else int(text)))(3)
+    out.append([str(array.dtype), array.tolist()])
+print(json.dumps({"arrays": out, **ffcv_runtime.cache_stats()}))
+"""
+
+
+@pytest.mark.integration
+def test_closures_compiled_in_two_processes_keep_their_own_constants_when_loaded_together(tmp_path):
+    """Two jobs compile the same closure with an int and a float (each its first compilation);
+    a third loads both from the cache. Each must return its own dtype: numba names a function's
+    constants by a per-process count, which was equal in the two jobs."""
+    script = tmp_path / "fill.py"
+    script.write_text(FILL)
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
+
+    def job(*values: str) -> dict:
+        return json.loads(run([sys.executable, str(script), *values], env=env).stdout.strip().splitlines()[-1])
+
+    assert job("7")["arrays"] == [["int64", [7, 7, 7]]]
+    assert job("2.5")["arrays"] == [["float64", [2.5, 2.5, 2.5]]]
+    both = job("7", "2.5")
+    assert both["cache_hits"] == 2 and both["cache_misses"] == 0  # both loaded, not compiled again
+    assert both["arrays"] == [["int64", [7, 7, 7]], ["float64", [2.5, 2.5, 2.5]]]

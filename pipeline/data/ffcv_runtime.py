@@ -13,6 +13,7 @@ in every job of the workflow:
 - Functions that call FFCV's C library through ctypes cannot be cached (numba says "dynamic
   globals"): every decoder compiled again in each process. ``load()`` puts the same C
   functions, called by symbol name (pipeline.data.ffcv_calls), in place of FFCV's ctypes ones.
+- Closures loaded together from the cache must not share names (``_unique_ids_across_processes``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import warnings
 
 _LOADED = False
 COMPILED: list = []  # dispatchers compiled through FFCV's Compiler, for the cache test and bench
+# in the cache's keys; 2: compiled with random ids (entries of 1 may share names)
+KEY_VERSION = 2
 
 
 def load():
@@ -31,6 +34,7 @@ def load():
     if not _LOADED:
         if "ffcv" not in sys.modules:
             _import_without_typed_dict()
+        _unique_ids_across_processes()
         _cache_compilations()
         _call_c_by_symbol()
         _LOADED = True
@@ -46,6 +50,30 @@ def _import_without_typed_dict() -> None:
         import ffcv  # noqa: F401
     finally:
         numba.typed.Dict = typed_dict
+
+
+def _unique_ids_across_processes() -> None:
+    """Draw the id numba gives each compilation at random, not from a per-process count.
+
+    numba names a compiled function and its environment (its Python constants, such as the
+    dtype of an array it returns) by module, name, signature and that id. Two closures of one
+    function with different closure values, compiled in two processes at the same count and
+    loaded from the cache into a third, got one name there: the second used the first's
+    constants (its float64 array came back as int64) and, once the first was collected, a
+    dangling one (FFCV's decoding thread died in numba's array boxing). numba issue 10486.
+    Random ids also differ between processes forked from one parent, which a count would not."""
+    import secrets
+
+    from numba.core.bytecode import FunctionIdentity
+
+    class RandomIds:
+        def __iter__(self):
+            return self
+
+        def __next__(self) -> int:
+            return secrets.randbits(64)
+
+    FunctionIdentity._unique_ids = RandomIds()  # type: ignore[assignment]  # numba only calls next() on it
 
 
 def _cache_compilations() -> None:
@@ -88,7 +116,8 @@ def _key_by_content(dispatcher) -> None:
 def _index_key(cache, sig, codegen):
     """numba's FunctionCache._index_key with the closure values as _closure_bytes gives them."""
     func = cache._py_func
-    return (sig, codegen.magic_tuple(), (hashlib.sha256(func.__code__.co_code).hexdigest(), _closure_bytes(func).hex()))
+    code = hashlib.sha256(func.__code__.co_code).hexdigest()
+    return (sig, codegen.magic_tuple(), (code, _closure_bytes(func).hex(), KEY_VERSION))
 
 
 def _closure_bytes(func) -> bytes:
