@@ -69,6 +69,27 @@ def test_cache_stats_sums_every_compiled_functions_hits_and_misses(monkeypatch):
     assert ffcv_runtime.cache_stats() == {"functions": 2, "cache_hits": 3, "cache_misses": 4}
 
 
+@pytest.mark.integration
+def test_an_error_in_the_decoding_thread_fails_the_loader(ffcv_small, monkeypatch):
+    """FFCV's own iterator would wait for the batch forever (the job hangs): ours raises the
+    thread's error where the batches are consumed."""
+    from ffcv.pipeline.compiler import Compiler
+
+    from pipeline.data import ffcv_runtime, seeded_crop
+    from pipeline.data.loaders import Reading, Views, two_view_loader
+
+    def broken_crop(*args):
+        raise ValueError("a crop that cannot be drawn")
+
+    ffcv_runtime.load()
+    monkeypatch.setattr(Compiler, "is_enabled", False)  # the decoder as Python, calling the crop below
+    monkeypatch.setattr(seeded_crop, "crop_and_flip", broken_crop)
+    loader = two_view_loader(ffcv_small / "train.beton", Views(crop_size=16), Reading(batch_size=8, workers=1))
+    with pytest.raises(ffcv_runtime.DecodingThreadDied, match="a crop that cannot be drawn") as failed:
+        next(iter(loader))
+    assert isinstance(failed.value.__cause__, ValueError)
+
+
 # One closure compiled per value given, in order; each returns an array of its value's dtype.
 FILL = """
 import json, sys

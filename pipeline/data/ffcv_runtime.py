@@ -14,6 +14,10 @@ in every job of the workflow:
   globals"): every decoder compiled again in each process. ``load()`` puts the same C
   functions, called by symbol name (pipeline.data.ffcv_calls), in place of FFCV's ctypes ones.
 - Closures loaded together from the cache must not share names (``_unique_ids_across_processes``).
+
+And one thing FFCV does not do: an error in a loader's decoding thread fails the loader.
+FFCV's iterator waits on that thread's queue forever, so a decoder's exception left the job
+hanging, its traceback printed once far up the log.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ def load():
         _unique_ids_across_processes()
         _cache_compilations()
         _call_c_by_symbol()
+        _fail_when_the_decoding_thread_dies()
         _LOADED = True
     return sys.modules["ffcv"]
 
@@ -156,6 +161,40 @@ def _call_c_by_symbol() -> None:
     for module in (ffcv.libffcv, ffcv.fields.rgb_image):  # rgb_image took its own references at import
         for name in ("imdecode", "resize_crop", "memcpy"):
             setattr(module, name, getattr(ffcv_calls, name))
+
+
+class DecodingThreadDied(RuntimeError):
+    """A loader's decoding thread stopped before the epoch's last batch."""
+
+
+def _fail_when_the_decoding_thread_dies() -> None:
+    import ffcv.loader.loader
+    from ffcv.loader.epoch_iterator import EpochIterator
+
+    class WatchedEpochIterator(EpochIterator):
+        """FFCV's epoch iterator (a thread that decodes batches into a queue) whose consumer
+        raises the thread's error instead of waiting for a batch that will never come."""
+
+        error: BaseException | None = None
+
+        def run(self):
+            try:
+                super().run()
+            except BaseException as err:  # raised again where the batches are consumed
+                self.error = err
+
+        def __next__(self):
+            batches = self.output_queue
+            with batches.not_empty:  # woken by each put; the thread's end is checked each second
+                while not batches.queue:
+                    if not self.is_alive():
+                        raise DecodingThreadDied(
+                            f"FFCV's decoding thread stopped before the epoch's end: {self.error!r}"
+                        ) from self.error
+                    batches.not_empty.wait(timeout=1.0)
+            return super().__next__()  # the batch is there: FFCV's own hand-over
+
+    ffcv.loader.loader.EpochIterator = WatchedEpochIterator  # the Loader's __iter__ builds this one
 
 
 def cache_stats() -> dict:
