@@ -72,22 +72,21 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         return torch.ops.aten._unsafe_view(y, (n, c, h, w)) if y.is_contiguous() else y.reshape(n, c, h, w)
 
     def _forward_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """Sub-batch j is the j-th of ``splits`` equal blocks of the batch: one batch_norm each."""
-        running_mean, running_var = self.running_mean, self.running_var  # None unless tracked
-        means = [None if running_mean is None else running_mean.clone() for _ in range(self.splits)]
-        variances = [None if running_var is None else running_var.clone() for _ in range(self.splits)]
-        factor = self._track_batch()
-        y = torch.cat(
-            [
-                F.batch_norm(block, mean, var, self.weight, self.bias, True, factor, self.eps)
-                for block, mean, var in zip(x.chunk(self.splits), means, variances)
-            ]
-        )
-        if running_mean is not None and running_var is not None:
-            with torch.no_grad():  # the mean over the sub-batches, as the regrouped path's
-                running_mean.copy_(torch.stack([m for m in means if m is not None]).mean(0))
-                running_var.copy_(torch.stack([v for v in variances if v is not None]).mean(0))
-        return y
+        """Sub-batch j is the j-th of ``splits`` equal blocks of the batch: one batch_norm each.
+
+        The running statistics must move by the update factor f towards the mean of the s
+        sub-batches' statistics: r' = (1 - f) r + (f / s) sum_j b_j. Block j updates them in place
+        by its own factor f_j = (f / s) / (1 - (s - j) f / s), j = 1..s; each update is a convex
+        combination, so after the last every b_j weighs f / s and r the remaining 1 - f. One
+        buffer, no copies or stacks of it: in each layer of both encoders on every step."""
+        factor, s = self._track_batch(), self.splits
+        factors = [factor / s / (1 - (s - j) * factor / s) for j in range(1, s + 1)]
+        running_mean, running_var, weight, bias = self.running_mean, self.running_var, self.weight, self.bias
+        blocks = [
+            F.batch_norm(block, running_mean, running_var, weight, bias, True, f_j, self.eps)
+            for block, f_j in zip(x.chunk(s), factors)
+        ]
+        return torch.cat(blocks)
 
     def _track_batch(self) -> float:
         """Count this batch, as BatchNorm does; returns the running statistics' update factor."""
