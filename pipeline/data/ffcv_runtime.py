@@ -71,14 +71,11 @@ def _unique_ids_across_processes() -> None:
 
     from numba.core.bytecode import FunctionIdentity
 
-    class RandomIds:
-        def __iter__(self):
-            return self
-
+    class RandomIds:  # what numba asks of its counter: next()
         def __next__(self) -> int:
             return secrets.randbits(64)
 
-    FunctionIdentity._unique_ids = RandomIds()  # type: ignore[assignment]  # numba only calls next() on it
+    FunctionIdentity._unique_ids = RandomIds()  # type: ignore[assignment]
 
 
 def _cache_compilations() -> None:
