@@ -1,3 +1,4 @@
+import functools
 import os
 import shutil
 import subprocess
@@ -122,6 +123,29 @@ WORKFLOW_FIXTURES = {"tiny_results", "finished", "done", "fresh_new", "cluster",
 # their chain starts at once and the other workers fill in beside it (docs/testing.md).
 SLURM_FILES = ("test_slurm.py", "test_slurm_grid.py")
 LONGEST_FIRST = (*SLURM_FILES, "test_workflow.py", "test_stale_state.py", "test_rerun.py")
+
+
+@functools.cache  # once: a test's stand-in for cpus.available must not change it
+def worker_threads() -> int | None:
+    """Under xdist, a worker's share of the CPUs (None outside xdist). torch's default, every CPU,
+    in each of -n auto's workers puts two threads on a core: a small op's OpenMP region then waits
+    for a thread the other worker holds off the core (a 2 s test took 43 s beside another on 2 cores)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers:
+        return None
+    from pipeline.runtime.cpus import available
+
+    return max(1, available() // int(workers))
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_of_the_worker():
+    """Before each test: a test that sets torch's thread count (a benchmark, a stage run in this
+    process) does not leave it to the tests after it."""
+    if (threads := worker_threads()) is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):
