@@ -5,7 +5,9 @@ Only what this cluster cannot match is changed, and only through the profile's o
 the values of its ``x-site`` anchors (SITE_OVERRIDES), the settings its comments name for a
 cluster without accounting (LOCAL_SETTINGS) and for one without GPU gres (NO_GPU_GRES).
 Everything else (requeue, partitions, time limits, the pretraining's srun geometry and warning
-signal, retries, kept logs) is the site profile's text as shipped.
+signal, retries, kept logs) is the site profile's text as shipped. Apart from the profile,
+Snakemake's SLURM executor checks its jobs' status every few seconds instead of backing off to
+minutes (snakemake_command(): the test cluster's jobs take seconds).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import yaml
@@ -108,6 +111,12 @@ def derive(dest: Path, one_process: bool = False) -> Path:
 def site() -> dict:
     """profiles/slurm as YAML (anchors resolved): what the sbatch lines are checked against."""
     return yaml.safe_load(SITE_PROFILE.read_text())
+
+
+def snakemake_command() -> list[str]:
+    """Snakemake as the SLURM tests submit with it: status checks at most a few seconds apart
+    (tests/snakemake_quick_polls.py says why)."""
+    return [sys.executable, str(REPO / "tests" / "snakemake_quick_polls.py")]
 
 
 def sbatch_wrapper(folder: Path, python: str) -> tuple[Path, Path]:

@@ -124,7 +124,7 @@ def base_cells_only(folder: Path, overlay: dict) -> Path:
 
 def snakemake_cmd(profile: Path, results: Path, *targets, configfiles=()) -> list[str]:
     return [
-        snakemake_bin(),
+        *site_profile.snakemake_command(),
         "--profile",
         str(profile),
         "--configfile",

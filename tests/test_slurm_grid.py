@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import site_profile
-from conftest import REPO, snakemake_bin
+from conftest import REPO
 
 from pipeline.bench import slurm as bench_slurm
 
@@ -182,7 +182,8 @@ def test_grid_of_8_cells_survives_a_cancelled_job_and_a_lost_node(cluster, tmp_p
     results, output = tmp_path / "results", tmp_path / "snakemake.out"
     cmd = [
         *("timeout", "-s", "KILL", str(HANG_AFTER_S)),
-        *(snakemake_bin(), "--profile", profile, "--configfile", TINY, config),
+        *site_profile.snakemake_command(),
+        *("--profile", profile, "--configfile", TINY, config),
         *("--config", f"results={results}", "--slurm-logdir", tmp_path / "slurm_logs"),
     ]
     controller = cluster.procs["slurmctld"].pid
