@@ -25,7 +25,7 @@ if [ -n "$(comm -23 <(pins "$other") <(pins HEAD))" ]; then
   comm -23 <(pins "$other") <(pins HEAD) >&2
   exit 1
 fi
-out=${OUT:-$repo/bench/out/suite_vs}
+out=$(realpath -m "${OUT:-$repo/bench/out/suite_vs}")  # absolute: each side runs in its clone
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$out"
