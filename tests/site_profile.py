@@ -115,8 +115,8 @@ def site() -> dict:
 
 def snakemake_command() -> list[str]:
     """Snakemake as the SLURM tests submit with it: status checks at most a few seconds apart
-    (tests/snakemake_quick_polls.py says why)."""
-    return [sys.executable, str(REPO / "tests" / "snakemake_quick_polls.py")]
+    (tests/snakemake_quick_polls.py says why), and without the lock (conftest.snakemake_cli says why)."""
+    return [sys.executable, str(REPO / "tests" / "snakemake_quick_polls.py"), "--nolock"]
 
 
 def sbatch_wrapper(folder: Path, python: str) -> tuple[Path, Path]:

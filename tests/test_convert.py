@@ -371,7 +371,7 @@ def test_report_only(tmp_path):
 def _snakemake_convert(tmp_path, dataset: dict, *args, splits=("train", "val")):
     """The convert jobs of both splits for this dataset section (a config file: --config
     would pass nested values as strings)."""
-    from conftest import run, snakemake_bin
+    from conftest import run, snakemake_cli
 
     results = tmp_path / "results"
     extra = tmp_path / "extra.yaml"
@@ -388,7 +388,7 @@ def _snakemake_convert(tmp_path, dataset: dict, *args, splits=("train", "val")):
     targets = [str(results / "data" / "ffcv" / f"{s}.json") for s in splits]
     return run(
         [
-            snakemake_bin(),
+            *snakemake_cli(),
             "--configfile",
             "workflow/config/presets/tiny.yaml",
             str(extra),

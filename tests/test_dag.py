@@ -6,13 +6,15 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, run, snakemake_bin
+from conftest import REPO, run, snakemake_cli
 from test_workflow import jobs_planned, pretraining_jobs
 
 
 def dry_run(tmp_path, *args, check=True, target=()):
     return run(
-        [snakemake_bin(), *target, "-n", "-p", "--config", f"results={tmp_path / 'r'}", *args], timeout=120, check=check
+        [*snakemake_cli(), *target, "-n", "-p", "--config", f"results={tmp_path / 'r'}", *args],
+        timeout=120,
+        check=check,
     )
 
 
@@ -110,13 +112,13 @@ def test_profile_slurm_by_name_from_the_repository(tmp_path):
     assert (home / "snakemake" / "slurm").resolve() == REPO / "profiles" / "slurm"
     link_profiles(home)  # again: nothing to do, no complaint
     proc = run(
-        [snakemake_bin(), "--profile", "slurm", "-n", "--config", f"results={tmp_path / 'r'}"],
+        [*snakemake_cli(), "--profile", "slurm", "-n", "--config", f"results={tmp_path / 'r'}"],
         timeout=120,
         env={"XDG_CONFIG_HOME": str(home)},
     )
     assert "slurm_partition=gpu" in proc.stdout and "gres=gpu:4" in proc.stdout  # the executor's resources
     by_path = run(
-        [snakemake_bin(), "--profile", "profiles/slurm", "-n", "--config", f"results={tmp_path / 'r'}"], timeout=120
+        [*snakemake_cli(), "--profile", "profiles/slurm", "-n", "--config", f"results={tmp_path / 'r'}"], timeout=120
     )
     assert "gres=gpu:4" in by_path.stdout  # the path form still works
 

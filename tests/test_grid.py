@@ -134,13 +134,13 @@ def test_memory_bank_needs_a_larger_dataset():
 
 @pytest.mark.integration
 def test_impossible_cell_named_at_dag_build(tmp_path):
-    from conftest import run, snakemake_bin
+    from conftest import run, snakemake_cli
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("grid:\n  one_at_a_time: {K: [100]}\n  product: {}\n  baselines: []\n")
     proc = run(
         [
-            snakemake_bin(),
+            *snakemake_cli(),
             "-n",
             "--configfile",
             "workflow/config/presets/tiny.yaml",
@@ -178,7 +178,7 @@ def test_cell_resources_scale_with_the_cell():
 def test_dag_of_a_100_cell_product_grid(tmp_path):
     """Dry run of a 5 x 5 x 4 product grid (100 cells): builds the whole DAG. How long it takes
     is measured, not asserted: `python -m pipeline.bench dag` (a 100-cell grid too)."""
-    from conftest import run, snakemake_bin
+    from conftest import run, snakemake_cli
     from test_workflow import jobs_planned
 
     overlay = tmp_path / "grid100.yaml"
@@ -190,7 +190,7 @@ def test_dag_of_a_100_cell_product_grid(tmp_path):
     )
     proc = run(
         [
-            snakemake_bin(),
+            *snakemake_cli(),
             "-n",
             "--quiet",
             "rules",

@@ -2,7 +2,7 @@
 naming both keys; a profile without GPU gres (a CPU cluster) runs the ranks on CPUs."""
 
 import pytest
-from conftest import hard_run, snakemake_bin
+from conftest import hard_run, snakemake_cli
 
 from pipeline.dag.config import ConfigError
 from pipeline.dag.job_gpus import check_ranks_fit, gres_gpus
@@ -30,7 +30,7 @@ def test_probe_and_detection_gpus_follow_their_ranks_unless_a_profile_pins_fewer
     no edit, and start that many processes with torchrun; a gres pinned in set-resources (here
     from the command line) that gives fewer stops the DAG build, naming both keys."""
     cmd = [
-        snakemake_bin(),
+        *snakemake_cli(),
         "-n",
         "-p",
         "--profile",

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.dag.config import DEFAULT_CONFIG, load_config, load_yaml, result_part
 from pipeline.dag.grid import claims_cells, grid_cells
-from tests.conftest import snakemake_bin
+from tests.conftest import snakemake_cli
 
 
 def folder(root, images: int, classes: int = 10):
@@ -109,7 +109,7 @@ def test_snakemake_gives_the_pretraining_job_the_raised_epochs(tmp_path):
     root = folder(tmp_path / "digits", 1438)
     run = subprocess.run(
         [
-            snakemake_bin(),
+            *snakemake_cli(),
             "--config",
             f"results={tmp_path / 'r'}",
             f"dataset={json.dumps({'source': 'imagefolder', 'root': str(root)})}",

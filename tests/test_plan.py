@@ -13,7 +13,7 @@ from pipeline.dag.config import ConfigError, load_config, load_yaml, merge, sect
 from pipeline.dag.grid import Cell
 from pipeline.dag.training_set import training_set
 from pipeline.plan import DetectionSpeed, Throughput, make_plan, merged_config, minutes, render
-from tests.conftest import BASE_MOCO, REPO, require, run, snakemake_bin
+from tests.conftest import BASE_MOCO, REPO, require, run, snakemake_cli
 
 # Figures of made-up GPUs with round numbers, so that every expectation below is mental arithmetic.
 THROUGHPUT = (
@@ -184,7 +184,7 @@ def test_snakemake_plan_before_the_data_is_staged(tmp_path):
     """The ImageNet preset's folders (/datasets/imagenet, /datasets/VOCdevkit) do not exist here:
     the plan needs none of them; every stage is costed and logged."""
     preset = "workflow/config/presets/imagenet-mocov2.yaml"
-    proc = run([snakemake_bin(), "plan", "--configfile", preset, "--config", f"results={tmp_path / 'r'}"], timeout=120)
+    proc = run([*snakemake_cli(), "plan", "--configfile", preset, "--config", f"results={tmp_path / 'r'}"], timeout=120)
     assert "Cost plan: 6 cells, profile profiles/slurm (jobs: 50, restart-times: 2)" in proc.stdout
     for stage in ("Pretraining: ", "Linear probe: ", "Detection transfer: "):
         line = next(line for line in proc.stdout.splitlines() if line.startswith(stage))
@@ -195,7 +195,7 @@ def test_snakemake_plan_before_the_data_is_staged(tmp_path):
 @pytest.mark.integration
 def test_a_missing_dataset_folder_still_stops_the_jobs_that_read_it(tmp_path):
     preset = "workflow/config/presets/imagenet-mocov2.yaml"
-    cmd = [snakemake_bin(), "-n", "--configfile", preset, "--config", f"results={tmp_path}"]
+    cmd = [*snakemake_cli(), "-n", "--configfile", preset, "--config", f"results={tmp_path}"]
     proc = run(cmd, check=False, timeout=120)
     assert proc.returncode != 0 and "dataset.root: folder not found: /datasets/imagenet" in proc.stdout + proc.stderr
 

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, run, snakemake_bin
+from conftest import REPO, run, snakemake_cli
 from test_tables import fake_cell
 
 from pipeline.dag.config import load_config, load_yaml, merge
@@ -27,7 +27,7 @@ METRICS = {"base": 40.0, "K=128": 35.0, "m=0.9": 30.0, "shuffle_bn=false": 32.0,
 def snakemake(results, *args, config=(), check=True, configfiles=()):
     """snakemake [targets/options] --configfile tiny [overlays] --config results=<results> [config...]"""
     cmd = [
-        snakemake_bin(),
+        *snakemake_cli(),
         *args,
         "--cores",
         "1",

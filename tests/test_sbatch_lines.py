@@ -12,7 +12,7 @@ import re
 from importlib.metadata import version
 
 import pytest
-from conftest import REPO, run, snakemake_bin
+from conftest import REPO, run, snakemake_cli
 
 PLUGIN_FLOOR = (2, 7, 1)  # earlier versions add --ntasks-per-gpu to GPU jobs (refused beside gres)
 
@@ -40,7 +40,7 @@ def value(text):
 
 def dry_run(tmp_path, profile="profiles/slurm", *config) -> str:
     return run(
-        [snakemake_bin(), "--profile", str(profile), "-n", "--config", f"results={tmp_path / 'r'}", *config],
+        [*snakemake_cli(), "--profile", str(profile), "-n", "--config", f"results={tmp_path / 'r'}", *config],
         timeout=120,
     ).stdout
 

@@ -31,7 +31,7 @@ import pytest
 import site_profile
 import torch
 import yaml
-from conftest import REPO, hard_run, snakemake_bin
+from conftest import REPO, hard_run, snakemake_cli
 
 from pipeline.dag.config import merge
 
@@ -225,7 +225,7 @@ def test_profiles_parse(site_profile_dir):
     for profile in ("profiles/slurm", site_profile_dir):
         proc = hard_run(
             [
-                snakemake_bin(),
+                *snakemake_cli(),
                 "--profile",
                 profile,
                 "--configfile",

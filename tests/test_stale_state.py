@@ -19,7 +19,7 @@ import time
 
 import pytest
 import torch
-from conftest import REPO, run, snakemake_bin
+from conftest import REPO, run, snakemake_cli
 from test_rerun import TINY, cell_jobs, planned_jobs, snakemake
 from test_resume import CFG, assert_same_run
 
@@ -166,7 +166,7 @@ ONLY = ["grid={only: [base, method=random]}", "detect={cells: [base]}"]
 def run_two_cells(results) -> None:
     """The tiny workflow with two cells: MoCo's base cell (pretraining, probe, a Mask R-CNN trial)
     and random init; every stage of the workflow, the tables included."""
-    run([snakemake_bin(), "--cores", "2", "--configfile", TINY, "--config", f"results={results}", *ONLY], timeout=900)
+    run([*snakemake_cli(), "--cores", "2", "--configfile", TINY, "--config", f"results={results}", *ONLY], timeout=900)
 
 
 @pytest.fixture(scope="module")

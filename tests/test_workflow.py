@@ -5,7 +5,7 @@ import json
 import re
 
 import pytest
-from conftest import REPO, run, snakemake_bin
+from conftest import REPO, run, snakemake_cli
 
 pytestmark = pytest.mark.integration  # a stage run as processes: make test-quick leaves it out
 
@@ -13,7 +13,7 @@ TINY = ["--configfile", "workflow/config/presets/tiny.yaml"]
 
 
 def snakemake(results, *args, timeout=900):
-    return run([snakemake_bin(), *TINY, "--config", f"results={results}", "--cores", "2", *args], timeout=timeout)
+    return run([*snakemake_cli(), *TINY, "--config", f"results={results}", "--cores", "2", *args], timeout=timeout)
 
 
 def pretraining_jobs(counts: dict) -> int:
@@ -50,7 +50,7 @@ def test_dry_run_shows_full_dag(tmp_path):
 
 
 def test_lint_is_clean():
-    proc = run([snakemake_bin(), "--lint"], timeout=120)
+    proc = run([*snakemake_cli(), "--lint"], timeout=120)
     assert "Congratulations" in proc.stdout + proc.stderr
 
 
@@ -58,7 +58,7 @@ def test_bad_config_fails_at_dag_build(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("pretrain:\n  K: 100\n  batch_size: 64\n")
     proc = run(
-        [snakemake_bin(), *TINY, "--configfile", str(bad), "--config", f"results={tmp_path}", "-n"],
+        [*snakemake_cli(), *TINY, "--configfile", str(bad), "--config", f"results={tmp_path}", "-n"],
         check=False,
         timeout=120,
     )
@@ -182,7 +182,7 @@ def test_workflow_without_ffcv(tmp_path):
     overlay.write_text("data:\n  loader: torchvision\ndetect:\n  enabled: false\npretrain:\n  knn_every: 1\n")
     results = tmp_path / "results"
     run(
-        [snakemake_bin(), *TINY, str(overlay), "--config", f"results={results}", "cell=base", "--cores", "2", "cell"],
+        [*snakemake_cli(), *TINY, str(overlay), "--config", f"results={results}", "cell=base", "--cores", "2", "cell"],
         env={"PYTHONPATH": f"{blocked.parent}:{REPO}"},
         timeout=900,
     )
@@ -229,7 +229,7 @@ def test_detection_trials_are_separate_jobs(tmp_path):
     overlay = tmp_path / "trials.yaml"
     overlay.write_text("detect:\n  trials: 3\n  ranks: 2\n")
     out = run(
-        [snakemake_bin(), *TINY, str(overlay), "--config", f"results={tmp_path / 'results'}", "-n", "-p"], timeout=120
+        [*snakemake_cli(), *TINY, str(overlay), "--config", f"results={tmp_path / 'results'}", "-n", "-p"], timeout=120
     ).stdout
     counts = jobs_planned(out)
     assert (counts["detect"], counts["detect_trials"]) == (15, 5)  # 5 cells x 3 trials
@@ -275,7 +275,7 @@ def test_the_transfer_preset_decides_the_transfer_claim_on_the_novel_scenes(tmp_
     assert cfg.dataset.synthetic.det_shapes == "novel" and cfg.grid.seeds == 5 and cfg.detect.epochs == 12
     assert transfer_gaps(cfg) == []
     out = run(
-        [snakemake_bin(), "--configfile", str(preset), "--config", f"results={tmp_path / 'r'}", "-n"], timeout=120
+        [*snakemake_cli(), "--configfile", str(preset), "--config", f"results={tmp_path / 'r'}", "-n"], timeout=120
     )
     jobs = jobs_planned(out.stdout)
     assert jobs["detect"] == 10 and pretraining_jobs(jobs) == 15  # base and supervised fine-tuned, 5 seeds each
@@ -289,7 +289,7 @@ def test_demo_long_is_the_demo_at_the_longer_schedule(tmp_path):
     assert load_yaml(DEFAULT_CONFIG)["pretrain"]["epochs"] < 25
     out = run(
         [
-            snakemake_bin(),
+            *snakemake_cli(),
             "--configfile",
             str(REPO / "workflow" / "config" / "presets" / "demo-long.yaml"),
             "--config",
@@ -309,7 +309,8 @@ def test_preset_builds_its_dag(name, tmp_path):
     site.write_text(f"dataset:\n  root: {tmp_path / 'data'}\ndetect:\n  root: {tmp_path / 'data'}\n")
     files = [str(REPO / "workflow" / "config" / "presets" / f"{p}.yaml") for p in PRESETS[name]]
     out = run(
-        [snakemake_bin(), "--configfile", *files, str(site), "--config", f"results={tmp_path / 'r'}", "-n"], timeout=120
+        [*snakemake_cli(), "--configfile", *files, str(site), "--config", f"results={tmp_path / 'r'}", "-n"],
+        timeout=120,
     ).stdout
     jobs = jobs_planned(out)
     assert jobs["convert"] == 2 and pretraining_jobs(jobs) == jobs["probe"] >= 2 and jobs["tables"] == 1
