@@ -63,7 +63,7 @@ def trainer_for(ffcv_small, tmp_path, family: str, fast_path: str) -> Trainer:
 def test_fast_path_steps_on_cpu(ffcv_small, tmp_path, family):
     trainer = trainer_for(ffcv_small, tmp_path, family, "on")
     resnet = FAMILIES[family].get("backbone", BASE["backbone"]).startswith("resnet")
-    assert trainer.fast.on and trainer.fast.channels_last == resnet  # split BN too (in blocks)
+    assert trainer.fast.on and trainer.fast.channels_last == resnet  # split BN too (per sub-batch)
     for v1, v2, labels, index in trainer.loader.batches(0):  # the lines of Trainer.run_epoch
         trainer.train_step(v1, v2, labels, index)
         trainer.step_in_epoch += 1

@@ -10,7 +10,7 @@ from pipeline.dag.config import ConfigError, section
 from pipeline.methods.build import bn_guard_text, build_model
 from pipeline.methods.moco.builder import MoCo
 from pipeline.methods.moco.mechanisms import EndToEnd
-from pipeline.methods.split_bn import SplitBatchNorm2d, block_order, default_splits, split_batch_norm
+from pipeline.methods.split_bn import SplitBatchNorm2d, default_splits, split_batch_norm
 from pipeline.nets.method import Encoder
 from pipeline.nets.models import build_backbone
 
@@ -35,16 +35,16 @@ LAYOUTS = {"contiguous": torch.contiguous_format, "channels_last": torch.channel
 
 
 @pytest.fixture
-def blocks_used(monkeypatch) -> list:
-    """The layers that normalised a batch in blocks (the channels_last way), one entry per call."""
+def sub_batches_run(monkeypatch) -> list:
+    """(layer, j) for each sub-batch a layer normalised alone (the channels_last way)."""
     calls: list = []
-    forward_blocks = SplitBatchNorm2d._forward_blocks
+    forward_sub_batch = SplitBatchNorm2d._forward_sub_batch
 
-    def spy(self, x):
-        calls.append(self)
-        return forward_blocks(self, x)
+    def spy(self, x, j):
+        calls.append((self, j))
+        return forward_sub_batch(self, x, j)
 
-    monkeypatch.setattr(SplitBatchNorm2d, "_forward_blocks", spy)
+    monkeypatch.setattr(SplitBatchNorm2d, "_forward_sub_batch", spy)
     return calls
 
 
@@ -55,7 +55,7 @@ def through_encoder(bn: nn.BatchNorm2d, splits: int, x: torch.Tensor, layout: st
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_split_bn_normalises_each_sub_batch_with_its_own_statistics(layout, blocks_used):
+def test_split_bn_normalises_each_sub_batch_with_its_own_statistics(layout, sub_batches_run):
     torch.manual_seed(0)
     plain = nn.BatchNorm2d(3, momentum=0.3)
     nn.init.normal_(plain.weight)
@@ -63,7 +63,8 @@ def test_split_bn_normalises_each_sub_batch_with_its_own_statistics(layout, bloc
     x = torch.randn(12, 3, 5, 5) * 3 + 1
     split, y = through_encoder(copy.deepcopy(plain), 4, x, layout)
     assert isinstance(split, SplitBatchNorm2d)
-    assert blocks_used == ([split] if layout == "channels_last" else []) and not split.in_blocks
+    channels_last = layout == "channels_last"
+    assert sub_batches_run == ([(split, j) for j in range(4)] if channels_last else []) and split.sub_batch is None
     expected_mean, expected_var = torch.zeros(3), torch.zeros(3)
     for j in range(4):  # sub-batch j: images j, j+4, j+8
         ref = copy.deepcopy(plain)
@@ -80,7 +81,7 @@ def test_split_bn_normalises_each_sub_batch_with_its_own_statistics(layout, bloc
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_split_bn_gradients_through_an_in_place_relu_match_plain_bn_per_sub_batch(layout, blocks_used):
+def test_split_bn_gradients_through_an_in_place_relu_match_plain_bn_per_sub_batch(layout, sub_batches_run):
     """As in a ResNet (BN then ReLU(inplace=True)): the output is no view, so autograd need not
     rebuild it in backward, and the gradients are those of plain BN on each sub-batch."""
     torch.manual_seed(0)
@@ -88,7 +89,7 @@ def test_split_bn_gradients_through_an_in_place_relu_match_plain_bn_per_sub_batc
     nn.init.normal_(plain.weight)
     x = torch.randn(8, 3, 4, 4, requires_grad=True)
     split, y = through_encoder(copy.deepcopy(plain), 2, x, layout)
-    assert len(blocks_used) == (layout == "channels_last")
+    assert len(sub_batches_run) == 2 * (layout == "channels_last")
     assert y._base is None  # not a view of batch_norm's (n/s, s*c, h, w) output
     grad_out = torch.randn(8, 3, 4, 4)
     torch.relu_(y).backward(grad_out)
@@ -153,7 +154,7 @@ class BNOnly(nn.Module):
 
 
 @pytest.mark.parametrize("mechanism", ["moco", "end_to_end"])
-@pytest.mark.parametrize("layout", LAYOUTS)  # channels_last: the fast path's blocks
+@pytest.mark.parametrize("layout", LAYOUTS)  # channels_last: the fast path's sub-batches
 def test_guard_normalises_key_and_query_over_different_images(mechanism, layout):
     n, splits = 16, 4
     encoder = split_batch_norm(BNOnly(), splits)
@@ -227,17 +228,17 @@ def test_split_batch_norm_refuses_a_batch_it_cannot_split():
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_split_batch_norm_without_running_statistics_normalises_each_sub_batch(layout, blocks_used):
+def test_split_batch_norm_without_running_statistics_normalises_each_sub_batch(layout, sub_batches_run):
     x = torch.randn(4, 3, 2, 2, generator=torch.Generator().manual_seed(0)) * 5 + 2
     _, y = through_encoder(nn.BatchNorm2d(3, track_running_stats=False, affine=False), 2, x, layout)
-    assert len(blocks_used) == (layout == "channels_last")
+    assert len(sub_batches_run) == 2 * (layout == "channels_last")
     reference = torch.nn.BatchNorm2d(3, track_running_stats=False, affine=False)
     for j in (0, 1):  # sub-batch j: images j, j + 2
         torch.testing.assert_close(y[j::2], reference(x[j::2]))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_split_batch_norm_cumulative_average_is_batch_norms_per_sub_batch(layout, blocks_used):
+def test_split_batch_norm_cumulative_average_is_batch_norms_per_sub_batch(layout, sub_batches_run):
     """momentum=None: the running statistics are the plain average over the batches seen, as
     BatchNorm's; the split one holds the mean of its sub-batches' statistics."""
     g = torch.Generator().manual_seed(0)
@@ -251,7 +252,7 @@ def test_split_batch_norm_cumulative_average_is_batch_norms_per_sub_batch(layout
             ref(x[j::2])
     torch.testing.assert_close(split.running_mean, (references[0].running_mean + references[1].running_mean) / 2)
     torch.testing.assert_close(split.running_var, (references[0].running_var + references[1].running_var) / 2)
-    assert int(split.num_batches_tracked) == 2 and len(blocks_used) == 2 * (layout == "channels_last")
+    assert int(split.num_batches_tracked) == 2 and len(sub_batches_run) == 4 * (layout == "channels_last")
 
 
 def resnet_pair(splits: int):
@@ -263,10 +264,10 @@ def resnet_pair(splits: int):
     return encoder, copy.deepcopy(encoder).to(memory_format=torch.channels_last)
 
 
-def test_a_channels_last_encoder_in_blocks_is_the_contiguous_one():
-    """The fast path's split BN (the batch regrouped once into blocks, each normalised on its
-    own, the outputs put back) computes what the contiguous one does: the same outputs in the
-    same order, gradients, running statistics and batch count."""
+def test_a_channels_last_encoder_per_sub_batch_is_the_contiguous_one():
+    """The fast path's split BN (the encoder run once per sub-batch, the outputs interleaved
+    back) computes what the contiguous one does: the same outputs in the same order, gradients,
+    running statistics and batch count."""
     contiguous, channels_last = resnet_pair(4)
     x = torch.randn(16, 3, 16, 16, dtype=torch.float64)
     y = contiguous(x)
@@ -278,23 +279,30 @@ def test_a_channels_last_encoder_in_blocks_is_the_contiguous_one():
         torch.testing.assert_close(p_cl.grad, p.grad, rtol=1e-9, atol=1e-12, msg=name)
     for (name, b), b_cl in zip(contiguous.state_dict().items(), channels_last.state_dict().values()):
         torch.testing.assert_close(b_cl, b, rtol=1e-10, atol=1e-12, msg=name)
-    assert not any(m.in_blocks for m in channels_last.modules() if isinstance(m, SplitBatchNorm2d))
+    assert not any(m.sub_batch is not None for m in channels_last.modules() if isinstance(m, SplitBatchNorm2d))
 
 
-def test_blocks_hold_the_sub_batches_and_only_in_training():
-    """Block j of the regrouped batch is sub-batch j (images j, j + s, ...); in eval mode BN is
-    per image and nothing is regrouped; a deep copy (the key encoder) regroups its own layers."""
-    assert block_order(6, 2, torch.device("cpu")).tolist() == [0, 2, 4, 1, 3, 5]
-    assert block_order(6, 3, torch.device("cpu")).tolist() == [0, 3, 1, 4, 2, 5]
+def test_sub_batches_run_in_order_only_in_training_and_in_a_deep_copy_on_its_own_layers():
+    """Each split layer normalises sub-batches 0..s-1 in turn, image i in sub-batch i % s (a
+    layer sees which images by their values); in eval mode BN is per image and the batch goes
+    through whole; a deep copy (the key encoder) runs its own layers per sub-batch."""
     _, channels_last = resnet_pair(2)
     x = torch.randn(8, 3, 16, 16, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
     key_encoder = copy.deepcopy(channels_last)
     seen = []
+    first = next(m for m in key_encoder.modules() if isinstance(m, SplitBatchNorm2d))
     for layer in key_encoder.modules():
         if isinstance(layer, SplitBatchNorm2d):
-            layer.register_forward_pre_hook(lambda layer, args: seen.append(layer.in_blocks))
+            layer.register_forward_pre_hook(lambda layer, args: seen.append((layer, layer.sub_batch, len(args[0]))))
+    images = []
+    first.register_forward_pre_hook(lambda layer, args: images.append(args[0]))
     key_encoder(x)
-    assert seen and all(seen)
+    layers = [m for m in key_encoder.modules() if isinstance(m, SplitBatchNorm2d)]
+    assert seen == [(layer, j, 4) for j in (0, 1) for layer in layers]
+    stem = copy.deepcopy(key_encoder[0].conv1).eval()
+    for j in (0, 1):  # the first BN's input is the stem's output on images j, j + 2, ...
+        torch.testing.assert_close(images[j], stem(x[j::2]))
+    assert not any(m.sub_batch is not None for m in channels_last.modules() if isinstance(m, SplitBatchNorm2d))
     seen.clear()
     key_encoder.eval()(x)
-    assert seen and not any(seen)
+    assert seen and all(j is None and n == 8 for _, j, n in seen)

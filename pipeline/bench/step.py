@@ -86,7 +86,7 @@ def method_steps(name: str, p: Pretrain, setting: str, size: int, images, labels
     """The timed callables of one method on one path (``setting``, as pretrain.fast_path), named
     ``name + suffix``; MoCo v2's come with its key forward (the measured floor) and, on the fast
     path, the same step kept contiguous (split BN regrouping into channels, one batch_norm call
-    per layer: the path before split BN took channels_last in blocks)."""
+    per layer: the path before split BN ran channels_last batches per sub-batch)."""
     model = build_model(p, size, num_classes=10, num_samples=20 * p.K).train()
     fp = FastPath(setting, torch.device("cpu"), p.backbone)
     steps = {name + suffix: fast_step(fp, model, p, images, labels, index)}

@@ -14,14 +14,16 @@ BatchNorm network unchanged (probe, detection, exports).
 
 Two ways to compute the same sub-batches. A contiguous batch is regrouped into channels, a view:
 one batch_norm call. In channels_last memory (the fast path) that regrouping copies every
-activation it normalises, so there the encoder's hooks reorder the batch once at its input so
-that each sub-batch is a block of the batch, the layers normalise block by block (each block
-contiguous in any format) and the outputs go back to the input's order: sub-batch j is still the
-images i with i % splits == j, and the encoder's output is the same up to float rounding.
+activation it normalises, so there the encoder runs once per sub-batch instead: sub-batch j (the
+images i with i % splits == j) goes through the whole encoder alone, each of its BN layers
+normalising all it gets, and the outputs are interleaved back into the input's order. The encoder's
+output is the same up to float rounding, and no layer copies its activations to split or join them
+(the split-BN MoCo v2 step on the fast path: 1.12x -> 1.05-1.07x its measured floor, docs/performance.md).
 """
 
 from __future__ import annotations
 
+import types
 from typing import TypeVar
 
 import torch
@@ -44,17 +46,17 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
     def __init__(self, num_features: int, splits: int, **kwargs):
         super().__init__(num_features, **kwargs)
         self.splits = splits
-        self.in_blocks = False  # set by the encoder's hooks for one forward: the batch comes in blocks
+        self.sub_batch: int | None = None  # set by the encoder's forward: the input is this sub-batch alone
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.splits == 1:
             return super().forward(x)
+        if self.sub_batch is not None:
+            return self._forward_sub_batch(x, self.sub_batch)
         n, c, h, w = x.shape
         s = self.splits
         if n % s:
             raise ValueError(f"split BatchNorm: a batch of {n} cannot be split into {s} equal sub-batches")
-        if self.in_blocks:
-            return self._forward_blocks(x)
         # (n, c, h, w) -> (n/s, s*c, h, w): image i's channels land in group i % s, so one
         # batch_norm call normalises every sub-batch with its own statistics.
         running_mean, running_var = self.running_mean, self.running_var  # None unless tracked
@@ -71,63 +73,58 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         # rebuild the view in backward (AsStrided + CopySlices: a copy of every activation).
         return torch.ops.aten._unsafe_view(y, (n, c, h, w)) if y.is_contiguous() else y.reshape(n, c, h, w)
 
-    def _forward_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """Sub-batch j is the j-th of ``splits`` equal blocks of the batch: one batch_norm each.
+    def _forward_sub_batch(self, x: torch.Tensor, j: int) -> torch.Tensor:
+        """``x`` is sub-batch j alone (j = 0..s-1, in this order on every step): one batch_norm.
 
         The running statistics must move by the update factor f towards the mean of the s
-        sub-batches' statistics: r' = (1 - f) r + (f / s) sum_j b_j. Block j updates them in place
-        by its own factor f_j = (f / s) / (1 - (s - j) f / s), j = 1..s; each update is a convex
-        combination, so after the last every b_j weighs f / s and r the remaining 1 - f. One
-        buffer, no copies or stacks of it: in each layer of both encoders on every step."""
-        factor, s = self._track_batch(), self.splits
-        factors = [factor / s / (1 - (s - j) * factor / s) for j in range(1, s + 1)]
-        running_mean, running_var, weight, bias = self.running_mean, self.running_var, self.weight, self.bias
-        blocks = [
-            F.batch_norm(block, running_mean, running_var, weight, bias, True, f_j, self.eps)
-            for block, f_j in zip(x.chunk(s), factors)
-        ]
-        return torch.cat(blocks)
+        sub-batches' statistics: r' = (1 - f) r + (f / s) sum_j b_j. Sub-batch j updates them in
+        place by its own factor f_j = (f / s) / (1 - (s - 1 - j) f / s); each update is a convex
+        combination, so after the last every b_j weighs f / s and r the remaining 1 - f. The batch
+        is counted once, with sub-batch 0."""
+        s = self.splits
+        factor = self._track_batch() if j == 0 else self._update_factor()
+        f_j = factor / s / (1 - (s - 1 - j) * factor / s)
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, True, f_j, self.eps)
 
     def _track_batch(self) -> float:
         """Count this batch, as BatchNorm does; returns the running statistics' update factor."""
-        count = self.num_batches_tracked  # None unless tracked
+        if self.num_batches_tracked is not None:  # None unless tracked
+            self.num_batches_tracked.add_(1)
+        return self._update_factor()
+
+    def _update_factor(self) -> float:
+        """The running statistics' update factor for the batch last counted."""
+        count = self.num_batches_tracked
         if count is None:
             return 0.0
-        count.add_(1)
         if self.momentum is None:  # cumulative moving average, as BatchNorm
             return 1.0 / float(count)
         return self.momentum
-
-
-def block_order(n: int, splits: int, device: torch.device) -> torch.Tensor:
-    """The batch regrouped by sub-batch: images 0, s, 2s, ..., then 1, 1 + s, ... (s = splits)."""
-    return torch.arange(n, device=device).view(n // splits, splits).t().reshape(-1)
 
 
 def _split_layers(encoder: nn.Module) -> list[SplitBatchNorm2d]:
     return [m for m in encoder.modules() if isinstance(m, SplitBatchNorm2d) and m.splits > 1]
 
 
-def _regroup_into_blocks(encoder: nn.Module, args: tuple) -> tuple | None:
-    """Forward pre-hook: a channels_last batch in training goes through the encoder in blocks."""
-    x, layers = args[0], _split_layers(encoder)
+def _forward_per_sub_batch(encoder: nn.Module, x: torch.Tensor, *args, **kwargs):
+    """The encoder's forward (bound to it by split_batch_norm): a channels_last batch in training
+    goes through the encoder once per sub-batch, the outputs interleaved back in the input's order."""
+    forward, layers = type(encoder).forward, _split_layers(encoder)
+    s = layers[0].splits
     channels_last = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=CL)
-    blocks = encoder.training and channels_last and len(x) % layers[0].splits == 0  # else: BN says why
-    for layer in layers:  # every forward sets them: no flag outlives a forward that raised
-        layer.in_blocks = blocks
-    if not blocks:
-        return None
-    return (x[block_order(len(x), layers[0].splits, x.device)].contiguous(memory_format=CL), *args[1:])
-
-
-def _back_in_order(encoder: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
-    """Forward hook: the outputs of a forward in blocks, back in the order of its input."""
-    layers = _split_layers(encoder)
-    if not layers[0].in_blocks:
-        return None
-    for layer in layers:
-        layer.in_blocks = False
-    return out[torch.argsort(block_order(len(out), layers[0].splits, out.device))]
+    if not (encoder.training and channels_last and len(x) % s == 0):  # else: BN says why
+        return forward(encoder, x, *args, **kwargs)
+    outputs = []
+    try:
+        for j in range(s):
+            for layer in layers:
+                layer.sub_batch = j
+            outputs.append(forward(encoder, x[j::s].contiguous(memory_format=CL), *args, **kwargs))
+    finally:  # no layer stays in a sub-batch after a forward that raised
+        for layer in layers:
+            layer.sub_batch = None
+    # outputs[j][k] is image k * s + j
+    return torch.stack(outputs, 1).flatten(0, 1)
 
 
 def has_batch_norm(module: nn.Module) -> bool:
@@ -136,14 +133,13 @@ def has_batch_norm(module: nn.Module) -> bool:
 
 def split_batch_norm(module: M, splits: int) -> M:
     """Replace every BatchNorm2d of ``module`` (in place) by a SplitBatchNorm2d that holds the
-    same parameters and buffers, and hook ``module`` (an encoder: images in, one output row per
-    image) to run channels_last batches in blocks. splits=1 leaves the module untouched."""
+    same parameters and buffers, and have ``module`` (an encoder: images in, one output row per
+    image) run channels_last batches once per sub-batch. splits=1 leaves the module untouched."""
     if splits == 1:
         return module
     _replace_batch_norms(module, splits)
-    if _split_layers(module):  # hooks, not a wrapper: the state-dict keys stay the encoder's
-        module.register_forward_pre_hook(_regroup_into_blocks)
-        module.register_forward_hook(_back_in_order)
+    if _split_layers(module):  # its own forward, not a wrapper: the state-dict keys stay the encoder's
+        module.forward = types.MethodType(_forward_per_sub_batch, module)  # a deep copy binds its copy
     return module
 
 

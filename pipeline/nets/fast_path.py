@@ -50,8 +50,8 @@ class FastPath:
             if self.on != here
             else ""
         )
-        # split BN too: in channels_last it normalises the batch block by block
-        # (pipeline.methods.split_bn), where regrouping it into channels would copy it
+        # split BN too: in channels_last its encoder runs once per sub-batch
+        # (pipeline.methods.split_bn), where regrouping the batch into channels would copy it
         self.channels_last = self.on and is_resnet(backbone)
         self.device_type = device.type
 
