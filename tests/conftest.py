@@ -1,6 +1,5 @@
 import functools
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,12 +66,12 @@ def run(cmd, timeout=600, cwd=REPO, env=None, check=True):
 
 
 def snakemake_cli() -> list[str]:
-    """Snakemake as the tests run it: with --nolock, since the test workers run it side by side in
-    the repository and snakemake 9 (9.27.1, also upstream's newest) removes the whole
-    .snakemake/locks folder when any run ends, so another run starting then fails to write its lock
-    (FileNotFoundError). Each test writes to its own results folder: the lock guards nothing here."""
-    exe = Path(sys.executable).with_name("snakemake")
-    return [str(exe) if exe.exists() else shutil.which("snakemake"), "--nolock"]
+    """Snakemake as the tests run it: outside coverage in its own process (tests/snakemake_untraced.py
+    says why), and with --nolock, since the test workers run it side by side in the repository and
+    snakemake 9 (9.27.1, also upstream's newest) removes the whole .snakemake/locks folder when any
+    run ends, so another run starting then fails to write its lock (FileNotFoundError). Each test
+    writes to its own results folder: the lock guards nothing here."""
+    return [sys.executable, str(REPO / "tests" / "snakemake_untraced.py"), "--nolock"]
 
 
 def hard_run(cmd, timeout: float, env=None) -> subprocess.CompletedProcess:

@@ -10,14 +10,20 @@ submissions, the profile's lines, the requeues and the results are the same; onl
 between a job's end and the next submission shorten.
 
     python tests/snakemake_quick_polls.py <snakemake arguments>
+
+Coverage stops in this process as in tests/snakemake_untraced.py.
 """
 
 from __future__ import annotations
 
 import sys
 
-from snakemake.cli import main
-from snakemake_executor_plugin_slurm import Executor
+from snakemake_untraced import stop_coverage
+
+stop_coverage()  # as in every Snakemake run of the tests: snakemake_untraced.py says why
+
+from snakemake.cli import main  # noqa: E402
+from snakemake_executor_plugin_slurm import Executor  # noqa: E402
 
 POLL_S = 3  # the test cluster's squeue answers in milliseconds
 
