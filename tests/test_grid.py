@@ -85,6 +85,20 @@ def test_impossible_cell_rejected_at_expansion():
         grid_cells(grid(one_at_a_time={"m": [1.5]}))
 
 
+def test_only_names_a_cell_the_grid_lacks_and_the_cells_it_has():
+    assert set(grid_cells(grid(one_at_a_time={"K": [1024]}, only=["K=1024"]))) == {"K=1024"}
+    with pytest.raises(ConfigError, match=r"grid.only: \['K=999'\] not in the grid \(its cells: base, K=1024\)"):
+        grid_cells(grid(one_at_a_time={"K": [1024]}, only=["K=999"]))
+
+
+@pytest.mark.parametrize("other", [{"mechanism": "end_to_end"}, {"method": "simclr"}, {"variant": "v3"}])
+def test_claims_need_a_base_cell_with_a_queue(other):
+    """The claims vary K and m of MoCo v1/v2's queue: any other base cell is refused, named."""
+    cfg = load_config({"pretrain": {**BASE, **other}, "claims": {}})
+    with pytest.raises(ConfigError, match=r"claims: the claims vary the queue .* \(pretrain\) is method="):
+        claims_cells(cfg)
+
+
 def test_unknown_axis():
     with pytest.raises(ConfigError, match="unknown axis"):
         parse_cell_id("Q=3")

@@ -2,6 +2,7 @@
 codes, a requeued or stopped rank, squeue's answers, a failed or cancelled job."""
 
 import os
+import shlex
 import signal
 import subprocess
 from types import SimpleNamespace
@@ -168,6 +169,43 @@ def run_launcher(monkeypatch, tmp_path, job):
         launch.main(["--folder", str(tmp_path), "--cluster", "local", "--", "--config", "c.json"])
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class FinishedJob(NeverDoneJob):
+    def done(self):
+        return True
+
+    def results(self):
+        return ["rank 0 done"]
+
+
+def test_the_rules_launcher_command_submits_the_config_launch_slurm_section(monkeypatch, tmp_path):
+    """The pretrain rule runs ``python -m <module_args>``: parsed by the launcher, its options are
+    the config's launch.slurm section; keys left null (account) are left to SLURM."""
+    from pipeline.dag.config import section
+
+    slurm = {"nodes": 2, "tasks_per_node": 4, "gpus_per_node": 4, "mem_gb": 64.5, "partition": "gpu"}
+    cfg = section("launch", {"launcher": "submitit", "slurm": slurm})
+    module, *argv = shlex.split(launch.module_args(cfg, str(tmp_path / "sub mit")))
+    assert module == "pipeline.launch" and argv[-3:] == ["--folder", str(tmp_path / "sub mit"), "--"]
+    monkeypatch.setattr(launch, "check_pretrain_args", lambda argv: None)
+    monkeypatch.setattr(submitit, "AutoExecutor", FakeExecutor)
+    monkeypatch.setattr(FakeExecutor, "job", FinishedJob())
+    executors = []
+    monkeypatch.setattr(FakeExecutor, "update_parameters", lambda self, **params: executors.append(params))
+    launch.main([*argv, "--config", "c.json"])
+    (params,) = executors
+    assert {k: params[k] for k in ("nodes", "tasks_per_node", "gpus_per_node", "mem_gb", "slurm_partition")} == {
+        "nodes": 2,
+        "tasks_per_node": 4,
+        "gpus_per_node": 4,
+        "mem_gb": 64.5,
+        "slurm_partition": "gpu",
+    }
+    assert (params["cpus_per_task"], params["timeout_min"], params["slurm_signal_delay_s"]) == (2, 60, 120)
+    assert "slurm_account" not in params
+    direct = section("launch", {"launcher": "direct"})
+    assert launch.module_args(direct, str(tmp_path)) == "pipeline.pretrain"
 
 
 def test_launcher_shows_the_logs_of_a_failed_job(monkeypatch, tmp_path, capsys):
