@@ -18,7 +18,7 @@ activation it normalises, so there the encoder runs once per sub-batch instead: 
 images i with i % splits == j) goes through the whole encoder alone, each of its BN layers
 normalising all it gets, and the outputs are interleaved back into the input's order. The encoder's
 output is the same up to float rounding, and no layer copies its activations to split or join them
-(the split-BN MoCo v2 step on the fast path: 1.12x -> 1.05-1.07x its measured floor, docs/performance.md).
+(the guarded MoCo v2 step on the fast path: 0.91-0.94x its time in blocks, docs/performance.md).
 """
 
 from __future__ import annotations
