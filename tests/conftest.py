@@ -6,9 +6,13 @@ from pathlib import Path
 
 import pytest
 import slurm_cluster
+import untraced_imports
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# coverage set aside while libraries import, here and in every process the tests start
+untraced_imports.install_startup_hook()
+untraced_imports.install()
 # a MoCo v2 pretrain section for the config checks (tests/test_config.py) and the plan (tests/test_plan.py)
 BASE_MOCO = {"method": "moco", "backbone": "resnet18", "epochs": 10, "batch_size": 256, "K": 4096}
 
