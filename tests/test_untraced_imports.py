@@ -66,3 +66,10 @@ def test_a_process_a_test_starts_has_the_hook():
         check=True,
     ).stdout
     assert out.strip() == "True"
+
+
+def test_the_measured_package_is_coverages_source(repo):
+    import tomllib
+
+    source = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["coverage"]["run"]["source"]
+    assert source == [untraced_imports.MEASURED]
