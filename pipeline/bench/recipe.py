@@ -83,6 +83,32 @@ def byol_sgd(lr: float, weight_decay: float = 5e-4, epochs: int = 13, **knobs) -
     }
 
 
+# the ViT the embedded data trains at the base budget on 2 cores, fixed by step time before any
+# run: ViT-tiny's width (192, 3 heads) on 8 px patches (a 4 x 4 grid of a 32 px crop; 4 px patches'
+# 64 tokens cost ~7 s a step on one core) and 4 blocks (6 took 3.2x the base cell's step, 4 2.1x)
+V3_VIT_GEOMETRY = {"backbone": "vit_tiny", "patch_size": 8, "depth": 4}
+V3_CANDIDATES: dict[str, dict] = {
+    # ResNet-18: the paper's rule (LARS at 0.6 x B/256 = 0.15, trust 0.001, weight decay 1e-6, T 1.0);
+    # LARS at a 20x trust coefficient (a step of 3e-3 of a weight's norm instead of 1.5e-4: the
+    # papers' at batch 4096 is 1e-2); the base cell's optimiser, weight decay and T (SGD, 5e-4, 0.2)
+    # at 4x its lr, the knobs that made BYOL learn here
+    "v3_r18_rule": {},
+    "v3_r18_trust0.02": {"lars_trust": 0.02},
+    "v3_r18_sgd_lr0.06": {"optimizer": "sgd", "lr": 0.06, "weight_decay": 5e-4, "T": 0.2},
+    # the ViT: the paper's rule (AdamW at 1.5e-4 x B/256 = 3.75e-5, weight decay 0.1, T 0.2), and
+    # at the lr of small-data ViT recipes (1e-3) and 3x that
+    "v3_vit_rule": V3_VIT_GEOMETRY,
+    "v3_vit_lr1e-3": {**V3_VIT_GEOMETRY, "lr": 1e-3},
+    "v3_vit_lr3e-3": {**V3_VIT_GEOMETRY, "lr": 3e-3},
+}
+
+
+def v3_candidate(**knobs) -> dict:
+    """A MoCo v3 candidate: its recipe (pipeline.methods.moco.recipe) beneath ``knobs``, the
+    base budget (13 epochs), the demo's data (one shared background)."""
+    return {"variant": "v3", "epochs": 13, **knobs, "synthetic": {"backgrounds": 1}}
+
+
 # name -> values over OLD (pretrain keys; dataset.synthetic keys under "synthetic")
 CANDIDATES: dict[str, dict] = {
     "old": {},
@@ -157,6 +183,12 @@ CANDIDATES: dict[str, dict] = {
     # a diagnosis, not a candidate (twice the base budget): does BYOL's margin grow with the steps,
     # as our reading of its miss (a target that needs time to become a teacher) says it should?
     "byol_bg1_sgd_lr0.12_e26": byol_sgd(0.12, epochs=26),
+    # MoCo v3 on the demo's data at the base budget (520 steps of 64), ResNet-18 and a ViT-tiny of
+    # 4 blocks on 8 px patches; each backbone's candidates and the choice rule (choose_v3) fixed
+    # before any of them ran (docs/studies/2026-12-07-v3-recipes.md): the paper's rule (its entry's
+    # recipe: pipeline.methods.moco.recipe), then one or two knobs from it
+    **{name: v3_candidate(**knobs) for name, knobs in V3_CANDIDATES.items()},
+    "random_init_vit_bg1": {"method": "random", **V3_VIT_GEOMETRY, "synthetic": {"backgrounds": 1}},
 }
 # each rival's recipe on the embedded data, as the study chose it (its grid.<method> in
 # config.yaml trains exactly this candidate's pretraining: tests/test_recipe_study.py)
@@ -169,6 +201,8 @@ STUDY_KNOBS = {
     *("crop_scale_min", "jitter_scale", "width", "epochs"),
 }
 SYNTHETIC_KNOBS = {"train_per_class", "image_size", "backgrounds"}
+# a v3 candidate's own knobs: its recipe's keys and the ViT's geometry (pipeline.methods.moco.recipe)
+V3_KNOBS = {"variant", "backbone", "patch_size", "depth", "optimizer", "weight_decay", "lars_trust", "m", "aug"}
 COLUMNS = [
     "candidate",
     "seed",
@@ -192,14 +226,16 @@ def candidate_config(name: str, seed: int, threads: int) -> tuple[dict, dict]:
     method = values.get("method")
     # a rival's target decay and augmentation are its recipe's (for MoCo they are ablation axes)
     own = {"method", "m", "aug", "lars_trust", "weight_decay", "optimizer"} if method in RIVALS else set()
-    own |= {"method"} if method in BASELINES else set()
+    own |= {"method", "backbone", "patch_size", "depth"} if method in BASELINES else set()
+    v3 = values.get("variant") == "v3"
+    own |= V3_KNOBS if v3 else set()
     knobs = STUDY_KNOBS | own
     outside = sorted(set(values) - knobs)
     outside += sorted(set(synthetic) - SYNTHETIC_KNOBS)
     if outside:
         raise ValueError(f"candidate {name} sets {outside}: the study varies only {sorted(STUDY_KNOBS)}")
     pretrain = {**OLD["pretrain"], **values, "seed": seed, "threads": threads, "knn_every": 0}
-    rule = method_spec(method).recipe if method in RIVALS else None
+    rule = method_spec(method).recipe if method in RIVALS else method_spec("moco").recipe if v3 else None
     if rule is not None:  # the rival's recipe beneath the candidate's own values
         pretrain = {**pretrain, **rule({**base_cell_config()["pretrain"], **pretrain}), **values}
     cfg = base_cell_config()

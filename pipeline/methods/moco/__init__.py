@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.dag.errors import ConfigError
 from pipeline.dag.keys import key
-from pipeline.dag.layout import QUEUE_POLICIES
+from pipeline.dag.layout import QUEUE_POLICIES, VITS
 from pipeline.methods.registry import CROSS_ENTROPY_METRICS, MethodSpec, register
 
 if TYPE_CHECKING:
@@ -67,10 +67,42 @@ def has_queue(p: Pretrain) -> bool:
     return p.variant != "v3" and p.mechanism == "moco"
 
 
+# MoCo v3's rule (moco-v3's main_moco.py and CONFIG.md): lr = base lr x B/256 by the optimiser of
+# its backbone: LARS 0.6 for ResNets (the 100-epoch recipe), AdamW 1.5e-4 for ViTs; warmup 10 of
+# 100 epochs (ResNet), 40 of 300 (ViT), as shares of the cell's epochs
+V3_RESNET = {"optimizer": "lars", "base_lr": 0.6, "weight_decay": 1e-6, "warmup_share": 10 / 100, "T": 1.0}
+V3_VIT = {"optimizer": "adamw", "base_lr": 1.5e-4, "weight_decay": 0.1, "warmup_share": 40 / 300, "T": 0.2}
+# below these a v3 cell is at an SGD recipe's scale (MoCo v2: 0.06 per 256 images) and cannot
+# learn: LARS moves a weight by lr x trust of its norm a step (the published LARS recipes: 0.2 to
+# 0.6 per 256 images); AdamW by ~lr per weight whatever the gradient (theirs: 1.5e-4 per 256)
+LARS_MIN_BASE_LR, ADAMW_MAX_LR = 0.1, 0.01
+
+
+def recipe(cell: dict) -> dict:
+    """MoCo's recipe where a cell switches to v3 (a v1/v2 cell keeps the base cell's settings):
+    its paper's rule for the cell's backbone (V3_RESNET, V3_VIT), m 0.99 -> 1 on a cosine, BYOL's
+    asymmetric augmentation (aug v3); the projector and predictor 256 wide, as SimCLR's and BYOL's
+    heads here (4096 in the paper, on ResNet-50's 2048 features)."""
+    if cell.get("variant") != "v3":
+        return {}
+    rule = V3_VIT if cell["backbone"] in VITS else V3_RESNET
+    return {
+        "optimizer": rule["optimizer"],
+        "lr": rule["base_lr"] * cell["batch_size"] / 256,
+        "weight_decay": rule["weight_decay"],
+        "warmup_epochs": round(rule["warmup_share"] * cell["epochs"], 2),
+        "T": rule["T"],
+        "m": 0.99,
+        "aug": "v3",
+        "mlp_dim": 256,
+    }
+
+
 def check(p: Pretrain, where: str, num_samples: int | None) -> None:
     """MoCo's cross-field rules."""
     if p.is_vit and p.variant != "v3":
         raise ConfigError(f"{where}: backbone {p.backbone} needs variant v3 (the ViT adaptation)")
+    check_v3_lr(p, where)
     if p.variant == "v3" and p.mechanism != "moco":
         raise ConfigError(f"{where}: mechanism {p.mechanism} applies to v1/v2, not v3")
     if p.mechanism == "memory_bank" and num_samples is not None and p.K >= num_samples:
@@ -93,6 +125,24 @@ def check(p: Pretrain, where: str, num_samples: int | None) -> None:
         )
 
 
+def check_v3_lr(p: Pretrain, where: str) -> None:
+    """Refuse a v3 cell at an SGD recipe's learning rate under LARS or AdamW: it trains, and
+    learns nothing (the workflow gives a cell that switches to v3 its recipe; this catches an lr
+    stated beside it, or a stage run by hand)."""
+    optimizer = p.spec.optimizer(p) if p.optimizer == "auto" else p.optimizer
+    if p.variant != "v3" or optimizer == "sgd":
+        return
+    per_256 = p.lr * 256 / p.batch_size
+    if (optimizer == "lars" and per_256 < LARS_MIN_BASE_LR) or (optimizer == "adamw" and p.lr >= ADAMW_MAX_LR):
+        rule = recipe({"variant": "v3", "backbone": p.backbone, "batch_size": p.batch_size, "epochs": p.epochs})
+        raise ConfigError(
+            f"{where}: variant v3 under {optimizer} (pretrain.optimizer={p.optimizer}) at pretrain.lr={p.lr:g} "
+            f"does not learn: an SGD recipe's scale (MoCo v1/v2). Set pretrain.lr by v3's rule ({rule['lr']:g} "
+            f"at batch {p.batch_size}), or leave lr, optimizer, weight_decay, warmup_epochs and T at their "
+            "defaults: the workflow then gives the cell v3's recipe (docs/methods.md)"
+        )
+
+
 def build(p: Pretrain, backbone: nn.Module, num_classes: int, num_samples: int, world_size: int) -> Method:
     from pipeline.methods.moco.model import build_moco
 
@@ -109,6 +159,7 @@ ENTRY = register(
         has_queue=has_queue,
         check=check,
         keys=MocoKeys,
+        recipe=recipe,
         metrics=CROSS_ENTROPY_METRICS,
     )
 )
