@@ -13,7 +13,8 @@ Writes ``<results>/tables/claims.{md,csv,tex}`` (the claims) and, as the studies
 Each accuracy claim is a paired difference by seed (cell seed s − its comparison's seed s) with
 its 95 % CI (pipeline.report.stats): ``holds`` when the CI excludes 0 on the claimed side,
 ``contradicted`` when it excludes 0 on the other side, ``inconclusive`` when it includes 0 (one
-seed included); a claimed size is judged beside it (the ``size`` column). ``not decidable here
+seed included); a claimed size is judged beside it (the ``size`` column). The patch-projection
+claim pairs each run's largest dip of the kNN monitor in the same way. ``not decidable here
 (...)`` when the experiment cannot decide it, known before it runs: a priori from the config (too
 few steps for the EMA, a queue too large for the data: those cells are not trained), or from the
 pilot runs (the reference and random init at seeds that are not compared) not having learnt
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.dag.claims_plan import LARGE_BATCH, PILOT_ROLES, Budget, needs
+from pipeline.dag.claims_plan import LARGE_BATCH, LARGE_LR_FACTOR, PILOT_ROLES, VIT_ROLES, Budget, needs
 from pipeline.dag.config import DEFAULT_CONFIG, ConfigError, load_config, to_dict
 from pipeline.dag.grid import (
     BASE_ID,
@@ -42,7 +43,7 @@ from pipeline.dag.grid import (
     grid_cells,
     group_id,
 )
-from pipeline.dag.layout import QUEUE_POLICIES
+from pipeline.dag.layout import QUEUE_POLICIES, cell_file
 from pipeline.dag.sections import Claims, Config, Pretrain
 from pipeline.dag.training_set import training_set
 from pipeline.report import stats
@@ -73,6 +74,7 @@ from pipeline.report.writers import load_configs, markdown, results_folder, resu
 
 NOT_RUN = "not run"
 METRIC = "top1"  # what "helps" and "loses" are measured in: the linear probe's top-1
+KNN_DROP = "knn_drop"  # what "more stable" is measured in: a run's largest dip of the kNN monitor
 LOW_M_LOSS = 5.0  # the notes' "~5 points"
 
 
@@ -92,20 +94,23 @@ class Claim:
 class Cells:
     """The claims' cells by role (pipeline.dag.grid.claims_overrides), as groups of seeds, and the
     size of the experiment (steps, training images, classes). The pilot seeds' cells are kept
-    apart: they decide whether the reference learnt something and are never compared."""
+    apart: they decide whether the reference learnt something and are never compared. The ViT
+    cells also carry their largest kNN dip (KNN_DROP, from their logs)."""
 
     def __init__(self, df: pd.DataFrame, cfg: Config, claims: Claims, results: Path, grid: pd.DataFrame | None = None):
         """``df``: the claims' cells; ``grid``: the main grid's, which only the transfer claim reads."""
         self.claims, base = claims, to_dict(cfg.pretrain)
         self.cfg = cfg  # the transfer claim reads the main grid's detection settings
         self.grid_gs = groups(df.iloc[:0] if grid is None else grid)
+        self.overrides = claims_overrides(claims, cfg.pretrain, cfg.grid)
+        self.ids = {role: group_id(cell_id(base, {**base, **o})) for role, o in self.overrides.items()}
+        vits = {self.ids[r] for r in VIT_ROLES if r in self.ids}
+        dips = [largest_knn_drop(results, cid) if gid in vits else None for cid, gid in zip(df["cell"], df["group"])]
+        df = df.assign(**{KNN_DROP: dips})
         pilot_start = claims.seed(cfg.pretrain.seed) + claims.seeds
         self.pilot_seeds = range(pilot_start, pilot_start + claims.pilot_seeds)
         pilot = df.apply(seed_of, axis=1).isin(self.pilot_seeds) if not df.empty else pd.Series(dtype=bool)
         self.gs, self.pilot_gs = groups(df[~pilot]), groups(df[pilot])
-        self.ids = {
-            role: group_id(cell_id(base, {**base, **o})) for role, o in claims_overrides(claims, cfg.pretrain).items()
-        }
         self.batch = cfg.pretrain.batch_size
         data = training_set(cfg, results)
         self.budget = Budget(data.images, data.classes, self.batch, self.claims.epochs)
@@ -132,6 +137,22 @@ class Cells:
 
     def ran(self, *roles) -> bool:
         return all(self.value(r).status != "missing" for r in roles)
+
+
+def largest_knn_drop(results: Path, cell: str) -> float | None:
+    """A run's largest drop of the kNN monitor between consecutive checks (points; 0 if it never
+    drops), from its log.csv: the MoCo v3 paper's instability is such a dip, which the final
+    accuracy can hide. None with fewer than two checks (no log, or no kNN column)."""
+    try:
+        log = pd.read_csv(cell_file(results, cell, "log"))
+    except (FileNotFoundError, pd.errors.EmptyDataError):
+        return None
+    if "knn" not in log or "epoch" not in log:
+        return None
+    checks = pd.to_numeric(log.sort_values("epoch")["knn"], errors="coerce").dropna()
+    if len(checks) < 2:
+        return None
+    return max(0.0, float((checks.shift() - checks).max()))
 
 
 # --- decided before the data it judges --------------------------------------------------------
@@ -189,14 +210,22 @@ def failed_as_claimed(c: Cells, role: str) -> dict[int, float]:
 
 
 def compare_roles(
-    c: Cells, a: str, b: str, direction: int, magnitude: float | None = None, failure_is_loss: bool = False
+    c: Cells,
+    a: str,
+    b: str,
+    direction: int,
+    magnitude: float | None = None,
+    failure_is_loss: bool = False,
+    metric: str = METRIC,
+    label: str | None = None,
 ) -> Comparison:
-    """Δ = a − b in linear top-1, paired by seed; the claim: Δ has the sign of ``direction``
-    (a claimed size ``magnitude`` is judged beside it). A failed run of ``a`` counts at its
-    probe when the claim is that ``a`` loses (``failure_is_loss``); any other failed run makes
-    the comparison inconclusive, counted as k of n failed."""
-    va, vb = c.value(a), c.value(b)
-    label = f"{c.ids[a]} − {c.ids[b]}"
+    """Δ = a − b in ``metric`` (linear top-1), paired by seed; the claim: Δ has the sign of
+    ``direction`` (a claimed size ``magnitude`` is judged beside it). A failed run of ``a`` counts
+    at its probe when the claim is that ``a`` loses (``failure_is_loss``); any other failed run
+    makes the comparison inconclusive, counted as k of n failed. ``label``: how the text names
+    it (by default the two cells' ids)."""
+    va, vb = c.value(a, metric), c.value(b, metric)
+    label = label or f"{c.ids[a]} − {c.ids[b]}"
     counted = failed_as_claimed(c, a) if failure_is_loss and direction < 0 else {}
     pairs = (va.by_seed.keys() | va.failed_seeds) & (vb.by_seed.keys() | vb.failed_seeds)
     failed = len(pairs & ((va.failed_seeds - counted.keys()) | vb.failed_seeds))
@@ -519,6 +548,85 @@ def transfer(c: Cells) -> Claim:
     return accuracy_claim(text, SEED_BLOG, needs, comparisons, cells)
 
 
+# --- the MoCo v2 report's steps from v1, and MoCo v3's ViT ------------------------------------------
+REPORT = "MoCo v2 report (Chen et al. 2020), Table 1"
+V3_PAPER = "MoCo v3 paper (Chen, Xie and He 2021), §4.2 and its stability figures"
+
+
+def v2_step(c: Cells, key: str, role: str, text: str, absent: str) -> Claim:
+    """A step of the MoCo v2 report from v1, undone alone: the reference (v2) − ``role`` (v2
+    without the step), paired by seed; the claim: the step helps. An accuracy claim: the pilot
+    gates it. ``absent``: why there is no such cell (a base cell without the step)."""
+    if role not in c.ids:
+        return Claim(text, REPORT, pilot_needs(c), absent, NOT_RUN, [])
+    cells = c.cells("reference", role)
+    verdict = gate(c, key)
+    if verdict:
+        return Claim(text, REPORT, pilot_needs(c), "", verdict, cells)
+    comparison = compare_roles(c, "reference", role, direction=1)
+    return accuracy_claim(text, REPORT, pilot_needs(c), [comparison], cells)
+
+
+def mlp_head(c: Cells) -> Claim:
+    text = (
+        "An MLP projection head helps (the source: v1's linear head 60.6 → 66.2 with a 2-layer MLP head, "
+        f"200 epochs) (run: the reference (v2) vs variant v1, its linear head and nothing else, {_epochs(c)})"
+    )
+    absent = f"the base cell has no MLP head to take away (variant {c.cfg.pretrain.variant})"
+    return v2_step(c, "mlp_head", "v1_head", text, absent)
+
+
+def aug_plus(c: Cells) -> Claim:
+    text = (
+        "Gaussian blur added to the augmentation helps: aug+ (the source: MLP head 66.2 → 67.3 with aug+, whose "
+        "colour jitter was also stronger; here only the blur differs) (run: the reference (v2) vs aug cifar, "
+        f"v2's augmentation without its blur, {_epochs(c)})"
+    )
+    absent = f"the base cell's augmentation has no blur to take away (aug {c.cfg.pretrain.aug})"
+    return v2_step(c, "aug_plus", "no_blur", text, absent)
+
+
+def patch_projection(c: Cells) -> Claim:
+    text = (
+        "A frozen random patch projection makes ViT training more stable than a learned one: the learned one's "
+        "kNN accuracy dips at a larger lr"
+    )
+    needs = (
+        f"{c.needs['patch_projection'].text}. The measure, fixed before the runs: per run, the largest drop of "
+        "the kNN monitor between consecutive epochs (points; 0 if it never drops), from its pretrain/log.csv; a "
+        f"diverged run counts as failed, never as a drop. Holds when at {LARGE_LR_FACTOR} x the lr the paired Δ "
+        "learned − frozen of the largest drop has its 95 % CI above 0, contradicted when below 0; the same Δ at "
+        "the recipe's lr and the probe's Δ frozen − learned at both are reported beside it"
+    )
+    if "vit_frozen" not in c.ids:
+        why = "grid.cells has no MoCo v3 ViT cell (e.g. {variant: v3, backbone: vit_tiny, patch_size: 8, depth: 4})"
+        return Claim(text, V3_PAPER, needs, why, NOT_RUN, [])
+    high = c.overrides["vit_frozen_high"]["lr"]
+    vit = c.overrides["vit_frozen"]
+    shape = ", ".join(f"{k} {vit[k]}" for k in ("backbone", "patch_size", "depth") if k in vit)
+    text += (
+        f" (run: the grid's MoCo v3 ViT ({shape}), its patch projection frozen vs learned, at its recipe's lr "
+        f"{high / LARGE_LR_FACTOR:g} and at {LARGE_LR_FACTOR} x it, {_epochs(c)}, the kNN monitor every epoch)"
+    )
+    cells = c.cells(*VIT_ROLES)
+    verdict = gate(c, "patch_projection")
+    if verdict:
+        return Claim(text, V3_PAPER, needs, "", verdict, cells)
+    lrs = {"_high": high, "": high / LARGE_LR_FACTOR}  # VIT_ROLES' suffixes: the larger lr, the recipe's
+    dips = [
+        compare_roles(
+            c, f"vit_learned{s}", f"vit_frozen{s}", 1, metric=KNN_DROP, label=f"kNN drop learned − frozen at lr {lr:g}"
+        )
+        for s, lr in lrs.items()
+    ]
+    probes = [
+        compare_roles(c, f"vit_frozen{s}", f"vit_learned{s}", 1, label=f"probe frozen − learned at lr {lr:g}")
+        for s, lr in lrs.items()
+    ]
+    claim = accuracy_claim(text, V3_PAPER, needs, dips[:1], cells)  # the larger lr alone decides
+    return replace(claim, measured="; ".join(x.text for x in dips + probes))
+
+
 # --- the rivals: SimCLR's batch against MoCo's queue, BYOL without negatives ----------------------
 
 EQUIVALENCE = stats.EQUIVALENCE_MARGIN  # "matches": the paired Δ's 90 % CI inside ±5 points
@@ -653,6 +761,9 @@ CLAIMS = [
     longer_schedule,
     memory_bank,
     transfer,
+    mlp_head,
+    aug_plus,
+    patch_projection,
     large_batch,
     queue_vs_batch,
     byol_learns,
@@ -672,7 +783,10 @@ def claims_table(c: Cells, prov) -> Table:
         f"Cells: the base cell trained {e} epochs (the schedule claim: {le}), varied one setting at a time, "
         f"{c.claims.seeds} seeds each (claims.seeds), and random init; accuracy is the linear probe's top-1 "
         "(the transfer claim: box and mask AP of the main grid's base and supervised cells; it holds only "
-        "where MoCo's CI lies above supervised: a CI including 0 cannot tell matching from trailing).",
+        "where MoCo's CI lies above supervised: a CI including 0 cannot tell matching from trailing). The MoCo "
+        "v2 report's steps: the reference (v2) against v1's linear head and against v2's augmentation without "
+        "its blur. The patch projection: the grid's MoCo v3 ViT, frozen against learned, each run's largest "
+        f"drop of the kNN monitor between consecutive epochs, at {LARGE_LR_FACTOR} x its recipe's lr.",
         "Δ a − b: a's seed s minus b's seed s, mean ± 95 % CI (Student t) over the n seeds both ran. "
         "The direction decides the verdict: holds: the CI excludes 0 on the claimed side; contradicted: it "
         "excludes 0 on the other side; inconclusive: it includes 0, or one seed. size: a claimed size against "

@@ -87,8 +87,11 @@ def settings(pc: Probe, arch: dict) -> dict:
     """The protocol's hyper-parameters for this backbone, with the config's explicit overrides
     (``pc``: the probe section)."""
     s: dict[str, Any] = dict(PROTOCOLS[pc.protocol])
-    if pc.protocol == "mocov3" and not is_resnet(arch["backbone"]):
-        s["lr"] = MOCOV3_VIT_LR
+    if not is_resnet(arch["backbone"]):
+        # MoCo v1/v2's lr 30 is set for a ResNet's pooled ReLU features; on a random ViT's class
+        # token its training loss ends at 137 (lr 3: 16): either protocol probes a ViT as MoCo v3
+        # does, at 3 x bs/256
+        s["lr"], s["scale_lr"] = MOCOV3_VIT_LR, True
     s["batch_size"] = pc.batch_size or s["batch_size"]
     if pc.lr:
         s["lr"] = pc.lr

@@ -79,7 +79,7 @@ def test_bench_step_measures_the_floor_beside_the_steps(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     measured: dict = {}
     medians = {"supervised": 2.0, "key_forward": 0.5, "moco_v2": 3.0, "moco_v3": 6.0, "moco_v2_unguarded": 2.5}
-    medians |= {"end_to_end": 4.0, "simclr": 4.4, "byol": 6.3}
+    medians |= {"end_to_end": 4.0, "simclr": 4.4, "byol": 6.3, "moco_v3_vit": 9.0}
     monkeypatch.setattr(step, "interleaved", set_medians(step, medians, measured))
     result = step.main(["--batch", "16", "--size", "16", "--width", "4", "--rounds", "1"])
     assert set(measured) == set(medians) and all(r["median_s"] > 0 for r in measured.values())
@@ -91,6 +91,8 @@ def test_bench_step_measures_the_floor_beside_the_steps(tmp_path, monkeypatch):
     assert result["samples_per_s"]["supervised"] == 8.0  # 16 images in 2.0 s
     # each rival over its nearest MoCo step: SimCLR 4.4 / end-to-end 4.0, BYOL 6.3 / v3 6.0
     assert result["rival_ratios"] == {"simclr/end_to_end": 1.1, "byol/moco_v3": 1.05}
+    # the demo grid's ViT beside the base cell's step (9.0 / 3.0) and v3's ResNet step (9.0 / 6.0)
+    assert result["vit_ratios"] == {"moco_v3_vit/moco_v2": 3.0, "moco_v3_vit/moco_v3": 1.5}
 
 
 def test_bench_step_on_the_fast_path(tmp_path, monkeypatch):
@@ -112,7 +114,7 @@ def test_bench_step_times_both_paths_in_one_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     measured: dict = {}
     fp32 = {"supervised": 2.0, "key_forward": 0.5, "moco_v2": 3.0, "moco_v3": 6.0, "moco_v2_unguarded": 2.5}
-    fp32 |= {"end_to_end": 4.0, "simclr": 4.4, "byol": 6.3}
+    fp32 |= {"end_to_end": 4.0, "simclr": 4.4, "byol": 6.3, "moco_v3_vit": 9.0}
     fast = {name: seconds / 2 for name, seconds in fp32.items()} | {"moco_v2": 2.0, "moco_v2_contiguous": 2.5}
     medians = {f"{n}@fp32": s for n, s in fp32.items()} | {f"{n}@fast": s for n, s in fast.items()}
     monkeypatch.setattr(step, "interleaved", set_medians(step, medians, measured))

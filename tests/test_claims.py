@@ -42,6 +42,7 @@ KEY_ENCODER_OK = {
     "ema_replay": {"steps": 3, "max_relative_error": 2e-7},
 }
 ORDER = ["fifo", "low m", "m = 0", "key encoder", "larger K", "m = 0.9999", "longer", "memory bank", "transfer"]
+ORDER += ["mlp head", "aug plus", "patch projection"]  # the MoCo v2 report's steps, MoCo v3's ViT
 ORDER += ["large batch", "queue vs batch", "byol learns", "byol predictor", "byol ema"]
 COLLAPSED = "collapsed: loss 8.318 at chance (8.318: every logit alike)"
 COLLAPSED_BYOL = "collapsed: spread of the outputs 0.004 below 0.1 (every image near one point)"
@@ -92,6 +93,9 @@ ROLES = {
         dict(queue_age_max=300, negative_drift_max=4.0),
     ),
     "memory_bank": ({"epochs": 15, "mechanism": "memory_bank"}, [45.0, 35.0, 55.0], None, {}),
+    # the MoCo v2 report's steps undone one at a time: v1's linear head, v2's augmentation without its blur
+    "v1_head": ({"epochs": 15, "variant": "v1"}, [55.0, 46.0, 64.0], None, {}),
+    "no_blur": ({"epochs": 15, "aug": "cifar"}, [58.0, 49.0, 68.0], None, {}),
     # the rivals: SimCLR at 256 and at 4 x 256, BYOL, without its predictor, without the EMA
     "simclr": ({"epochs": 15, "method": "simclr"}, [50.0, 41.0, 60.0], None, {}),
     "simclr_large": ({"epochs": 15, "method": "simclr", "batch_size": 1024}, [59.0, 50.0, 69.0], None, {}),
@@ -146,6 +150,8 @@ def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
         "mechanism=memory_bank,epochs=15",
         "base",  # 30 epochs: the base
         "method=random",  # random init: m = 0's direct measure
+        "variant=v1,epochs=15",  # v1's linear head (the MLP head's claim)
+        "epochs=15,aug=cifar",  # v2's augmentation without its blur (aug+'s claim)
         "method=simclr,epochs=15",
         "method=simclr,epochs=15,batch_size=1024",
         "method=byol,epochs=15",
@@ -165,7 +171,7 @@ def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
     # with enough steps (200 epochs: 39,000 >= 34,656) m = 0.999 and 0.9999 get 3 as well: 9
     # compared groups x 3, the 3 invariant ones x 2, the pilot's 2 roles x 2
     longer = claims_cells(load_config({**CONFIG, "claims": {**CLAIMS, "epochs": 200, "long_epochs": 400}}))
-    assert len(longer) == (9 + 5) * 3 + 3 * 2 + 2 * 2  # + the 5 rivals' cells
+    assert len(longer) == (9 + 2 + 5) * 3 + 3 * 2 + 2 * 2  # + the v2 report's 2 steps, the 5 rivals' cells
     assert all(p.epochs == 15 for c, p in cells.items() if group_id(c) not in ("base", "method=random"))
 
 
@@ -214,6 +220,9 @@ def test_every_claim_judged_on_what_was_measured(tmp_path):
         "longer": HOLDS,
         "memory bank": HOLDS,
         "transfer": got["transfer"],  # CONFIG runs no supervised baseline, no Mask R-CNN: below
+        "mlp head": HOLDS,
+        "aug plus": HOLDS,
+        "patch projection": NOT_RUN,  # CONFIG's grid has no MoCo v3 ViT (tests/test_claims_v2_v3.py)
         "large batch": HOLDS,
         "queue vs batch": HOLDS,
         "byol learns": HOLDS,
@@ -240,6 +249,10 @@ def test_every_claim_judged_on_what_was_measured(tmp_path):
     assert zero.startswith("3 of 3 seeds failed by the loss rule") and "Δ +0.4 ± 0.4 (n=3)" in zero
     # longer: 4, 5, 3: mean 4, std 1, half 4.303 / sqrt(3) = 2.48
     assert "base − epochs=15: Δ +4.0 ± 2.5 (n=3)" in rows["longer"]["measured"]
+    # the reference − v1's linear head: 5, 4, 6: mean 5, std 1, half 2.48: CI [+2.5, +7.5] above 0;
+    # − no blur: 2, 1, 2: mean 1.67, std 0.577, half 4.303 x 0.577 / sqrt 3 = 1.43: [+0.2, +3.1]
+    assert rows["mlp head"]["measured"].startswith("epochs=15 − variant=v1,epochs=15: Δ +5.0 ± 2.5 (n=3)")
+    assert rows["aug plus"]["measured"].startswith("epochs=15 − epochs=15,aug=cifar: Δ +1.7 ± 1.4 (n=3)")
     # decided before the runs it judges: the pilot's seeds 3, 4 (58 − 10, 62 − 10.5) learnt something
     assert "pilot runs (seeds 3–4, not compared)" in rows["longer"]["needs"]
     # 5 half-lives of 0.99: 5 ln 0.5 / ln 0.99 = 5 x 68.97 = 344.8
@@ -427,7 +440,7 @@ def test_a_pilot_that_learnt_nothing_decides_no_accuracy_claim(tmp_path):
         f"{NOT_DECIDABLE} (pilot runs: the reference is not above random init (Δ +1.0 ± 6.4 (n=2), "
         "95 % CI [-5.4, +7.4] includes 0): needs a longer run)"
     )
-    assert got["low m"] == got["longer"] == got["memory bank"] == why
+    assert got["low m"] == got["longer"] == got["memory bank"] == got["mlp head"] == got["aug plus"] == why
     assert got["fifo"] == got["key encoder"] == got["m = 0"] == HOLDS  # not accuracy comparisons
 
 
@@ -454,7 +467,7 @@ def test_another_claims_runs_seeds_in_the_folder_are_never_judged(tmp_path):
         cell(tmp_path, seed_cell({"method": "random"}, s), rand)
     write_claims(tmp_path, confirmatory)
     alone = {k: (r["measured"], r["verdict"]) for k, r in rows_by_claim(tmp_path).items()}
-    assert alone["longer"][1] == HOLDS and alone["key encoder"][0].startswith("35 of 35")  # 26 MoCo runs, 9 BYOL
+    assert alone["longer"][1] == HOLDS and alone["key encoder"][0].startswith("41 of 41")  # 32 MoCo runs, 9 BYOL
     full_results(tmp_path, long=([40.0, 30.0, 50.0], None, {}))  # the earlier run: longer loses
     write_claims(tmp_path, confirmatory)
     assert {k: (r["measured"], r["verdict"]) for k, r in rows_by_claim(tmp_path).items()} == alone
@@ -465,7 +478,7 @@ def test_claims_cli_and_its_errors(tmp_path):
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(CONFIG))
     out = run([sys.executable, "-m", "pipeline.claims", str(tmp_path), "--config", str(cfg)])
-    assert "### The seeds' claims, measured" in out.stdout and out.stdout.count(f"| {HOLDS} |") == 11
+    assert "### The seeds' claims, measured" in out.stdout and out.stdout.count(f"| {HOLDS} |") == 13
     # two a priori, and the transfer claim: CONFIG fine-tunes no supervised cell
     assert out.stdout.count(f"| {NOT_DECIDABLE} (") == 3
     bad = run([sys.executable, "-m", "pipeline.claims", str(tmp_path / "nowhere")], check=False)
@@ -586,13 +599,15 @@ def test_claims_whose_cells_the_config_does_not_name_are_not_run(tmp_path):
     write_claims(tmp_path, cfg)  # no cell has run: no trained run for the key-encoder check
     rows = rows_by_claim(tmp_path)
     # the transfer claim is gated on the detection config, not on claims.m / claims.K
-    assert {k: r["verdict"] for k, r in rows.items() if k not in ("longer", "memory bank", "transfer")} == {
+    omitted = ("longer", "memory bank", "transfer", "mlp head", "aug plus")  # cells every config names
+    assert {k: r["verdict"] for k, r in rows.items() if k not in omitted} == {
         "fifo": NOT_RUN,
         "low m": NOT_RUN,
         "m = 0": NOT_RUN,
         "key encoder": NOT_RUN,
         "larger K": NOT_RUN,
         "m = 0.9999": NOT_RUN,
+        "patch projection": NOT_RUN,  # CONFIG's grid.cells has no MoCo v3 ViT
         # the rivals' claims need SimCLR's and BYOL's cells, none of which has run
         "large batch": NOT_RUN,
         "queue vs batch": NOT_RUN,
@@ -728,6 +743,7 @@ def test_claims_only_trains_some_rows_and_the_table_reads_every_row(tmp_path):
     write_claims(tmp_path, merge(CONFIG, {"claims": {"only": ["byol_learns"]}}))
     got = verdicts(tmp_path)
     write_claims(tmp_path, CONFIG)
-    assert got == verdicts(tmp_path) and "not run" not in got.values()
+    # every row but the patch projection's: CONFIG's grid has no MoCo v3 ViT to vary
+    assert got == verdicts(tmp_path) and [k for k, v in got.items() if v == NOT_RUN] == ["patch projection"]
     write_claims(tmp_path, merge(CONFIG, {"claims": {"only": ["byol_learns"]}}))
     assert "this run's claims.only: byol_learns" in (tmp_path / "tables" / "claims.md").read_text()

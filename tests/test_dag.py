@@ -166,6 +166,9 @@ def test_claims_target_runs_just_its_cells_and_the_default_target_keeps_its_cost
     assert set(seeds.values()) == {c.invariant_seeds, c.seeds, c.seeds + c.pilot_seeds}
     skipped = not_trained(typed.claims, claims_budget(typed))
     assert all(f"claims: not trained, this budget cannot decide {k}" in proc.stderr for k in skipped)
+    # the ViT stability cells' kNN monitor every epoch (a runtime key, in no cell id) reaches their jobs
+    vit = [ln for ln in proc.stdout.splitlines() if "pipeline.pretrain" in ln and '"freeze_patch_embed":' in ln]
+    assert len(vit) == 4 * c.seeds and all('"knn_every":1' in ln for ln in vit)
 
 
 @pytest.mark.integration

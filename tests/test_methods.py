@@ -248,7 +248,10 @@ def test_v3_vit_probe_lr_is_the_reference():
     pc = {"protocol": "mocov3", "epochs": 90}
     assert settings(section("probe", pc), {"backbone": "vit_small"})["lr"] == pytest.approx(3.0 * 1024 / 256)
     assert settings(section("probe", pc), {"backbone": "resnet50"})["lr"] == pytest.approx(0.1 * 1024 / 256)
-    assert settings(section("probe", {"protocol": "moco", "epochs": 100}), {"backbone": "vit_small"})["lr"] == 30.0
+    # MoCo v1/v2's protocol probes a ResNet at lr 30, a ViT as MoCo v3 does: 3 x 256 / 256
+    moco = section("probe", {"protocol": "moco", "epochs": 100})
+    assert settings(moco, {"backbone": "resnet18"})["lr"] == 30.0
+    assert settings(moco, {"backbone": "vit_small"})["lr"] == pytest.approx(3.0)
 
 
 def test_every_method_has_the_training_loops_interface():

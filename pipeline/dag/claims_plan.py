@@ -1,7 +1,7 @@
 """What each claim of ``snakemake claims`` needs from its experiment, known before anything runs:
 which cells (by role, pipeline.dag.grid.claims_overrides) and whether the configured budget can
-decide it (enough steps for the EMA, a queue small enough for the data), from the training set's
-size (pipeline.dag.training_set) and the config alone.
+decide it (enough steps for the EMA, a queue small enough for the data, two kNN checks for a
+dip), from the training set's size (pipeline.dag.training_set) and the config alone.
 
 Standard library only: pipeline.dag.grid uses it while Snakemake builds the DAG, to run
 ``claims.seeds`` seeds of the cells a decidable claim compares, ``claims.invariant_seeds`` of
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.dag.layout import QUEUE_POLICIES
+from pipeline.dag.layout import QUEUE_POLICIES, is_vit
 from pipeline.dag.sections import Claims
 
 # "several EMA half-lives": after 5 the key encoder keeps 2^-5 = 3 % of its initial weights
@@ -29,6 +29,12 @@ LOW_M_AGAINST = 0.99  # "m < 0.99 loses": each m below it against m = 0.99
 # 8,192); the same epochs, so the large batch takes that many times fewer steps, as in the report
 LARGE_BATCH = 4
 BYOL_TAU = 0.99  # BYOL's target decay on the embedded data (pipeline.methods.byol.recipe)
+# the patch-projection claim's larger lr: this many times the ViT cell's recipe lr (the MoCo v3
+# paper's dips in kNN accuracy appear as the lr grows; at the recipe's lr alone there may be none)
+LARGE_LR_FACTOR = 4
+# the MoCo v3 ViT cells of the patch-projection claim: its patch projection frozen (random) and
+# learned, at the recipe's lr and at LARGE_LR_FACTOR x it
+VIT_ROLES = ("vit_frozen", "vit_learned", "vit_frozen_high", "vit_learned_high")
 
 
 def half_life(m: float) -> float:
@@ -41,10 +47,14 @@ def half_life(m: float) -> float:
 # every claim with cells of its own, in the table's order (the transfer claim reads the main grid)
 CLAIM_KEYS = (
     *("fifo", "low_m", "zero_m", "larger_K", "slow_m", "longer", "memory_bank"),
+    *("mlp_head", "aug_plus", "patch_projection"),  # the MoCo v2 report's steps, MoCo v3's ViT
     *("large_batch", "queue_vs_batch", "byol_learns", "byol_predictor", "byol_ema"),
 )
 PILOT_ROLES = ("pilot", "pilot_random")  # the reference and random init at the pilot seeds
-ACCURACY_CLAIMS = ("low_m", "larger_K", "slow_m", "longer", "memory_bank", "large_batch", "queue_vs_batch")
+ACCURACY_CLAIMS = (
+    *("low_m", "larger_K", "slow_m", "longer", "memory_bank", "mlp_head", "aug_plus"),
+    *("large_batch", "queue_vs_batch"),
+)
 # invariants hold when every run satisfies them: their own cells need only claims.invariant_seeds
 INVARIANT_CLAIMS = ("fifo",)
 
@@ -113,6 +123,24 @@ def queue_turnover(b: Budget, ks: list[int]) -> tuple[str, str | None]:
     return text, None if b.steps >= need else f"needs ≥ {need:,} steps, has {b.steps:,}"
 
 
+def vit_cell(cells, base: dict) -> dict | None:
+    """The first MoCo v3 ViT among ``cells`` (grid.cells: overrides of ``base``, a pretrain
+    dict): the cell whose patch projection the claim varies; None where the grid has none."""
+
+    def v3_vit(cell) -> bool:
+        p = {**base, **cell}
+        return p["method"] == "moco" and p["variant"] == "v3" and is_vit(p["backbone"])
+
+    return next((dict(c) for c in cells if v3_vit(c)), None)
+
+
+def knn_checks(b: Budget) -> tuple[str, str | None]:
+    """A dip in the kNN monitor needs two checks of it to show: the ViT cells check it every
+    epoch (knn_every 1), so the run needs at least 2 epochs."""
+    text = f"≥ 2 kNN checks: the ViT cells check it every epoch, {b.epochs} epochs"
+    return text, None if b.epochs >= 2 else f"needs claims.epochs ≥ 2 for two kNN checks, has {b.epochs}"
+
+
 @dataclass(frozen=True)
 class Need:
     roles: tuple[str, ...]  # the cells it needs (pipeline.dag.grid.claims_overrides' roles)
@@ -132,6 +160,10 @@ def needs(claims: Claims, b: Budget) -> dict[str, Need]:
     out["slow_m"] = Need(("m=0.999", "m=0.9999", *pilot), *ema_steps(b, 0.9999))
     out["longer"] = Need(("long", "reference", *pilot), "", None)
     out["memory_bank"] = Need(("memory_bank", "reference", *pilot), "", None)
+    # the MoCo v2 report's steps from v1, one at a time: the MLP head, then aug+ (the blur)
+    out["mlp_head"] = Need(("reference", "v1_head", *pilot), "", None)
+    out["aug_plus"] = Need(("reference", "no_blur", *pilot), "", None)
+    out["patch_projection"] = Need(VIT_ROLES, *knn_checks(b))  # stability, not accuracy: no pilot
     # the rivals: SimCLR's batch against MoCo's queue, BYOL without negatives and its ablations
     out["large_batch"] = Need(("simclr_large", "simclr", *pilot), *large_batch(b))
     out["queue_vs_batch"] = Need(("reference", "simclr_large", *pilot), *large_batch(b))

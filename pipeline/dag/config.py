@@ -25,6 +25,7 @@ import yaml
 from pipeline import REPO
 from pipeline.dag import training_set
 from pipeline.dag.errors import ConfigError
+from pipeline.dag.recipes import base_with_recipe
 from pipeline.dag.schema import config_schema
 from pipeline.dag.sections import (
     INIT,
@@ -384,7 +385,7 @@ def load_config(cfg: dict, folders: bool = False) -> Config:
     too (off: the jobs that read them check them, so that `snakemake plan` runs before the data
     is staged)."""
     validate_schema(cfg, load_schema())
-    typed = _typed_config(cfg)
+    typed = _with_base_recipe(_typed_config(cfg), cfg)
     check_dataset_source(typed.dataset)
     if folders:
         check_dataset(typed.dataset)
@@ -395,6 +396,17 @@ def load_config(cfg: dict, folders: bool = False) -> Config:
         check_claims(typed.claims)
     # after the checks, which judge the config as written (raising epochs keeps them true)
     return training_set.lengthen_base(typed, cfg)  # pretrain.min_steps (updates cfg to agree)
+
+
+def _with_base_recipe(typed: Config, stated: dict) -> Config:
+    """``typed`` with the base cell's recipe where the config switches its method, variant or
+    backbone (pipeline.dag.recipes.base_with_recipe); ``stated``, the config as given, is
+    updated to agree: the jobs' JSON holds what they train."""
+    recipe = base_with_recipe(typed.pretrain, typed.grid)
+    if not recipe:
+        return typed
+    stated["pretrain"] = {**stated.get("pretrain", {}), **recipe}  # a new dict: the caller's stays
+    return dataclasses.replace(typed, pretrain=pretrain_cell(typed.pretrain, recipe))
 
 
 def load_stage_config(source: str | dict, sections: list[str]) -> dict:

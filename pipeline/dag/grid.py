@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import yaml
 
-from pipeline.dag.claims_plan import LARGE_BATCH, Budget, role_seeds
+from pipeline.dag.claims_plan import LARGE_BATCH, LARGE_LR_FACTOR, Budget, role_seeds, vit_cell
 from pipeline.dag.config import ConfigError, merge, pretrain_cell, to_dict
 from pipeline.dag.layout import AXES, QUEUE_POLICIES, is_resnet
+from pipeline.dag.recipes import with_recipe
 from pipeline.dag.sections import Claims, Config, Detect, Grid, Pretrain, Resources
 from pipeline.dag.training_set import synthetic_images, training_set
-from pipeline.methods import method_spec
 
 BASE_ID = "base"
 
@@ -86,6 +86,7 @@ def _sweep_overrides(grid: Grid) -> list[dict]:
     if grid.product:
         axes = list(grid.product)
         overrides += [dict(zip(axes, combo)) for combo in itertools.product(*grid.product.values())]
+    overrides += [dict(cell) for cell in grid.cells]
     overrides += [{"method": b} for b in grid.baselines]
     return overrides
 
@@ -116,13 +117,18 @@ def grid_cells(cfg: Config) -> dict[str, Cell]:
     return only(_cells(cfg, _sweep_overrides(cfg.grid)), cfg.grid.only)
 
 
-def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
+def claims_overrides(claims: Claims, base: Pretrain, grid: Grid | None = None) -> dict[str, dict]:
     """The cells the claims study needs (``snakemake claims``), as overrides of the base cell,
     by role: a reference cell trained ``claims.epochs``; around it each m, each K under each
     queue policy and the memory bank; the reference trained ``claims.long_epochs``; random init
     (m = 0's direct measure); the pilot: the reference and random init at the seeds after the
-    compared ones (whether the reference learnt something, never compared); and the rivals:
-    SimCLR at the base batch and at LARGE_BATCH x it, BYOL, without its predictor, without the EMA."""
+    compared ones (whether the reference learnt something, never compared); the MoCo v2 report's
+    steps, each taken away alone where the base has it: v1's linear head for v2's MLP head, v2's
+    augmentation without its blur; the grid's MoCo v3 ViT (the first of ``grid.cells``; none
+    without a grid) with its patch projection frozen and learned, at its recipe's lr and at
+    LARGE_LR_FACTOR x it, its kNN monitor every epoch (a dip shows between two checks); and the
+    rivals: SimCLR at the base batch and at LARGE_BATCH x it, BYOL, without its predictor,
+    without the EMA."""
     first = claims.seed(base.seed)
     start = {} if first == base.seed else {"seed": first}  # at the base's seed a cell's id has none
     short = {"epochs": claims.epochs, **start}
@@ -130,6 +136,20 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
 
     def policy(name):  # the base's own policy (unset: FIFO) is the same cell as the base's
         return {} if name == base.queue_policy else {"queue_policy": name}
+
+    def vit_roles() -> dict[str, dict]:
+        values = to_dict(base)
+        vit = None if grid is None else vit_cell(grid.cells, values)
+        if grid is None or vit is None:
+            return {}
+        frozen, learned = ({**short, **vit, "freeze_patch_embed": f, "knn_every": 1} for f in (True, False))
+        high = {"lr": {**values, **with_recipe(grid, frozen, values)}["lr"] * LARGE_LR_FACTOR}
+        return {
+            "vit_frozen": frozen,
+            "vit_learned": learned,
+            "vit_frozen_high": {**frozen, **high},
+            "vit_learned_high": {**learned, **high},
+        }
 
     return {
         "reference": short,
@@ -140,7 +160,11 @@ def claims_overrides(claims: Claims, base: Pretrain) -> dict[str, dict]:
         "random": {"method": "random", **start},  # the grid's baseline cell: no training, any length
         "pilot": {**short, **pilot},
         "pilot_random": {"method": "random", **pilot},
-        # the rivals at the reference's epochs, each with its recipe (pipeline.dag.grid.with_recipe)
+        # the MoCo v2 report's steps, each taken away alone where the base has it
+        **({"v1_head": {**short, "variant": "v1"}} if base.variant == "v2" else {}),  # v1: a linear head
+        **({"no_blur": {**short, "aug": "cifar"}} if base.aug == "v2" else {}),  # aug+ without its blur
+        **vit_roles(),
+        # the rivals at the reference's epochs, each with its recipe (pipeline.dag.recipes)
         "simclr": {**short, "method": "simclr"},
         "simclr_large": {**short, "method": "simclr", "batch_size": LARGE_BATCH * base.batch_size},
         "byol": {**short, "method": "byol"},
@@ -169,24 +193,9 @@ def claims_cells(cfg: Config) -> dict[str, Cell]:
             "claims: the claims vary the queue and the momentum of MoCo v1/v2; the base cell "
             f"(pretrain) is method={base.method} variant={base.variant} mechanism={base.mechanism}"
         )
-    overrides = claims_overrides(claims, base)
+    overrides = claims_overrides(claims, base, cfg.grid)
     seeds = role_seeds(claims, claims_budget(cfg), overrides)
     return _cells(cfg, [r for role, o in overrides.items() for r in _replicates([o], seeds[role], base)], 1)
-
-
-def with_recipe(grid: Grid, override: dict, base: dict) -> dict:
-    """A cell's override with its method's own recipe beneath it: the keys its entry's rule sets
-    for the cell (MethodSpec.recipe: SimCLR's and BYOL's paper recipes, lr by the batch), under
-    the set keys of grid.<method> (grid.supervised, grid.simclr, grid.byol). A cell that names
-    no method is as given. The recipe is not part of the cell's id."""
-    method = override.get("method")
-    if method is None:
-        return override
-    recipe = grid.recipe(method)
-    stated = {k: v for k, v in to_dict(recipe).items() if v is not None} if recipe is not None else {}
-    rule = method_spec(method).recipe
-    ruled = rule({**base, **stated, **override}) if rule is not None else {}
-    return {**ruled, **stated, **override}
 
 
 def _cells(cfg: Config, overrides: list[dict], seeds: int | None = None) -> dict[str, Cell]:

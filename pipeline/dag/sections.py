@@ -12,6 +12,7 @@ Standard library only: Snakemake imports this while it builds the DAG (no torch,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, make_dataclass
 from functools import partial
 from typing import Any
@@ -536,28 +537,30 @@ class MethodRecipe:
 
 
 # the grid's experiment design, which config.yaml sets for the demo; absent, no sweep, one seed
-DESIGN = ("one_at_a_time", "product", "baselines", "seeds", "only")
+DESIGN = ("one_at_a_time", "product", "cells", "baselines", "seeds", "only")
 SWEEP: dict[str, Any] = {
     "propertyNames": {"enum": list(AXES)},  # in the order of a cell id's parts
     "additionalProperties": {"type": "array", "minItems": 1},
 }
 
 
-def recipe_slot(spec: MethodSpec) -> Any:
-    """grid.<method>: a method's recipe (pretrain keys) beneath its cells; by default its recipe
-    for the embedded data (MethodSpec.embedded_recipe), where it has one."""
+def recipe_slot(spec: MethodSpec, slot: str, default: Mapping[str, Any]) -> Any:
+    """grid.<slot>: a method's recipe (pretrain keys) beneath the cells of the slot; by default
+    its recipe for the embedded data, where it has one (MethodSpec.recipe_slots)."""
     under = "its paper's rule (MethodSpec.recipe)" if spec.recipe else "the base cell's value"
-    return key(
-        factory=partial(MethodRecipe, **spec.embedded_recipe),
-        doc=f"{spec.label}'s recipe (pretrain keys); null = {under}",
-    )
+    whose = spec.label if slot == spec.name else f"{spec.label} ({slot})"
+    return key(factory=partial(MethodRecipe, **default), doc=f"{whose}'s recipe (pretrain keys); null = {under}")
 
 
-# grid.<method> for each registered method whose cells train outside MoCo's recipe: a method
-# added to the registry gets its slot without an edit here
+# each registered method's recipe slots (grid.supervised, grid.simclr, grid.byol, MoCo v3's by
+# backbone): a method added to the registry gets its slots without an edit here
 MethodRecipes = make_dataclass(
     "MethodRecipes",
-    [(name, MethodRecipe, recipe_slot(spec)) for name, spec in METHODS.items() if spec.trains and not spec.moco],
+    [
+        (slot, MethodRecipe, recipe_slot(spec, slot, default))
+        for spec in METHODS.values()
+        for slot, default in spec.slots().items()
+    ],
     frozen=True,
     kw_only=True,
 )
@@ -569,6 +572,12 @@ class Grid(MethodRecipes):  # type: ignore[misc, valid-type]  # its recipe slots
 
     one_at_a_time: dict = key(factory=dict, doc="axis (a pretrain key) -> values, each varied alone", **SWEEP)
     product: dict = key(factory=dict, doc="axis (a pretrain key) -> values, every combination", **SWEEP)
+    cells: tuple = key(
+        (),
+        "cells given whole beside the sweeps, each {axis: value, ...} over the base cell (e.g. "
+        "{variant: v3, backbone: vit_tiny, patch_size: 8, depth: 4}); its recipe beneath it",
+        items={"type": "object", "minProperties": 1, "propertyNames": {"enum": list(AXES)}},
+    )
     baselines: tuple = key(
         (),
         "the other methods trained beside the base cell, each a cell method=<name> (its recipe: grid.<name>)",
@@ -595,10 +604,12 @@ class Grid(MethodRecipes):  # type: ignore[misc, valid-type]  # its recipe slots
         "minutes_per_epoch * epochs * backbone_cost / nodes",
     )
 
-    def recipe(self, method: str | None) -> MethodRecipe | None:
-        """The recipe beneath a cell of ``method`` (None: MoCo's, random init's: the base cell's settings)."""
-        slot = getattr(self, method or "", None)
-        return slot if isinstance(slot, MethodRecipe) else None
+    def recipe(self, cell: Mapping[str, Any]) -> MethodRecipe | None:
+        """The recipe beneath ``cell`` (its pretrain values): its method's slot (grid.supervised,
+        ...; MoCo v3's by backbone); None where it has none (MoCo v1/v2, random init)."""
+        slot = method_spec(cell["method"]).slot(cell)
+        recipe = getattr(self, slot, None) if slot else None
+        return recipe if isinstance(recipe, MethodRecipe) else None
 
 
 NOT_ONE: dict[str, Any] = {"not": {"const": 1}}

@@ -9,7 +9,7 @@ through its ``build`` function, which imports the torch half of its module when 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -75,11 +75,27 @@ class MethodSpec:
     # cell's pretrain values) -> the keys it sets (e.g. lr by its paper's rule from the batch);
     # grid.<method> and the cell's own values override them. None: the base cell's settings
     recipe: Callable[[dict], dict] | None = None
-    # grid.<method>'s default: its recipe on the embedded data where the paper's rule does not
-    # learn there (pretrain keys; chosen on held-out training images: docs/embedded-data.md).
-    # Presets for other data state their own grid.<method>
-    embedded_recipe: Mapping[str, Any] = field(default_factory=dict)
+    # its recipe slots in the grid section, each holding its recipe beneath the cells it names: slot
+    # -> its default, the recipe on the embedded data where the paper's rule does not learn there
+    # (pretrain keys; chosen on held-out training images, docs/studies/). None: grid.<name> with no
+    # default for a method that trains outside MoCo's recipe, none for the others. Presets for other
+    # data state their own
+    recipe_slots: Mapping[str, Mapping[str, Any]] | None = None
+    # the slot beneath a cell (its pretrain values); None: its method's only slot, if it has one
+    slot_of: Callable[[dict], str | None] | None = None
     metrics: tuple[Metric, ...] = ()  # what its Step.metrics hold (others are logged as reported)
+
+    def slots(self) -> dict[str, Mapping[str, Any]]:
+        """Its recipe slots in the grid section: slot -> the recipe's default."""
+        if self.recipe_slots is not None:
+            return dict(self.recipe_slots)
+        return {self.name: {}} if self.trains and not self.moco else {}
+
+    def slot(self, cell: Mapping[str, Any]) -> str | None:
+        """The grid slot whose recipe lies beneath ``cell`` (None: none)."""
+        if self.slot_of is not None:
+            return self.slot_of(dict(cell))
+        return next(iter(self.slots()), None)
 
     def builder(self) -> Builder:
         if self.build is None:

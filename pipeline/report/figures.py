@@ -136,7 +136,9 @@ def methods(gs):
     fig, ax = pyplot().subplots(figsize=(max(5, 1.1 * len(gs) + 2), 3.5))
     # the table's method and variant, and its other settings on a second line: a folder holding the
     # claims' cells beside the grid's has several rows of one method, told apart only by those
-    rows = [(_method_label(keys), g) for keys, g in method_groups(gs) if g is not None]
+    picked = [(keys, g) for keys, g in method_groups(gs) if g is not None]
+    backbones = len({keys[2] for keys, _ in picked}) > 1  # then each tick names its backbone
+    rows = [(_method_label(keys, backbones), g) for keys, g in picked]
     vals = [value(g.cells, "top1") for _, g in rows]
     xs = list(range(len(rows)))
     for seed in sorted({s for v in vals for s in v.by_seed}):
@@ -154,10 +156,12 @@ def methods(gs):
     return fig
 
 
-def _method_label(keys: list[str]) -> str:
-    """A methods row's tick: "MoCo (base cell) v2"; "SimCLR" and "epochs=9, batch_size=256" below."""
+def _method_label(keys: list[str], backbone: bool = False) -> str:
+    """A methods row's tick: "MoCo (base cell) v2"; below it its backbone (``backbone``: where
+    the rows differ in it), and its other settings ("epochs=9, batch_size=256")."""
     label = " ".join(k for k in keys[:2] if k)
-    return f"{label}\n{keys[3]}" if len(keys) > 3 and keys[3] else label
+    below = [k for k in ([keys[2]] if backbone else []) + keys[3:4] if k]
+    return "\n".join([label, *below])
 
 
 def read_log(results: Path, cell: str) -> pd.DataFrame:

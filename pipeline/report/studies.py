@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -332,19 +332,21 @@ def _metric_table(name, title, keys, rows, metrics, prov) -> Table:
     return Table(name, title, keys, list(metrics), [METRICS[m] for m in metrics], rows, prov, column_groups(metrics))
 
 
-def compare(table: Table, ref: Group | None, label: str, metric: str = "top1") -> Table:
+def compare(table: Table, ref: Group | None | Sequence[Group | None], label: str, metric: str = "top1") -> Table:
     """Add a paired-Δ column: every row's ``metric`` against the reference group ``ref``
-    (labelled ``label``), the row's seed s minus the reference's seed s. One column per metric."""
+    (labelled ``label``; a sequence: each row's own), the row's seed s minus the reference's
+    seed s. One column per metric."""
     if any(m == metric for m, _ in table.compared):
         raise ValueError(f"{table.name}: a second Δ column of {metric}")
     table.compared.append((metric, label))
-    cells = None if ref is None else ref.cells
-    ref_value, ref_cells = value(cells, metric), set() if cells is None else set(cells["cell"])
+    refs = list(ref) if isinstance(ref, Sequence) else [ref] * len(table.rows)
     i = table.metrics.index(metric)
-    for row in table.rows:
+    for row, of_row in zip(table.rows, refs):
+        cells = None if of_row is None else of_row.cells
+        ref_cells = set() if cells is None else set(cells["cell"])
         is_ref = bool(ref_cells) and set(row.cells) == ref_cells
         row.reference.append(is_ref)
-        row.deltas.append(None if is_ref else delta(row.values[i], ref_value))
+        row.deltas.append(None if is_ref else delta(row.values[i], value(cells, metric)))
     return table
 
 
@@ -471,6 +473,10 @@ def mechanisms(gs: dict[str, Group], prov) -> Table:
     )
 
 
+# the axes a methods row names in its key columns (the backbone's label holds a ViT's geometry)
+NAMED_IN_ROW = ("method", "variant", "backbone", "patch_size", "depth")
+
+
 def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
     """Rows of the method comparison: MoCo variants/backbones, then supervised, then random init.
     Keys: method, variant, backbone, other differences from the base."""
@@ -498,16 +504,32 @@ def method_groups(gs: dict[str, Group]) -> list[tuple[list[str], Group | None]]:
         method = g.diff["method"] if "method" in g.diff else g.stated("method") or "moco"
         label = "MoCo (base cell)" if g.id == BASE_ID else method_label(method)
         variant = (g.stated("variant") or "") if is_moco(method) else ""
-        other = ", ".join(
-            f"{a}={format_value(v)}" for a, v in g.diff.items() if a not in ("method", "variant", "backbone")
-        )
+        other = ", ".join(f"{a}={format_value(v)}" for a, v in g.diff.items() if a not in NAMED_IN_ROW)
         rows.append(([label, variant, backbone_label(g.params), other], g if g.cells is not None else None))
     return rows
 
 
+# the keys that make two cells' backbones the same network (an untrained one is its own floor)
+ARCHITECTURE = ("backbone", "width", "cifar_stem", "norm", "patch_size", "depth")
+
+
+def random_init_of(gs: dict[str, Group], g: Group | None) -> Group | None:
+    """The random-init group on ``g``'s backbone: each backbone's Δ is against its own untrained
+    network (a ViT's random features are not a ResNet's). The main reference (method=random)
+    where ``g`` is none, or no random init of its backbone ran."""
+    main = find(gs, RANDOM_ID)
+    if g is None:
+        return main
+    arch = {k: getattr(g.pretrain, k) for k in ARCHITECTURE}
+    for other in gs.values():
+        if other.pretrain.method == "random" and all(getattr(other.pretrain, k) == v for k, v in arch.items()):
+            return other
+    return main
+
+
 def backbone_label(p: dict) -> str:
     """A backbone as the tables name it, from a cell's stated parameters."""
-    backbone, width, patch = (stated(p, k) for k in ("backbone", "width", "patch_size"))
+    backbone, width, patch, depth = (stated(p, k) for k in ("backbone", "width", "patch_size", "depth"))
     if not backbone:
         return ""
     name = BACKBONE_LABELS[backbone] if backbone in BACKBONE_LABELS else backbone
@@ -515,6 +537,8 @@ def backbone_label(p: dict) -> str:
         name += f" (width {width})"
     if is_vit(backbone) and patch:
         name += f"/{patch}"
+    if is_vit(backbone) and depth:
+        name += f" ({depth} blocks)"
     return name
 
 
@@ -572,7 +596,10 @@ def methods(gs, prov, supervised_recipe: dict | None = None) -> Table:
     table = _methods_like(gs, prov, "methods", methods_title(gs), metrics)
     if SUPERVISED_ID in gs:
         table.notes.append(supervised_note(supervised_recipe or {}))
-    compare(table, find(gs, RANDOM_ID), RANDOM_LABEL)
+    refs = [random_init_of(gs, g) for _, g in method_groups(gs)]
+    compare(table, refs, RANDOM_LABEL)
+    if len({id(r) for r in refs if r is not None}) > 1:
+        table.notes.append(f"Δ vs {RANDOM_LABEL}: each row against random init of its own backbone, paired by seed.")
     if fine_tuned(gs):
         for metric in ["AP50", *(["mask_AP50"] if masks else [])]:
             compare(table, find(gs, SUPERVISED_ID), SUPERVISED_LABEL, metric=metric)

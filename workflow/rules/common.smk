@@ -47,8 +47,12 @@ def job_config(sections_of, drop=(RUNTIME,)):
 
 
 def params_of(cell):
-    """The cell (pipeline.dag.grid.Cell): its typed pretrain section and its override."""
-    return CELLS[cell] if cell in CELLS else cell_params(CFG, cell)
+    """The cell (pipeline.dag.grid.Cell): its typed pretrain section and its override (a claims
+    cell's too: its runtime keys, e.g. the ViT stability cells' kNN monitor every epoch, are in
+    no id)."""
+    if cell in CELLS:
+        return CELLS[cell]
+    return CLAIMS_CELLS[cell] if cell in CLAIMS_CELLS else cell_params(CFG, cell)
 
 
 def cell_pretrain(cell):

@@ -73,7 +73,7 @@ ENTRY = register(
         build,
         optimizer=optimizer,
         recipe=recipe,
-        embedded_recipe=EMBEDDED,
+        recipe_slots={"byol": EMBEDDED},
         keys=ByolKeys,
         metrics=(SPREAD,),
     )

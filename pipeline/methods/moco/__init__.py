@@ -10,7 +10,7 @@ Standard library only: the DAG reads the entry and the keys.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.dag.errors import ConfigError
 from pipeline.dag.keys import key
@@ -76,13 +76,14 @@ V3_VIT = {"optimizer": "adamw", "base_lr": 1.5e-4, "weight_decay": 0.1, "warmup_
 # learn: LARS moves a weight by lr x trust of its norm a step (the published LARS recipes: 0.2 to
 # 0.6 per 256 images); AdamW by ~lr per weight whatever the gradient (theirs: 1.5e-4 per 256)
 LARS_MIN_BASE_LR, ADAMW_MAX_LR = 0.1, 0.01
+PAPER_BACKBONES = ("resnet50", "vit_small", "vit_base")  # MoCo v3's, with its 4096-wide heads
 
 
 def recipe(cell: dict) -> dict:
     """MoCo's recipe where a cell switches to v3 (a v1/v2 cell keeps the base cell's settings):
     its paper's rule for the cell's backbone (V3_RESNET, V3_VIT), m 0.99 -> 1 on a cosine, BYOL's
-    asymmetric augmentation (aug v3); the projector and predictor 256 wide, as SimCLR's and BYOL's
-    heads here (4096 in the paper, on ResNet-50's 2048 features)."""
+    asymmetric augmentation (aug v3); the projector and predictor 4096 wide on the paper's
+    backbones, 256 on the small ones (as SimCLR's and BYOL's heads here)."""
     if cell.get("variant") != "v3":
         return {}
     rule = V3_VIT if cell["backbone"] in VITS else V3_RESNET
@@ -94,7 +95,7 @@ def recipe(cell: dict) -> dict:
         "T": rule["T"],
         "m": 0.99,
         "aug": "v3",
-        "mlp_dim": 256,
+        "mlp_dim": 4096 if cell["backbone"] in PAPER_BACKBONES else 256,
     }
 
 
@@ -102,9 +103,9 @@ def check(p: Pretrain, where: str, num_samples: int | None) -> None:
     """MoCo's cross-field rules."""
     if p.is_vit and p.variant != "v3":
         raise ConfigError(f"{where}: backbone {p.backbone} needs variant v3 (the ViT adaptation)")
-    check_v3_lr(p, where)
     if p.variant == "v3" and p.mechanism != "moco":
         raise ConfigError(f"{where}: mechanism {p.mechanism} applies to v1/v2, not v3")
+    check_v3_lr(p, where)
     if p.mechanism == "memory_bank" and num_samples is not None and p.K >= num_samples:
         raise ConfigError(f"{where}: memory bank K={p.K} negatives need a larger training set ({num_samples} images)")
     if p.bn_splits and p.batch_size % p.bn_splits:
@@ -123,6 +124,19 @@ def check(p: Pretrain, where: str, num_samples: int | None) -> None:
             f"{p.batch_size} (the keys enqueued per step: the queue is refilled whole batches at a time); "
             f"use e.g. K={max(1, p.K // keys) * keys}"
         )
+
+
+# grid.v3_resnet and grid.v3_vit: v3's recipe over its paper's rule, per backbone; their defaults
+# are its recipe on the embedded data, where the rule does not learn there
+# (docs/studies/2026-12-07-v3-recipes.md)
+EMBEDDED_V3: dict[str, dict[str, Any]] = {"v3_resnet": {}, "v3_vit": {}}
+
+
+def v3_slot(cell: dict) -> str | None:
+    """The grid slot of a v3 cell's recipe, by its backbone; v1/v2 cells take the base cell's."""
+    if cell.get("variant") != "v3":
+        return None
+    return "v3_vit" if cell["backbone"] in VITS else "v3_resnet"
 
 
 def check_v3_lr(p: Pretrain, where: str) -> None:
@@ -160,6 +174,8 @@ ENTRY = register(
         check=check,
         keys=MocoKeys,
         recipe=recipe,
+        recipe_slots=EMBEDDED_V3,
+        slot_of=v3_slot,
         metrics=CROSS_ENTROPY_METRICS,
     )
 )
