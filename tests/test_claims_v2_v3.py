@@ -15,8 +15,9 @@ from pipeline.dag.grid import claims_cells, group_id
 from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
 
 VIT_CELL = {"variant": "v3", "backbone": "vit_tiny", "patch_size": 8, "depth": 4}
-# CONFIG's grid with MoCo v3 on a ResNet (not a ViT: not the claim's cell), then the ViT
-VIT = merge(CONFIG, {"grid": {"cells": [{"variant": "v3"}, VIT_CELL]}})
+# CONFIG's grid with MoCo v3 on a ResNet (not a ViT: not the claim's cell), then the ViT; the ViT's
+# recipe its paper's rule (grid.v3_vit's embedded lr unset)
+VIT = merge(CONFIG, {"grid": {"cells": [{"variant": "v3"}, VIT_CELL], "v3_vit": {"lr": None}}})
 VIT_ID = "variant=v3,backbone=vit_tiny,patch_size=8,depth=4"
 # the ViT's recipe lr, MoCo v3's rule: AdamW 1.5e-4 per 256 images, at batch 256: 1.5e-4; x 4: 6e-4
 VIT_IDS = {

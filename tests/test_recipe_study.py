@@ -71,6 +71,22 @@ def test_the_workflows_rival_cell_trains_the_studys_choice(method, repo):
 RUN_ONLY = {"seed", "threads", "knn_every", "bn_splits"}
 
 
+@pytest.mark.parametrize("cell", ["variant=v3", "variant=v3,backbone=vit_tiny,patch_size=8,depth=4"])
+def test_the_workflows_v3_cells_train_the_studys_choice(cell, repo):
+    """config.yaml's MoCo v3 cells (their recipe: grid.v3_resnet / grid.v3_vit over the paper's
+    rule) set every key the chosen candidate trained with to the same value. (Left out as above,
+    and the epochs: the study's 13 are the base cell's, which min_steps may raise.)"""
+    from pipeline.bench import recipe
+    from pipeline.dag.config import load_config, load_yaml, to_dict
+    from pipeline.dag.grid import cell_params
+
+    chosen = recipe.candidate_config(recipe.CHOSEN_V3[cell], seed=0, threads=1)[0]["pretrain"]
+    cfg = load_config(load_yaml(repo / "workflow/config/config.yaml"))
+    trained = to_dict(cell_params(cfg, cell).pretrain)
+    keys = [k for k, v in chosen.items() if v is not None and k not in RUN_ONLY]
+    assert {k: trained[k] for k in keys} == {k: chosen[k] for k in keys}
+
+
 def test_a_candidate_outside_the_study_knobs_is_refused(monkeypatch):
     from pipeline.bench import recipe
 
@@ -160,3 +176,25 @@ def test_background_series_groups_the_runs_that_differ_in_the_data_alone():
         "random": {8: [17.0]},
         "supervised": {1: [98.0]},
     }
+
+
+def _row(name, seed, top1, failure=""):
+    return {"candidate": name, "seed": seed, "heldout_linear_top1": top1, "failure": failure}
+
+
+def test_v3s_choice_follows_the_preregistered_rule():
+    """Per backbone, margins over its own random init by seed: the paper's rule where its worst
+    margin is >= 15, else the highest worst margin; a failed run or a missing seed rules one out."""
+    from pipeline.bench import recipe
+
+    floors = [_row("random_init_bg1", s, 30.0) for s in range(3)] + [_row("random_init_vit_bg1", s, 45.0) for s in range(3)]
+    rule_ok = [_row("v3_r18_rule", s, t) for s, t in enumerate((46.0, 47.0, 50.0))]  # +16, +17, +20
+    trust = [_row("v3_r18_trust0.02", s, t) for s, t in enumerate((60.0, 61.0, 62.0))]  # worst +30: better, not chosen
+    assert recipe.choose_v3(floors + rule_ok + trust, "resnet18")[0] == "v3_r18_rule"
+    rule_low = [_row("v3_r18_rule", s, t) for s, t in enumerate((40.0, 60.0, 60.0))]  # worst +10 < 15
+    assert recipe.choose_v3(floors + rule_low + trust, "resnet18")[0] == "v3_r18_trust0.02"
+    # the ViT against the random ViT (45): worst margins +5 (1e-3) and +8 (3e-3, one failed: out)
+    vit = [_row("v3_vit_lr1e-3", s, 50.0 + s) for s in range(3)]
+    vit += [_row("v3_vit_lr3e-3", s, 53.0, "diverged" if s == 2 else "") for s in range(3)]
+    assert recipe.choose_v3(floors + vit, "vit_tiny")[0] == "v3_vit_lr1e-3"
+    assert recipe.choose_v3(floors + vit[:2], "vit_tiny")[0] is None  # 2 seeds: no choice

@@ -31,12 +31,26 @@ VIT_RULE = {"optimizer": "adamw", "lr": 3.75e-5, "weight_decay": 0.1, "warmup_ep
 SMALL_HEADS = {"aug": "v3", "mlp_dim": 256}
 
 
-@pytest.mark.parametrize("pretrain, rule", [({"variant": "v3"}, RESNET_RULE), ({"variant": "v3", **VIT}, VIT_RULE)])
-def test_a_newcomers_v3_base_cell_takes_v3s_recipe(pretrain, rule):
+# over the rule, the embedded data's (config.yaml's grid.v3_resnet and grid.v3_vit: the recipe study's choice)
+EMBEDDED = {"resnet": {"lars_trust": 0.02}, "vit": {"lr": 1e-3}}
+NO_EMBEDDED = {"v3_resnet": {"lars_trust": None}, "v3_vit": {"lr": None}}
+
+
+@pytest.mark.parametrize(
+    "pretrain, rule, embedded",
+    [({"variant": "v3"}, RESNET_RULE, EMBEDDED["resnet"]), ({"variant": "v3", **VIT}, VIT_RULE, EMBEDDED["vit"])],
+)
+def test_a_newcomers_v3_base_cell_takes_v3s_recipe(pretrain, rule, embedded):
     stated = demo(pretrain=pretrain)
     cfg = load_config(stated)
-    assert recipe_of(cfg.pretrain) == pytest.approx({**rule, **SMALL_HEADS})
-    assert stated["pretrain"]["lr"] == pytest.approx(rule["lr"])  # the jobs' JSON holds what they train
+    trained = {**recipe_of(cfg.pretrain), "lars_trust": cfg.pretrain.lars_trust}
+    assert trained == pytest.approx({**rule, **SMALL_HEADS, "lars_trust": 0.001, **embedded})
+    assert stated["pretrain"]["lr"] == pytest.approx(trained["lr"])  # the jobs' JSON holds what they train
+    # without the embedded data's recipe: the paper's rule alone
+    ruled = load_config(demo(pretrain=pretrain, grid=NO_EMBEDDED)).pretrain
+    assert {**recipe_of(ruled), "lars_trust": ruled.lars_trust} == pytest.approx(
+        {**rule, **SMALL_HEADS, "lars_trust": 0.001}
+    )
 
 
 def test_a_v3_cells_own_values_stay_over_its_recipe():
@@ -59,7 +73,7 @@ def test_the_demo_base_cell_is_unchanged():
 
 
 def test_grid_cells_given_whole_take_their_recipe_under_their_ids():
-    cells = grid_cells(load_config(demo(grid={"only": None, "seeds": 1})))
+    cells = grid_cells(load_config(demo(grid={"only": None, "seeds": 1, **NO_EMBEDDED})))
     assert recipe_of(cells["variant=v3"].pretrain) == pytest.approx({**RESNET_RULE, **SMALL_HEADS})
     vit = cells[VIT_ID].pretrain
     assert recipe_of(vit) == pytest.approx({**VIT_RULE, **SMALL_HEADS})

@@ -193,6 +193,8 @@ CANDIDATES: dict[str, dict] = {
 # each rival's recipe on the embedded data, as the study chose it (its grid.<method> in
 # config.yaml trains exactly this candidate's pretraining: tests/test_recipe_study.py)
 CHOSEN = {"simclr": "simclr_bg1", "byol": "byol_bg1_sgd_lr0.12"}
+# MoCo v3's on each backbone (choose_v3), by the grid cell that trains it (config.yaml's grid.cells)
+CHOSEN_V3 = {"variant=v3": "v3_r18_trust0.02", "variant=v3,backbone=vit_tiny,patch_size=8,depth=4": "v3_vit_lr1e-3"}
 BASELINES = {"random", "supervised"}  # methods a candidate may set: the floor and the ceiling
 RIVALS = {"simclr", "byol"}  # methods a candidate may set, with their entries' recipes beneath
 # the knobs a candidate may set: none defines an ablation (K, m, the BN-leak guard, aug, ...)
@@ -349,14 +351,16 @@ def slow_cpu_seconds(name: str, steps: float) -> float | None:
     p = cfg["pretrain"]
     if p["method"] == "random":
         return 0.0
-    if p["method"] != "moco" or p["width"] != 16 or synthetic["image_size"] != 32:
-        return None
+    if p["method"] != "moco" or p["variant"] == "v3" or p["width"] != 16 or synthetic["image_size"] != 32:
+        return None  # measured for MoCo v2's step only (v3's is ~2x: docs/studies/2026-12-07-v3-recipes.md)
     return steps * p["batch_size"] * SLOW_CPU_S_PER_IMAGE
 
 
 def data_of(name: str) -> tuple:
-    """The candidate's data (its dataset.synthetic settings), as a key."""
-    return tuple(sorted(candidate_config(name, seed=0, threads=1)[1].items()))
+    """The candidate's data (its dataset.synthetic settings) and backbone, as a key: the floor a
+    candidate is judged against is random init of its own backbone on its own data."""
+    cfg, synthetic = candidate_config(name, seed=0, threads=1)
+    return (*sorted(synthetic.items()), cfg["pretrain"]["backbone"])
 
 
 def floors(rows: list[dict]) -> dict[tuple, dict[int, float]]:
@@ -418,6 +422,69 @@ def choose(summary: list[dict]) -> tuple[str | None, bool]:
     best = max(eligible, key=lambda s: (s["linear_min"], s["linear_mean"]))
     margin = best.get("margin_min")
     return best["candidate"], best["linear_min"] >= BAR_TOP1 and (margin is None or margin >= BAR_MARGIN)
+
+
+def backbone_of(name: str) -> str:
+    return candidate_config(name, seed=0, threads=1)[0]["pretrain"]["backbone"]
+
+
+def v3_margins(rows: list[dict]) -> dict[str, list[float]]:
+    """Each v3 candidate's margins by seed: its held-out linear top-1 minus random init's of its
+    own backbone on the same data and seed (floors), where that ran."""
+    by_data, out = floors(rows), {}
+    for r in rows:
+        floor = by_data.get(data_of(r["candidate"]), {})
+        if r["candidate"] in V3_CANDIDATES and int(r["seed"]) in floor:
+            out.setdefault(r["candidate"], []).append(float(r["heldout_linear_top1"]) - floor[int(r["seed"])])
+    return out
+
+
+def choose_v3(rows: list[dict], backbone: str) -> tuple[str | None, str]:
+    """The preregistered rule (docs/studies/2026-12-07-v3-recipes.md), for one backbone: among its
+    v3 candidates with MIN_SEEDS seeds, each set against its random init, and no failed run, the
+    paper's rule if its worst margin is at least BAR_MARGIN; else the highest worst margin (then
+    the highest mean). Returns (the choice or None, why)."""
+    margins = v3_margins(rows)
+    failed = {r["candidate"] for r in rows if r["failure"]}
+    eligible = {
+        name: ms
+        for name, ms in margins.items()
+        if backbone_of(name) == backbone and len(ms) >= MIN_SEEDS and name not in failed
+    }
+    if not eligible:
+        return None, f"no {backbone} candidate has {MIN_SEEDS} seeds against its random init without a failed run"
+    rule = next((n for n in eligible if n.endswith("_rule")), None)
+    if rule is not None and min(eligible[rule]) >= BAR_MARGIN:
+        return rule, f"the paper's rule: worst margin {min(eligible[rule]):+.1f} >= {BAR_MARGIN:g}"
+    best = max(eligible, key=lambda n: (min(eligible[n]), statistics.mean(eligible[n])))
+    return best, f"the highest worst margin, {min(eligible[best]):+.1f} (mean {statistics.mean(eligible[best]):+.1f})"
+
+
+def v3_markdown(rows: list[dict]) -> str:
+    """The v3 candidates' margins over their backbone's random init and the choice per backbone."""
+    margins = v3_margins(rows)
+    if not margins:
+        return ""
+    lines = ["| v3 candidate | margins over its backbone's random init, by seed | worst | mean |", "|---|---|---:|---:|"]
+    for name, ms in margins.items():
+        shown = ", ".join(f"{m:+.1f}" for m in ms)
+        lines.append(f"| {name} | {shown} | {min(ms):+.1f} | {statistics.mean(ms):+.1f} |")
+    for backbone in dict.fromkeys(backbone_of(n) for n in margins):
+        name, why = choose_v3(rows, backbone)
+        lines.append(f"\n{backbone}: chosen {name} ({why}; rule: pipeline.bench.recipe.choose_v3)")
+    return "\n".join(lines) + "\n"
+
+
+def rescore(rows: list[dict], names: list[str], out: Path) -> list[dict]:
+    """``rows`` with the runs of ``names`` scored again from their stored checkpoints by today's
+    probe (no training): what a change of the probe's protocol does to a finished study."""
+    for r in rows:
+        if r["candidate"] not in names:
+            continue
+        cfg, synthetic = candidate_config(r["candidate"], int(r["seed"]), threads=1)
+        checkpoint = out / "runs" / r["candidate"] / f"seed{r['seed']}" / "pretrain" / "checkpoint.pt"
+        r.update(held_out_scores(checkpoint, prepare_data(out, synthetic), cfg["data"]["crop_size"]))
+    return rows
 
 
 def markdown(summary: list[dict]) -> str:
@@ -540,6 +607,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (runs go one at a time)")
     ap.add_argument("--out", default="results/study/recipe")
     ap.add_argument("--list", action="store_true", help="print the candidates and exit")
+    ap.add_argument(
+        "--rescore", action="store_true", help="score the candidates' stored runs again by today's probe, no training"
+    )
     args = ap.parse_args(argv)
     if args.list:
         for name, values in CANDIDATES.items():
@@ -554,6 +624,9 @@ def main(argv=None) -> list[dict]:
     done = {(r["candidate"], int(r["seed"])) for r in rows}
     c = cpu()
     log(f"CPU {c['model']} ({'AVX-512' if c['avx512'] else 'no AVX-512'}); {args.threads} thread(s) per run")
+    if args.rescore:
+        rows = rescore(rows, args.candidates, out)
+        write_rows(rows, csv_path)
     for name in args.candidates:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             if (name, seed) in done:
@@ -563,10 +636,10 @@ def main(argv=None) -> list[dict]:
             write_rows(rows, csv_path)
             log(" ".join(f"{k}={v}" for k, v in row.items()))
     summary = summarise(rows)
-    atomic_write_text(markdown(summary), out / "recipe.md")
+    atomic_write_text(markdown(summary) + v3_markdown(rows), out / "recipe.md")
     plot(rows, out)
     plot_backgrounds(rows, out)
-    print(markdown(summary))
+    print(markdown(summary) + v3_markdown(rows))
     log(f"wrote {csv_path}, {out / 'recipe.md'}, {out / 'recipe.png'}, {out / 'backgrounds.png'} and .pdf")
     return summary
 
