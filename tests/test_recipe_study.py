@@ -187,7 +187,9 @@ def test_v3s_choice_follows_the_preregistered_rule():
     margin is >= 15, else the highest worst margin; a failed run or a missing seed rules one out."""
     from pipeline.bench import recipe
 
-    floors = [_row("random_init_bg1", s, 30.0) for s in range(3)] + [_row("random_init_vit_bg1", s, 45.0) for s in range(3)]
+    floors = [_row("random_init_bg1", s, 30.0) for s in range(3)] + [
+        _row("random_init_vit_bg1", s, 45.0) for s in range(3)
+    ]
     rule_ok = [_row("v3_r18_rule", s, t) for s, t in enumerate((46.0, 47.0, 50.0))]  # +16, +17, +20
     trust = [_row("v3_r18_trust0.02", s, t) for s, t in enumerate((60.0, 61.0, 62.0))]  # worst +30: better, not chosen
     assert recipe.choose_v3(floors + rule_ok + trust, "resnet18")[0] == "v3_r18_rule"

@@ -431,7 +431,8 @@ def backbone_of(name: str) -> str:
 def v3_margins(rows: list[dict]) -> dict[str, list[float]]:
     """Each v3 candidate's margins by seed: its held-out linear top-1 minus random init's of its
     own backbone on the same data and seed (floors), where that ran."""
-    by_data, out = floors(rows), {}
+    by_data = floors(rows)
+    out: dict[str, list[float]] = {}
     for r in rows:
         floor = by_data.get(data_of(r["candidate"]), {})
         if r["candidate"] in V3_CANDIDATES and int(r["seed"]) in floor:
@@ -465,13 +466,16 @@ def v3_markdown(rows: list[dict]) -> str:
     margins = v3_margins(rows)
     if not margins:
         return ""
-    lines = ["| v3 candidate | margins over its backbone's random init, by seed | worst | mean |", "|---|---|---:|---:|"]
+    lines = [
+        "| v3 candidate | margins over its backbone's random init, by seed | worst | mean |",
+        "|---|---|---:|---:|",
+    ]
     for name, ms in margins.items():
         shown = ", ".join(f"{m:+.1f}" for m in ms)
         lines.append(f"| {name} | {shown} | {min(ms):+.1f} | {statistics.mean(ms):+.1f} |")
     for backbone in dict.fromkeys(backbone_of(n) for n in margins):
-        name, why = choose_v3(rows, backbone)
-        lines.append(f"\n{backbone}: chosen {name} ({why}; rule: pipeline.bench.recipe.choose_v3)")
+        chosen, why = choose_v3(rows, backbone)
+        lines.append(f"\n{backbone}: chosen {chosen} ({why}; rule: pipeline.bench.recipe.choose_v3)")
     return "\n".join(lines) + "\n"
 
 
