@@ -39,6 +39,7 @@ def grid_config(cells: int) -> dict:
             "only": None,
             "one_at_a_time": {},
             "product": {"K": GRID_K, "m": GRID_M},
+            "cells": [],
             "baselines": [],
         }
     }
