@@ -7,7 +7,7 @@ import pytest
 from test_tables import fake_cell
 
 from pipeline.dag.config import DEFAULT_CONFIG, ConfigError, load_config, load_stage_config, load_yaml, merge
-from pipeline.dag.grid import grid_cells
+from pipeline.dag.grid import grid_cells, group_id
 from pipeline.tables import run as write_tables
 
 VIT = {"backbone": "vit_tiny", "patch_size": 8, "depth": 4}
@@ -136,3 +136,15 @@ def _rows(results):
             cells = [c.strip() for c in line.strip("|").split("|")]
             out.append((cells[0], cells[1:]))
     return out
+
+
+def test_the_methods_preset_runs_every_method_and_each_backbones_random_init_at_5_seeds():
+    """presets/methods.yaml: MoCo v2, v3 on both backbones, the rivals, supervised and random init
+    of each backbone, 5 seeds each (8 x 5 = 40 cells), each a cell of the grid, no detection."""
+    cfg = load_config(demo(**load_yaml(DEFAULT_CONFIG.parent / "presets" / "methods.yaml")))
+    cells = grid_cells(cfg)
+    groups = {"base", "variant=v3", VIT_ID, RANDOM_VIT_ID, "method=random", "method=supervised"}
+    groups |= {"method=simclr", "method=byol"}
+    assert len(cells) == 40 and cfg.grid.seeds == 5 and not cfg.detect.enabled
+    assert {group_id(cid) for cid in cells} == groups
+    assert cells[f"{VIT_ID},seed=4"].pretrain.lr == pytest.approx(1e-3)  # the ViT's embedded recipe

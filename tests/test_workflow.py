@@ -261,7 +261,7 @@ def preset_config(name: str) -> dict:
 
 def test_every_preset_is_covered():
     on_disk = {p.stem for p in (REPO / "workflow" / "config" / "presets").glob("*.yaml")}
-    assert on_disk == set(PRESETS) | {"tiny", "demo-long", "transfer"}
+    assert on_disk == set(PRESETS) | {"tiny", "demo-long", "transfer", "methods"}
 
 
 def test_the_transfer_preset_decides_the_transfer_claim_on_the_novel_scenes(tmp_path):
