@@ -18,7 +18,6 @@ from pipeline.dag.sections import Pretrain
 from pipeline.methods import METHODS, MethodSpec, method_spec, register
 from pipeline.nets.method import Encoder, Method, Step
 from pipeline.nets.models import feature_dim
-from pipeline.nets.optim import optimizer_name
 
 
 class Toy(Method):
@@ -83,7 +82,7 @@ def test_the_schema_takes_the_registered_methods(toy):
     ]
     cell = pretrain_cell(Pretrain(), {"method": "toy"})
     assert cell.spec is TOY and not cell.is_moco and not cell.has_queue and cell.trains
-    assert optimizer_name(cell) == "sgd"  # the registry's default: the MoCo v1/v2 recipe's
+    assert cell.optimizer_name == "sgd"  # the registry's default: the MoCo v1/v2 recipe's
 
 
 def test_an_unregistered_method_is_refused():

@@ -93,7 +93,6 @@ def test_simclr_pretrains_on_the_embedded_data(ffcv_small, tmp_path):
 def test_simclr_and_byol_take_lars_under_optimizer_auto():
     """A config whose base cell is SimCLR or BYOL (a preset's) trains with its paper's optimiser."""
     from pipeline.dag.sections import Pretrain
-    from pipeline.nets.optim import optimizer_name
 
-    assert optimizer_name(Pretrain(method="simclr")) == optimizer_name(Pretrain(method="byol")) == "lars"
-    assert optimizer_name(Pretrain()) == "sgd"  # MoCo v2's
+    assert Pretrain(method="simclr").optimizer_name == Pretrain(method="byol").optimizer_name == "lars"
+    assert Pretrain().optimizer_name == "sgd"  # MoCo v2's

@@ -280,6 +280,11 @@ class Pretrain(*reversed(METHOD_KEYS), SharedPretrain):  # type: ignore[misc]  #
     def is_vit(self) -> bool:
         return is_vit(self.backbone)
 
+    @property
+    def optimizer_name(self) -> str:
+        """The optimiser it trains with: its own, or under ``optimizer: auto`` its method's."""
+        return self.spec.optimizer(self) if self.optimizer == "auto" else self.optimizer
+
 
 @dataclass(frozen=True, kw_only=True)
 class Probe:

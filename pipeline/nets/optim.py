@@ -83,13 +83,9 @@ class LARS(eager(torch.optim.Optimizer)):  # type: ignore[misc]  # a class made 
             torch._foreach_add_(params, buffers, alpha=-group["lr"])
 
 
-def optimizer_name(p: Pretrain) -> str:
-    return p.spec.optimizer(p) if p.optimizer == "auto" else p.optimizer  # auto: the method's own
-
-
 def build_optimizer(p: Pretrain, params) -> torch.optim.Optimizer:
     params = [t for t in params if t.requires_grad]  # never the key encoder nor frozen parts
-    name, wd = optimizer_name(p), p.weight_decay
+    name, wd = p.optimizer_name, p.weight_decay
     if name == "sgd":
         return SGD(params, lr=p.lr, momentum=p.sgd_momentum, weight_decay=wd)
     if name == "lars":

@@ -145,7 +145,7 @@ def check_v3_lr(p: Pretrain, where: str) -> None:
     """Refuse a v3 cell at an SGD recipe's learning rate under LARS or AdamW: it trains, and
     learns nothing (the workflow gives a cell that switches to v3 its recipe; this catches an lr
     stated beside it, or a stage run by hand)."""
-    optimizer = p.spec.optimizer(p) if p.optimizer == "auto" else p.optimizer
+    optimizer = p.optimizer_name
     if p.variant != "v3" or optimizer == "sgd":
         return
     per_256 = p.lr * 256 / p.batch_size
