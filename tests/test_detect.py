@@ -372,7 +372,7 @@ def test_voc_c4_trials_and_their_summary(voc_root, ckpt_path, tmp_path):
     assert runs[0]["protocol"].startswith("VOC 11point AP") and runs[0]["APs"] is None
     assert set(runs[0]["coco_style"]) >= set(detect.AP_KEYS)
     assert set(runs[0]["per_class_AP50"]) <= set(VOC_CLASSES)
-    assert runs[0]["normalisation"] == "frozen BN (pretrained statistics), batch 4"
+    assert runs[0]["normalisation"] == "backbone frozen BN (pretrained statistics), new layers none, batch 4"
     summary_job(["--out", str(tmp_path / "detect.json"), *map(str, trials)])
     summary = json.loads((tmp_path / "detect.json").read_text())
     assert summary["n"] == 2 and [t["seed"] for t in summary["trials"]] == [3, 4]
@@ -587,11 +587,52 @@ def test_batch_is_split_evenly_over_the_ranks():
         detect.per_rank_batch(section("detect", {"batch_size": 4}), 3)
 
 
-def test_normalisation_names_group_norm_and_syncbn():
+def test_normalisation_names_each_part_group_norm_and_syncbn():
     gn = section("detect", {"norm": "gn", "batch_size": 16})
-    assert detect.normalisation(gn, False, 1) == "GroupNorm (batch-independent), batch 16"
+    assert detect.normalisation(gn, False, 1) == "backbone GroupNorm, new layers GroupNorm, batch 16"
     bn = section("detect", {"norm": "bn", "batch_size": 16})
-    assert detect.normalisation(bn, True, 8) == "SyncBN over 16 images (8 ranks x 2)"
+    synced = "SyncBN over 16 images (8 ranks x 2)"
+    assert detect.normalisation(bn, True, 8) == f"backbone {synced}, new layers {synced}, batch 16"
+    bn_gn = section("detect", {"norm": "bn", "head_norm": "gn", "batch_size": 4})
+    assert detect.normalisation(bn_gn, False, 1) == "backbone BN over 4 images, new layers GroupNorm, batch 4"
+
+
+@pytest.mark.parametrize("batch,lr", [(16, 0.02), (4, 0.005), (2, 0.0025), (64, 0.08)])
+def test_detection_lr_follows_detectron2s_rule_unless_set(batch, lr):
+    """Detectron2's BASE_LR 0.02 at IMS_PER_BATCH 16, scaled linearly (hand-computed values)."""
+    assert section("detect", {"batch_size": batch}).learning_rate == pytest.approx(lr)
+    assert section("detect", {"batch_size": batch, "lr": 0.03}).learning_rate == 0.03
+
+
+@pytest.mark.parametrize(
+    "norm,head_norm,new_layers",
+    [("frozen_bn", "auto", "none"), ("bn", "auto", "bn"), ("gn", "auto", "gn"), ("frozen_bn", "bn", "bn")],
+)
+def test_head_norm_auto_follows_the_backbone(norm, head_norm, new_layers):
+    assert section("detect", {"norm": norm, "head_norm": head_norm}).new_layers_norm == new_layers
+
+
+def test_group_norm_in_the_new_layers_over_a_trained_bn_backbone(ckpt_path, det_dir):
+    """head_norm gn over norm bn: the backbone keeps its (trained) BatchNorms and the pretrained
+    weights, FPN and the heads get GroupNorm; one step moves the backbone's BN affine."""
+    ckpt = checkpoint.load(ckpt_path)
+    dc = section("detect", {**TINY, "task": "segmentation", "norm": "bn", "head_norm": "gn"})
+    detector = detect.build_detector(ckpt, dc, num_classes=11)
+    detect.verify_backbone(detector, ckpt["backbone"])
+    body, new = (
+        detector.backbone.body,
+        [detector.backbone.fpn, detector.roi_heads.box_head, detector.roi_heads.mask_head],
+    )
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in body.modules())
+    assert not any(isinstance(m, FrozenBatchNorm2d) for m in detector.modules())
+    for part in new:
+        kinds = {type(m) for m in part.modules()}
+        assert torch.nn.GroupNorm in kinds and torch.nn.BatchNorm2d not in kinds
+    images, targets = detect.collate([detect.CocoBoxes(load_splits(det_dir)[0], masks=True)[i] for i in range(2)])
+    detector.train()
+    loss = sum(detector(list(images), list(targets)).values())
+    loss.backward()
+    assert torch.isfinite(loss) and body.bn1.weight.grad.abs().sum() > 0
 
 
 def test_configured_anchor_sizes_are_used_as_given():

@@ -61,7 +61,7 @@ def replay(state: dict, ckpt: dict, data_dir: Path, bf16: bool, steps: int, lr: 
         if len(rows) == steps:
             break
         images, targets = to_device(images, targets, device)
-        set_lr(opt, dc.lr * schedule.factor(done))
+        set_lr(opt, dc.learning_rate * schedule.factor(done))
         with bf16_autocast(device.type, bf16):
             losses = detector(images, targets)
         loss = sum(losses.values())

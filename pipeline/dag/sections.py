@@ -347,6 +347,12 @@ class Voc:
     val: str = key("2007/test", "the evaluation set", pattern=VOC_SET["pattern"])
 
 
+BACKBONE_NORMS = ("frozen_bn", "bn", "gn")  # detect.norm
+HEAD_NORMS = ("none", "bn", "gn")  # detect.head_norm, besides auto
+# Detectron2's learning rate for its batch (SOLVER.BASE_LR at IMS_PER_BATCH), scaled linearly
+DETECTRON2_LR, DETECTRON2_BATCH = 0.02, 16
+
+
 @dataclass(frozen=True, kw_only=True)
 class Detect:
     enabled: bool = key(True, sets=JOBS)
@@ -377,7 +383,11 @@ class Detect:
     )
     epochs: int = key(4, **EPOCHS)
     batch_size: int = key(4, **BATCH)
-    lr: float = key(0.02, **POSITIVE)
+    lr: float | None = key(
+        None,
+        "null = Detectron2's 0.02 for 16 images, linear in batch_size (0.005 at 4); a number sets it",
+        **POSITIVE,
+    )
     weight_decay: float = key(0.0001, **NON_NEGATIVE)
     image_size: int = key(96, "shorter image side after resizing", minimum=32, maximum=1333)
     max_image_size: int | None = key(
@@ -393,9 +403,14 @@ class Detect:
     )
     norm: str = key(
         "frozen_bn",
-        "frozen_bn = pretrained BN statistics fixed; bn = BN fine-tuned and in the new layers; gn = GroupNorm "
-        "in the new layers (GN-pretrained backbones)",
-        enum=["frozen_bn", "bn", "gn"],
+        "the backbone's: frozen_bn = pretrained BN statistics fixed; bn = BN fine-tuned with batch statistics; "
+        "gn = GroupNorm (GN-pretrained backbones)",
+        enum=list(BACKBONE_NORMS),
+    )
+    head_norm: str = key(
+        "auto",
+        "the new layers' (FPN, box and mask heads): none | bn | gn; auto = the backbone's (none under frozen_bn)",
+        enum=["auto", *HEAD_NORMS],
     )
     rpn: Rpn = key(
         factory=Rpn,
@@ -470,6 +485,18 @@ class Detect:
         "fp32); auto = on for CUDA, off on CPU; on = also on CPU",
         enum=list(FAST_PATH_SETTINGS),
     )
+
+    @property
+    def learning_rate(self) -> float:
+        """detect.lr, or Detectron2's rule: 0.02 for 16 images, linear in the batch."""
+        return self.lr if self.lr is not None else DETECTRON2_LR * self.batch_size / DETECTRON2_BATCH
+
+    @property
+    def new_layers_norm(self) -> str:
+        """head_norm, auto resolved: the backbone's norm, none under frozen BN."""
+        if self.head_norm != "auto":
+            return self.head_norm
+        return "none" if self.norm == "frozen_bn" else self.norm
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -742,7 +742,8 @@ def protocol_text(stated: Stated, df: pd.DataFrame, results: Path) -> str:
         return text + "; detection: {} fine-tuned, {}".format(*DETECTORS["detection"])
     if det.enabled:
         length = f"{det.iterations} iterations" if det.iterations else _epochs(det.epochs)
-        how = ", ".join(x for x in (length, det.norm, det.trials > 1 and f"mean of {det.trials} trials") if x)
+        norms = f"backbone {det.norm}, new layers {det.new_layers_norm}, lr {det.learning_rate:g}"
+        how = ", ".join(x for x in (length, norms, det.trials > 1 and f"mean of {det.trials} trials") if x)
         head, (model, scores) = HEAD_LABELS[det.head], DETECTORS[det.task]
         text += f"; detection: {model} + {head} fine-tuned ({how}), {scores} on {det.root or 'the embedded scenes'}"
     return text

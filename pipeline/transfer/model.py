@@ -71,8 +71,8 @@ def anchor_sizes(dc: Detect) -> list[int]:
 
 
 def new_layer_norm(dc: Detect):
-    """The normalisation of the layers the detector adds (FPN, box head)."""
-    return {"frozen_bn": None, "bn": nn.BatchNorm2d, "gn": group_norm}[dc.norm]
+    """The normalisation of the layers the detector adds (FPN, box and mask heads)."""
+    return {"none": None, "bn": nn.BatchNorm2d, "gn": group_norm}[dc.new_layers_norm]
 
 
 def check_norm(arch: dict, dc: Detect, source: str) -> None:

@@ -15,7 +15,8 @@ def sync_batchnorm(detector: nn.Module, dc: Detect, world_size: int, device: tor
     """(the detector, whether synced): with BN fine-tuned over several GPU ranks, every
     BatchNorm becomes SyncBatchNorm (statistics over the images of every rank: the paper's
     SyncBN); elsewhere (gloo on CPU has no SyncBN) each rank normalises its own images."""
-    synced = world_size > 1 and dc.norm == "bn" and device.type == "cuda"
+    uses_bn = "bn" in (dc.norm, dc.new_layers_norm)
+    synced = world_size > 1 and uses_bn and device.type == "cuda"
     if synced:
         detector = nn.SyncBatchNorm.convert_sync_batchnorm(detector)
     return detector, synced
@@ -31,11 +32,11 @@ def per_rank_batch(dc: Detect, world_size: int) -> int:
 def normalisation(dc: Detect, synced: bool, world_size: int) -> str:
     """Which statistics normalise the fine-tuned detector's features, over how many images."""
     per_rank = dc.batch_size // world_size
-    if dc.norm == "frozen_bn":
-        return f"frozen BN (pretrained statistics), batch {dc.batch_size}"
-    if dc.norm == "gn":
-        return f"GroupNorm (batch-independent), batch {dc.batch_size}"
-    if synced:
-        return f"SyncBN over {dc.batch_size} images ({world_size} ranks x {per_rank})"
     ranks = f" on each of {world_size} ranks" if world_size > 1 else ""
-    return f"BN over {per_rank} images{ranks}, batch {dc.batch_size}"
+    batch_bn = (
+        f"SyncBN over {dc.batch_size} images ({world_size} ranks x {per_rank})"
+        if synced
+        else (f"BN over {per_rank} images{ranks}")
+    )
+    said = {"frozen_bn": "frozen BN (pretrained statistics)", "none": "none", "gn": "GroupNorm", "bn": batch_bn}
+    return f"backbone {said[dc.norm]}, new layers {said[dc.new_layers_norm]}, batch {dc.batch_size}"

@@ -48,7 +48,7 @@ def to_device(images, targets, device) -> tuple[list, list]:
 def optimizer(model: nn.Module, dc: Detect) -> torch.optim.Optimizer:
     """SGD with momentum over every weight the fine-tuning trains."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return SGD(params, lr=dc.lr, momentum=0.9, weight_decay=dc.weight_decay)
+    return SGD(params, lr=dc.learning_rate, momentum=0.9, weight_decay=dc.weight_decay)
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
@@ -115,12 +115,12 @@ def train(model: nn.Module, loader, dc: Detect, state: checkpoint.StageState, fa
             if done == total:
                 break
             images, targets = to_device(images, targets, device)
-            set_lr(opt, dc.lr * schedule.factor(done))
+            set_lr(opt, dc.learning_rate * schedule.factor(done))
             with bf16_autocast(device.type, fast):
                 loss = sum(model(images, targets).values())
             if not torch.isfinite(loss):
                 raise FloatingPointError(
-                    f"loss is not finite at epoch {epoch + 1} step {step + 1}; lower detect.lr (now {dc.lr})"
+                    f"loss is not finite at epoch {epoch + 1} step {step + 1}; lower detect.lr (now {dc.learning_rate})"
                 )
             opt.zero_grad()
             loss.backward()

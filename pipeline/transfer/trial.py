@@ -96,6 +96,8 @@ def run(
                 "head": head,
                 "task": dc.task,
                 "norm": dc.norm,
+                "head_norm": dc.new_layers_norm,
+                "lr": dc.learning_rate,
                 "sync_bn": synced,
                 "ranks": env.world_size,
                 "batch_size": dc.batch_size,
