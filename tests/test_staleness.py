@@ -147,6 +147,12 @@ class Constant(nn.Module):
         return self.w.expand(x.shape[0], -1)
 
 
+def constant_queue(model: MoCo) -> MoCo:
+    """Every queued key the constant encoder's own: every logit alike."""
+    model.queue.keys.copy_(nn.functional.normalize(torch.ones_like(model.queue.keys), dim=1))
+    return model
+
+
 @pytest.mark.parametrize(
     "make, chance",
     [
@@ -155,6 +161,13 @@ class Constant(nn.Module):
         # MoCo v3 logs 2T (CE1 + CE2): at T = 0.2, 0.4 (ln 8 + ln 8) = 1.664, not ln 8 = 2.079
         (lambda: MoCoV3(Constant(), nn.Identity(), T=0.2, m=0.99), 0.4 * 2 * math.log(8)),
         (lambda: MoCoV3(Constant(), nn.Identity(), T=1.0, m=0.99), 2.0 * 2 * math.log(8)),
+        # MoCo v1/v2 over the positive and 16 queued keys: ln 17; symmetric adds the swapped
+        # views' cross-entropy: ln 17 + ln 17
+        (lambda: constant_queue(MoCo(Constant(), dim=4, K=16, m=0.9, shuffle_bn=False)), math.log(17)),
+        (
+            lambda: constant_queue(MoCo(Constant(), dim=4, K=16, m=0.9, shuffle_bn=False, symmetric=True)),
+            2 * math.log(17),
+        ),
     ],
 )
 def test_each_method_reports_its_own_chance_loss(make, chance):

@@ -51,6 +51,7 @@ class MoCo(MomentumTarget, CrossEntropyMethod):
     ):
         super().__init__()
         self.T, self.symmetric = T, symmetric
+        self.losses = 1 + symmetric  # symmetric: the swapped views' cross-entropy too, so chance is 2 ln(1 + K)
         self.shuffle_bn = shuffle_bn and has_batch_norm(encoder)
         self.mask_same_source = mask_same_source
         self.encoder_q = encoder
