@@ -410,7 +410,8 @@ SOURCES = {  # the reference files the values below are read from (docs/configur
     "moco-det": "facebookresearch/moco@7397dfe detection/configs/coco_R_50_C4_2x_moco.yaml (MASK_ON)",
     "d2-fpn": "facebookresearch/detectron2 configs/COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_1x.yaml",
     "simclr": "Chen et al. 2020 (SimCLR), 2.3 Default setting and B.1 (LARS, wd 1e-6, warmup, head), Table 5 (T)",
-    "byol": "Grill et al. 2020 (BYOL), 3.3 and Appendix C (LARS, wd 1.5e-6, tau 0.996, batch 4096, heads)",
+    "byol": "Grill et al. 2020 (BYOL), 3.3, Appendix B (Table 6: asymmetric views) and C (LARS, wd 1.5e-6, "
+    "tau 0.996, batch 4096, heads)",
     "mocov2-report": "Chen et al. 2020 (MoCo v2 report), Table 2: SimCLR at batch 256 and 8,192, 200 epochs",
 }
 MOCO, LINCLS, FFCV, TORCHVISION, DEMO, V3, V3_VIT, V3_LINCLS, PAPER_V1, MOCO_DET, D2_FPN, SIMCLR, BYOL, V2_REPORT = (
@@ -428,6 +429,7 @@ REFERENCE = {  # preset -> [(key, the reference's value, where it is written)]
         ("grid.simclr.mlp_dim", 2048, SIMCLR),
         ("grid.simclr.crop_scale_min", 0.08, SIMCLR),
         ("grid.simclr.jitter_scale", 2.0, SIMCLR),  # colour distortion strength 1.0 (0.8, 0.8, 0.8, 0.2)
+        ("grid.simclr.aug", "v2", SIMCLR),  # the same recipe on both views, blur p 0.5
         ("grid.byol.optimizer", "lars", BYOL),
         ("grid.byol.weight_decay", 1.5e-6, BYOL),
         ("grid.byol.warmup_epochs", 10, BYOL),
@@ -435,6 +437,8 @@ REFERENCE = {  # preset -> [(key, the reference's value, where it is written)]
         ("grid.byol.m", 0.996, BYOL),  # tau_base, raised to 1 by a cosine
         ("grid.byol.dim", 256, BYOL),
         ("grid.byol.mlp_dim", 4096, BYOL),
+        ("grid.byol.aug", "v3", BYOL),  # asymmetric views: blur 1.0 / 0.1, solarize 0 / 0.2 (Table 6)
+        ("grid.byol.jitter_scale", 1.0, BYOL),  # jitter (0.4, 0.4, 0.2, 0.1), p 0.8
     ],
     "imagenet-mocov2-coco": [
         ("detect.task", "segmentation", MOCO_DET),
