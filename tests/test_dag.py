@@ -240,3 +240,20 @@ def test_every_stage_has_the_same_entry_points():
     for stage in ("synthetic", "convert", "pretrain", "probe", "detect", "tables", "claims", "export"):
         module = importlib.import_module(f"pipeline.{stage}")
         assert callable(module.run) and callable(module.main), stage
+
+
+def test_each_seed_of_a_cell_probes_with_its_own_seed(tmp_path):
+    """The probe's draws follow the cell's pretraining seed (probe.seed + pretrain.seed): seed=2's
+    probe runs at seed 2, the base cell's at 0, and a moved probe.seed moves both."""
+
+    def probe_seeds(*args):
+        out = dry_run(tmp_path, "grid={only: [base], seeds: 3}", *args).stdout
+        found = {}
+        for line in out.splitlines():
+            cell = re.search(r"--out \S*cells/([^/]+)/probe\.json", line)
+            if "pipeline.probe" in line and cell:
+                found[cell.group(1)] = int(re.search(r'"seed":(\d+)', line).group(1))
+        return found
+
+    assert probe_seeds() == {"base": 0, "seed=1": 1, "seed=2": 2}
+    assert probe_seeds("probe={seed: 10}") == {"base": 10, "seed=1": 11, "seed=2": 12}

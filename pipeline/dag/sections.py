@@ -311,7 +311,7 @@ class Probe:
         exclusiveMinimum=0,
         maximum=1,
     )
-    seed: int = key(0, **SEED)
+    seed: int = key(0, "the workflow probes a cell at this + the cell's pretrain.seed", **SEED)
     # the views' shards and BN groups: a result key, except at 1, as every probe before the key existed
     ranks: int = runtime(
         1,

@@ -60,6 +60,12 @@ def cell_pretrain(cell):
     return params_of(cell).stated(config["pretrain"])
 
 
+def cell_probe(cell):
+    """The probe section of the cell's job: its seed offset by the cell's pretraining seed, so
+    that a cell's seeds differ in the probe's draws too (cells paired by seed share them)."""
+    return {**config["probe"], "seed": CFG.probe.seed + params_of(cell).pretrain.seed}
+
+
 def detects(cell):
     """Detection transfer for this cell? (pipeline.dag.grid.detects)"""
     return cell_detects(CFG.detect, cell, params_of(cell).pretrain)

@@ -31,7 +31,7 @@ rule probe:
     resources:
         gres=PROBE_GRES,
     params:
-        **job_config(lambda w: {"data": config["data"], "probe": config["probe"]}),
+        **job_config(lambda w: {"data": config["data"], "probe": cell_probe(w.cell)}),
         py=PY,
         data=lambda w, input: os.path.dirname(input.train[-1]),  # the report's folder
         # the resume state, outside the outputs: a killed or requeued probe continues from it
