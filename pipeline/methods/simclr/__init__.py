@@ -1,15 +1,20 @@
 """SimCLR as a pretraining method: its registry entry and its config rules. The model (NT-Xent
 over the batch's 2N - 2 other views, one encoder) is in .model (torch), imported when built.
 
-Its keys are the shared ones: T (its temperature, 0.1 in the paper), dim and mlp_dim (its
-projection head: Linear-BN-ReLU-Linear-BN, hidden mlp_dim). Its negatives are the batch: the
-batch size is its dictionary size, which is what the seeds' comparison with MoCo's queue varies.
+It shares T (its temperature, 0.1 in the paper), dim and mlp_dim (its projection head:
+Linear-BN-ReLU-Linear-BN, hidden mlp_dim) with the other methods. Its negatives are the batch:
+the batch size is its dictionary size. It owns ``negatives`` (how many of them each view keeps):
+fewer negatives at the same batch, steps and lr, the claims' test of what the number of negatives
+alone does.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pipeline.dag.errors import ConfigError
+from pipeline.dag.keys import key
 from pipeline.methods.registry import CROSS_ENTROPY_METRICS, MethodSpec, register
 
 if TYPE_CHECKING:
@@ -17,6 +22,28 @@ if TYPE_CHECKING:
 
     from pipeline.dag.sections import Pretrain
     from pipeline.nets.method import Method
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimclrKeys:
+    """SimCLR's own pretrain keys."""
+
+    negatives: int | None = key(
+        None,
+        "simclr: in-batch negatives each view keeps, drawn afresh each step (the rest masked out); "
+        "null = all 2 x batch_size - 2 (the paper)",
+        minimum=1,
+        maximum=2**24,
+    )
+
+
+def check(p: Pretrain, where: str, num_samples: int | None) -> None:
+    """A view has 2B - 2 negatives in a global batch of B."""
+    if p.method == "simclr" and p.negatives is not None and p.negatives > 2 * p.batch_size - 2:
+        raise ConfigError(
+            f"{where}: negatives={p.negatives} is more than a view has at batch_size {p.batch_size} "
+            f"({2 * p.batch_size - 2}: the other views but its positive)"
+        )
 
 
 def optimizer(p: Pretrain) -> str:
@@ -37,9 +64,19 @@ def build(p: Pretrain, backbone: nn.Module, num_classes: int, num_samples: int, 
     from pipeline.nets.models import feature_dim
 
     head = bn_mlp(2, feature_dim(backbone), p.mlp_dim, p.dim)
-    return SimCLR(Encoder(backbone, head), T=p.T)
+    return SimCLR(Encoder(backbone, head), T=p.T, negatives=p.negatives)
 
 
 ENTRY = register(
-    MethodSpec("simclr", "SimCLR", 12, build, optimizer=optimizer, recipe=recipe, metrics=CROSS_ENTROPY_METRICS)
+    MethodSpec(
+        "simclr",
+        "SimCLR",
+        12,
+        build,
+        optimizer=optimizer,
+        check=check,
+        keys=SimclrKeys,
+        recipe=recipe,
+        metrics=CROSS_ENTROPY_METRICS,
+    )
 )
