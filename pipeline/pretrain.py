@@ -38,7 +38,7 @@ from pipeline.data.loaders import Centre, Reading, Views, data_identity, eval_lo
 from pipeline.eval.features import features_of
 from pipeline.eval.knn import knn_accuracy
 from pipeline.methods import Metric, method_spec
-from pipeline.methods.build import arch_of, bn_guard_text, build_model
+from pipeline.methods.build import arch_of, bn_guard_text, build_model, check_global_bn
 from pipeline.methods.ema_check import EmaRecord
 from pipeline.methods.momentum_target import MomentumTarget
 from pipeline.nets.fast_path import FastPath
@@ -153,6 +153,7 @@ class Trainer:
         kept = checkpoint.recorded(self.state_path, self.fingerprint, "fast_path")  # a resume keeps its path
         self.fast = FastPath(p.fast_path, self.device, p.backbone, kept=kept)
         log(f"fast path: {self.fast.describe()}")
+        check_global_bn(self.model, p, self.device, env.world_size)
         if self.device.type == "cuda" and env.world_size > 1 and self.model.sync_batch_norm:
             self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         self.fast.model(self.model.to(self.device))

@@ -7,8 +7,10 @@ Every model has ``encoder_q.backbone`` (what transfers) and
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
+from pipeline.dag.errors import ConfigError
 from pipeline.dag.layout import VITS, is_resnet
 from pipeline.dag.sections import Pretrain
 from pipeline.methods.split_bn import has_batch_norm, max_splits
@@ -39,6 +41,21 @@ def bn_guard_text(model: nn.Module, world_size: int) -> str:
     where = [f"{world_size} ranks"] if world_size > 1 else []
     where += [f"{splits} BN sub-batches per rank"] if splits > 1 else []
     return "keys shuffled across " + " x ".join(where)
+
+
+def check_global_bn(model: Method, p: Pretrain, device: torch.device, world_size: int) -> None:
+    """A method that normalises over the global batch (SimCLR, BYOL, MoCo v3: SyncBN) across CPU
+    ranks is refused: torch syncs BatchNorm on GPUs only, so each rank would normalise its own
+    images alone (SimCLR's positives against its local negatives' statistics only)."""
+    if not model.sync_batch_norm or world_size < 2 or device.type == "cuda" or not has_batch_norm(model):
+        return
+    raise ConfigError(
+        f"pretrain.method={p.method}{' variant=' + p.variant if p.is_moco else ''} normalises over the global "
+        f"batch (SyncBN), which torch runs on GPU ranks only: on {world_size} CPU ranks each would normalise "
+        f"its own {p.batch_size // world_size} images instead of the batch of {p.batch_size}. Train it in one "
+        "process on CPU (the pretrain rule's tasks / tasks_per_node: 1 in the profile, launch.slurm.tasks_per_node: "
+        "1), or on GPUs"
+    )
 
 
 def build_model(p: Pretrain, image_size: int, num_classes: int, num_samples: int, world_size: int = 1) -> Method:
