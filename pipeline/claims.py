@@ -31,7 +31,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.dag.claims_plan import LARGE_BATCH, LARGE_LR_FACTOR, PILOT_ROLES, VIT_ROLES, Budget, needs
+from pipeline.dag.claims_plan import (
+    COLLAPSE_SOURCE_EPOCHS,
+    LARGE_BATCH,
+    LARGE_LR_FACTOR,
+    PILOT_ROLES,
+    VIT_ROLES,
+    Budget,
+    fewer_negatives,
+    needs,
+)
 from pipeline.dag.config import DEFAULT_CONFIG, ConfigError, load_config, to_dict
 from pipeline.dag.grid import (
     BASE_ID,
@@ -89,6 +98,8 @@ class Claim:
     size: str = ""  # a claimed size against the CI (stats.judge_size)
     detectable: str = ""  # inconclusive: the smallest Δ these seeds can detect
     seeds: str = ""  # inconclusive: the seeds that would decide a Δ of the observed size
+    # its paired tests: (p, the verdict each alone supports), the family Holm's correction reads
+    tests: tuple[tuple[float, str], ...] = ()
 
 
 class Cells:
@@ -113,7 +124,7 @@ class Cells:
         self.gs, self.pilot_gs = groups(df[~pilot]), groups(df[pilot])
         self.batch = cfg.pretrain.batch_size
         data = training_set(cfg, results)
-        self.budget = Budget(data.images, data.classes, self.batch, self.claims.epochs)
+        self.budget = Budget(data.images, data.classes, self.batch, self.claims.epochs, cfg.pretrain.m)
         self.needs = needs(self.claims, self.budget)  # each claim's cells and a-priori needs
 
     def group(self, role: str) -> Group | None:
@@ -134,6 +145,15 @@ class Cells:
         rows = g.cells if failed_too else g.cells[g.cells["status"] != "fail"]
         vals = {seed_of(c): pd.to_numeric(c[key], errors="coerce") for _, c in rows.iterrows()}
         return {s: float(v) for s, v in vals.items() if not pd.isna(v)}
+
+    def failures(self, role: str) -> dict[int, str]:
+        """seed -> why its run failed (pipeline.pretrain.failure: "diverged: ..." or the
+        method's "collapsed: ..."), for the failed seeds of ``role``."""
+        g = self.group(role)
+        if g is None:
+            return {}
+        rows = g.cells[g.cells["status"] == "fail"]
+        return {seed_of(c): str(c["failure"]) for _, c in rows.iterrows()}
 
     def ran(self, *roles) -> bool:
         return all(self.value(r).status != "missing" for r in roles)
@@ -198,6 +218,11 @@ class Comparison:
     text: str
     estimate: stats.Estimate | None = None
     size: str | None = None  # stats.judge_size against the claimed magnitude
+
+    @property
+    def p(self) -> float | None:
+        """The paired t test's two-sided p (None without a spread, or after a failed run)."""
+        return None if self.verdict == INCONCLUSIVE and "failed" in self.text else stats.p_value(self.estimate)
 
 
 def failed_as_claimed(c: Cells, role: str) -> dict[int, float]:
@@ -277,6 +302,7 @@ def accuracy_claim(text, source, needs, comparisons: list[Comparison], cells) ->
         _per_comparison(comparisons, lambda x: x.size),
         _per_comparison(comparisons, detectable),
         _per_comparison(comparisons, seeds_needed),
+        tuple((p, x.verdict) for x in comparisons if (p := x.p) is not None),
     )
 
 
@@ -397,8 +423,8 @@ def zero_momentum(c: Cells) -> Claim:
     cells = c.cells(role, "random")
     undecided = Comparison(f"{c.ids[role]} − {c.ids['random']}", INCONCLUSIVE, measured, d)
     if d is None or d.half is None:  # no interval: the columns say what would give one
-        cols = [_per_comparison([undecided], f) for f in (detectable, seeds_needed)]
-        return Claim(text, source, needs, measured, INCONCLUSIVE, cells, "—", *cols)
+        smallest, to_decide = (_per_comparison([undecided], f) for f in (detectable, seeds_needed))
+        return Claim(text, source, needs, measured, INCONCLUSIVE, cells, "—", smallest, to_decide)
     failing = f"{failed} of {runs} did"
     if d.mean - d.half > margin:  # it learnt more than random init's level
         if failed == 0:
@@ -633,24 +659,28 @@ EQUIVALENCE = stats.EQUIVALENCE_MARGIN  # "matches": the paired Δ's 90 % CI ins
 
 
 def large_batch(c: Cells) -> Claim:
-    big = LARGE_BATCH * c.batch
+    few, full = fewer_negatives(c.batch), 2 * c.batch - 2
     text = (
-        f"In-batch negatives need a large batch: SimCLR at {big:,} beats SimCLR at {c.batch} "
-        f"(run: SimCLR at both batches, {_epochs(c)}, lr 0.3 x B/256)"
+        f"In-batch negatives need a large batch; here its number of negatives alone: SimCLR keeping all "
+        f"{full} of a view's negatives beats SimCLR keeping {few} (1 / {LARGE_BATCH}), at this recipe and "
+        f"budget (run: both at batch {c.batch}, {_epochs(c)}, the same lr 0.3 x B/256 and BN batch)"
     )
     needs = f"{c.needs['large_batch'].text}; {pilot_needs(c)}"
+    roles = ("simclr", "simclr_few")
     verdict = gate(c, "large_batch")
     if verdict:
-        return Claim(text, SEED_NOTES, needs, "", verdict, c.cells("simclr_large", "simclr"))
-    comparison = compare_roles(c, "simclr_large", "simclr", direction=1)
-    return accuracy_claim(text, SEED_NOTES, needs, [comparison], c.cells("simclr_large", "simclr"))
+        return Claim(text, SEED_NOTES, needs, "", verdict, c.cells(*roles))
+    comparison = compare_roles(c, *roles, direction=1)
+    return accuracy_claim(text, SEED_NOTES, needs, [comparison], c.cells(*roles))
 
 
 def queue_vs_batch(c: Cells) -> Claim:
     big = LARGE_BATCH * c.batch
     text = (
         f"MoCo's queue at batch {c.batch} matches SimCLR at {big:,} (the MoCo v2 report: 67.5 at 256 against "
-        f"66.6 at 8,192) (run: the reference vs SimCLR at {big:,}, {_epochs(c)})"
+        f"66.6 at 8,192), at this recipe and budget (run: the reference, {c.budget.steps:,} steps, K = "
+        f"{c.cfg.pretrain.K:,} negatives, vs SimCLR at {big:,}, {c.budget.images // big * c.claims.epochs:,} steps, "
+        f"{2 * big - 2:,} negatives; {_epochs(c)})"
     )
     needs = f"{c.needs['queue_vs_batch'].text}; the paired Δ's 90 % CI inside ±{EQUIVALENCE:g}; {pilot_needs(c)}"
     roles = ("reference", "simclr_large")
@@ -662,8 +692,10 @@ def queue_vs_batch(c: Cells) -> Claim:
         return Claim(text, SEED_NOTES, needs, x.text, INCONCLUSIVE, c.cells(*roles))
     verdict, why = stats.equivalent(x.estimate, EQUIVALENCE)
     measured = f"{x.label}: Δ {x.estimate.text(signed=True)} ({why})"
-    undecided = ("—", *to_match(x.estimate)) if verdict == INCONCLUSIVE else ()
-    return Claim(text, SEED_NOTES, needs, measured, verdict, c.cells(*roles), *undecided)
+    undecided = ("—", *to_match(x.estimate)) if verdict == INCONCLUSIVE else ("", "", "")
+    p = stats.equivalence_p(x.estimate, EQUIVALENCE)
+    tests = () if p is None else ((p, verdict),)
+    return Claim(text, SEED_NOTES, needs, measured, verdict, c.cells(*roles), *undecided, tests=tests)
 
 
 def to_match(d: stats.Estimate) -> tuple[str, str]:
@@ -691,44 +723,62 @@ def byol_learns(c: Cells) -> Claim:
 
 
 def collapse_claim(c: Cells, role: str, key: str, text: str, source: str, readings: tuple[str, str]) -> Claim:
-    """A claim that an ablation of BYOL collapses: holds when every seed fails by BYOL's own rule
-    (its outputs' spread below the floor); contradicted when none does and its probe lies above
-    random init's (paired Δ's 95 % CI above 0); inconclusive otherwise. ``readings``: what each
-    outcome says (holds, contradicted)."""
+    """A claim that an ablation of BYOL collapses: holds when every seed collapses by BYOL's own
+    rule (its outputs' spread below the floor); contradicted when none does and its probe lies
+    above random init's (paired Δ's 95 % CI above 0), and only by runs as long as the source's
+    (COLLAPSE_SOURCE_EPOCHS): a shorter run without collapse decides nothing; inconclusive
+    otherwise. A diverged run (loss not finite) is a failure, never a collapse: with one, the
+    claim is inconclusive. ``readings``: what each outcome says (holds, contradicted)."""
     needs = (
         f"{c.needs[key].text}; holds when every seed collapses by BYOL's rule (the spread of its outputs below "
-        "its floor), contradicted when none does and its probe lies above random init's"
+        "its floor; a diverged run is no collapse), contradicted when none does and its probe lies above "
+        "random init's"
     )
     verdict = gate(c, key)
     if verdict:
         return Claim(text, source, needs, "", verdict, c.cells(role, "random"))
-    v = c.value(role)
+    v, failures = c.value(role), c.failures(role)
+    collapsed = sum(why.startswith("collapsed") for why in failures.values())
+    diverged = len(failures) - collapsed
     runs = v.n + v.failed
     d = stats.paired(c.by_seed(role, METRIC, failed_too=True), c.by_seed("random", METRIC))
     above, why = stats.judge(d)
     measured = (
-        f"{v.failed} of {runs} seeds collapsed or diverged; probe − random init: "
-        f"Δ {'no pair' if d is None else d.text(signed=True)} ({why})"
+        f"{collapsed} of {runs} seeds collapsed"
+        + (f", {diverged} diverged (failed, not collapsed)" if diverged else "")
+        + f"; probe − random init: Δ {'no pair' if d is None else d.text(signed=True)} ({why})"
     )
-    if runs >= 2 and v.failed == runs:
+    long_enough = c.claims.epochs >= COLLAPSE_SOURCE_EPOCHS
+    if runs >= 2 and collapsed == runs:
         verdict, reading = HOLDS, readings[0]
-    elif runs >= 2 and v.failed == 0 and above == HOLDS:
+    elif runs >= 2 and v.failed == 0 and above == HOLDS and long_enough:
         verdict, reading = CONTRADICTED, readings[1]
     else:
         undecided = Comparison(f"{c.ids[role]} − {c.ids['random']}", INCONCLUSIVE, measured, d)
-        cols = (_per_comparison([undecided], detectable), undecided_collapse(d, v.failed, runs))
+        short = "" if long_enough else f", shorter than the source's {COLLAPSE_SOURCE_EPOCHS} epochs"
+        cols = (_per_comparison([undecided], detectable), undecided_collapse(d, v.failed, runs, long_enough))
         return Claim(
-            text, source, needs, f"{measured}: neither reading", INCONCLUSIVE, c.cells(role, "random"), "—", *cols
+            text,
+            source,
+            needs,
+            f"{measured}: neither reading{short}",
+            INCONCLUSIVE,
+            c.cells(role, "random"),
+            "—",
+            *cols,
         )
     return Claim(text, source, needs, f"{measured}: {reading}", verdict, c.cells(role, "random"))
 
 
-def undecided_collapse(d: stats.Estimate | None, failed: int, runs: int) -> str:
+def undecided_collapse(d: stats.Estimate | None, failed: int, runs: int, long_enough: bool = True) -> str:
     """What more seeds could decide of an undecided collapse claim: only the "none collapses and
-    it learns" reading can be reached by adding seeds, and only while none has collapsed and its
-    Δ over random init is positive; every seed collapsing cannot be planned for."""
+    it learns" reading can be reached by adding seeds, and only in runs as long as the source's,
+    while none has failed and its Δ over random init is positive; every seed collapsing cannot be
+    planned for."""
     if failed:
-        return f"— ({failed} of {runs} collapsed: neither reading at any n)"
+        return f"— ({failed} of {runs} failed: neither reading at any n)"
+    if not long_enough:
+        return f"— (no seed count: a run without collapse decides only at ≥ {COLLAPSE_SOURCE_EPOCHS} epochs)"
     if d is None or d.mean <= 0:
         return "— (none collapsed and its Δ over random init is not above 0)"
     n = stats.seeds_to_decide(d)
@@ -736,10 +786,25 @@ def undecided_collapse(d: stats.Estimate | None, failed: int, runs: int) -> str:
     return f"{shown} for the CI above 0 at Δ {d.mean:+.1f}, if none collapses"
 
 
+PREDICTOR_READINGS = ("the predictor is what keeps it apart", "it learnt without the predictor")
+
+
 def byol_predictor(c: Cells) -> Claim:
-    text = f"BYOL without its predictor collapses (BYOL paper; SimSiam: 0.1 %) (run: predictor=false, {_epochs(c)})"
-    readings = ("the predictor is what keeps it apart", "it learnt without the predictor")
-    return collapse_claim(c, "byol_no_predictor", "byol_predictor", text, "BYOL paper, Table 5b", readings)
+    text = (
+        "BYOL without its predictor collapses (BYOL paper; SimSiam: 0.1 %), under the embedded recipe "
+        f"(SGD, grid.byol) (run: predictor=false, {_epochs(c)})"
+    )
+    return collapse_claim(c, "byol_no_predictor", "byol_predictor", text, "BYOL paper, Table 5b", PREDICTOR_READINGS)
+
+
+def byol_predictor_lars(c: Cells) -> Claim:
+    rule = c.overrides["byol_no_predictor_lars"]
+    text = (
+        "BYOL without its predictor collapses (BYOL paper), under the paper's recipe (LARS, lr "
+        f"{rule['lr']:g}, weight decay {rule['weight_decay']:g}) (run: predictor=false, {_epochs(c)})"
+    )
+    key = "byol_predictor_lars"
+    return collapse_claim(c, "byol_no_predictor_lars", key, text, "BYOL paper, Table 5b", PREDICTOR_READINGS)
 
 
 def byol_ema(c: Cells) -> Claim:
@@ -768,6 +833,7 @@ CLAIMS = [
     queue_vs_batch,
     byol_learns,
     byol_predictor,
+    byol_predictor_lars,
     byol_ema,
 ]
 
@@ -804,6 +870,7 @@ def claims_table(c: Cells, prov) -> Table:
         f"would), known before the runs it judges: 'a priori' from the config (those cells are not trained), "
         f"or from the pilot runs (other seeds than the compared ones). This budget ({budget}, "
         f"{c.claims.seeds} seeds) cannot decide: " + ("; ".join(cannot) if cannot else "none of them") + ".",
+        multiplicity(rows),
         "not run: a cell the claim needs has no result yet (snakemake claims computes them"
         + ("" if c.claims.only is None else f"; this run's claims.only: {', '.join(c.claims.only)}")
         + ").",
@@ -825,6 +892,31 @@ def claims_table(c: Cells, prov) -> Table:
         ],
         prov([g for g in (c.group(r) for r in c.ids) if g is not None], vary=set()),
         notes=notes,
+    )
+
+
+def short_name(r: Claim) -> str:
+    """A claim's statement without what was run."""
+    return r.text.split(" (")[0].split(":")[0].split(";")[0]
+
+
+def multiplicity(rows: list[Claim]) -> str:
+    """The family of paired tests behind the claims, each read at 5 %, and which decided verdicts
+    stay decided under Holm's correction (family-wise 5 %): a verdict survives when every test
+    that supports it rejects."""
+    tests = [(r, p, v) for r in rows for p, v in r.tests]
+    rejected = stats.holm([p for _, p, _ in tests])
+    decided = [r for r in rows if r.verdict in (HOLDS, CONTRADICTED) and r.tests]
+    survive = {
+        id(r): all(rej for (owner, _, v), rej in zip(tests, rejected) if owner is r and v == r.verdict) for r in decided
+    }
+    kept = [short_name(r) for r in decided if survive[id(r)]]
+    lost = [short_name(r) for r in decided if not survive[id(r)]]
+    return (
+        f"Multiplicity: {len(tests)} paired tests behind {len({id(r) for r, _, _ in tests})} claims, each read at "
+        f"5 %. Under Holm's correction (family-wise 5 %), of the {len(decided)} decided verdicts "
+        + (f"these stay decided: {'; '.join(kept)}" if kept else "none stays decided")
+        + (f"; these do not: {'; '.join(lost)}." if lost else ".")
     )
 
 

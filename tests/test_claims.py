@@ -43,7 +43,7 @@ KEY_ENCODER_OK = {
 }
 ORDER = ["fifo", "low m", "m = 0", "key encoder", "larger K", "m = 0.9999", "longer", "memory bank", "transfer"]
 ORDER += ["mlp head", "aug plus", "patch projection"]  # the MoCo v2 report's steps, MoCo v3's ViT
-ORDER += ["large batch", "queue vs batch", "byol learns", "byol predictor", "byol ema"]
+ORDER += ["large batch", "queue vs batch", "byol learns", "byol predictor", "byol predictor lars", "byol ema"]
 COLLAPSED = "collapsed: loss 8.318 at chance (8.318: every logit alike)"
 COLLAPSED_BYOL = "collapsed: spread of the outputs 0.004 below 0.1 (every image near one point)"
 
@@ -98,12 +98,20 @@ ROLES = {
     "no_blur": ({"epochs": 15, "aug": "cifar"}, [58.0, 49.0, 68.0], None, {}),
     # the rivals: SimCLR at 256 and at 4 x 256, BYOL, without its predictor, without the EMA
     "simclr": ({"epochs": 15, "method": "simclr"}, [50.0, 41.0, 60.0], None, {}),
+    "simclr_few": ({"epochs": 15, "method": "simclr", "negatives": 127}, [44.0, 36.0, 53.0], None, {}),
     "simclr_large": ({"epochs": 15, "method": "simclr", "batch_size": 1024}, [59.0, 50.0, 69.0], None, {}),
     "byol": ({"epochs": 15, "method": "byol"}, [40.0, 35.0, 45.0], None, {}),
     "byol_no_predictor": (
         {"epochs": 15, "method": "byol", "predictor": False},
         [10.2, 11.1, 9.3],
         COLLAPSED_BYOL,
+        {},
+    ),
+    # the paper's recipe at batch 256: LARS, lr 0.2 x 256/256, weight decay 1.5e-6
+    "byol_no_predictor_lars": (
+        {"epochs": 15, "method": "byol", "predictor": False, "optimizer": "lars", "lr": 0.2, "weight_decay": 1.5e-6},
+        [30.0, 28.0, 33.0],
+        None,
         {},
     ),
     "byol_no_ema": ({"epochs": 15, "method": "byol", "m": 0.0}, [10.0, 12.0, 8.0], COLLAPSED_BYOL, {}),
@@ -153,9 +161,11 @@ def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
         "variant=v1,epochs=15",  # v1's linear head (the MLP head's claim)
         "epochs=15,aug=cifar",  # v2's augmentation without its blur (aug+'s claim)
         "method=simclr,epochs=15",
+        "method=simclr,epochs=15,negatives=127",  # a quarter of a view's 510 negatives
         "method=simclr,epochs=15,batch_size=1024",
         "method=byol,epochs=15",
         "method=byol,epochs=15,predictor=false",
+        "method=byol,epochs=15,lr=0.2,predictor=false,optimizer=lars",  # the paper's recipe at batch 256
         "method=byol,m=0.0,epochs=15",
     ]
     # claims.seeds = 3 of each cell a decidable claim needs, paired by seed; the reference and
@@ -171,7 +181,7 @@ def test_claims_cells_are_the_base_varied_around_a_shorter_reference():
     # with enough steps (200 epochs: 39,000 >= 34,656) m = 0.999 and 0.9999 get 3 as well: 9
     # compared groups x 3, the 3 invariant ones x 2, the pilot's 2 roles x 2
     longer = claims_cells(load_config({**CONFIG, "claims": {**CLAIMS, "epochs": 200, "long_epochs": 400}}))
-    assert len(longer) == (9 + 2 + 5) * 3 + 3 * 2 + 2 * 2  # + the v2 report's 2 steps, the 5 rivals' cells
+    assert len(longer) == (9 + 2 + 7) * 3 + 3 * 2 + 2 * 2  # + the v2 report's 2 steps, the 7 rivals' cells
     assert all(p.epochs == 15 for c, p in cells.items() if group_id(c) not in ("base", "method=random"))
 
 
@@ -227,6 +237,7 @@ def test_every_claim_judged_on_what_was_measured(tmp_path):
         "queue vs batch": HOLDS,
         "byol learns": HOLDS,
         "byol predictor": HOLDS,
+        "byol predictor lars": INCONCLUSIVE,  # no collapse in 15 epochs: shorter than the source's 300
         "byol ema": HOLDS,
     }
     assert got["larger K"].startswith(NOT_DECIDABLE) and got["m = 0.9999"].startswith(NOT_DECIDABLE)
@@ -257,21 +268,35 @@ def test_every_claim_judged_on_what_was_measured(tmp_path):
     assert "pilot runs (seeds 3–4, not compared)" in rows["longer"]["needs"]
     # 5 half-lives of 0.99: 5 ln 0.5 / ln 0.99 = 5 x 68.97 = 344.8
     assert rows["low m"]["needs"].startswith("≥ 345 steps (5 EMA half-lives of m = 0.99)")
-    # SimCLR at 1,024 − at 256: 9, 9, 9: std 0, the CI [+9.0, +9.0]
+    # SimCLR with all 510 negatives − with 127: 6, 5, 7: mean 6, std 1, half 4.303 / sqrt 3 = 2.48
     assert (
-        "method=simclr,epochs=15,batch_size=1024 − method=simclr,epochs=15: Δ +9.0 ± 0.0 (n=3)"
+        "method=simclr,epochs=15 − method=simclr,epochs=15,negatives=127: Δ +6.0 ± 2.5 (n=3)"
         in (rows["large batch"]["measured"])
     )
-    # 50,000 images // 1,024 = 48 steps an epoch, x 15
-    assert rows["large batch"]["needs"].startswith("a batch of 1,024 (4 x 256): 720 steps in 15 epochs")
+    assert rows["large batch"]["needs"].startswith("510 against 127 negatives a view, both at batch 256, 2,925 steps")
+    # 50,000 images // 1,024 = 48 steps an epoch, x 15 = 720 >= 5 half-lives of the reference's m = 0.99 (345)
+    assert rows["queue vs batch"]["needs"].startswith("a batch of 1,024 (4 x 256): 720 steps in 15 epochs, ≥ 345")
     # the reference − SimCLR at 1,024: 1, 0, 1: mean 0.667, std 0.577; 90 % half-width
     # t(0.95, 2) = 2.920 x 0.577 / sqrt 3 = 0.97: [-0.3, +1.6], inside ±5
     assert "90 % CI [-0.3, +1.6] inside ±5" in rows["queue vs batch"]["measured"]
     # BYOL − random init: 30, 24, 36; without its predictor, and without the EMA, every seed
     # collapsed by BYOL's own rule: the BYOL paper's reading
     assert "method=byol,epochs=15 − method=random: Δ +30.0" in rows["byol learns"]["measured"]
-    assert rows["byol predictor"]["measured"].startswith("3 of 3 seeds collapsed or diverged")
+    assert rows["byol predictor"]["measured"].startswith("3 of 3 seeds collapsed; probe")
+    assert rows["byol predictor lars"]["measured"].endswith("neither reading, shorter than the source's 300 epochs")
     assert rows["byol ema"]["measured"].endswith("the BYOL paper's reading")
+    # Holm over the 9 paired tests (dof 2: p = 1 − t / sqrt(2 + t²)): low m's two (Δ -6 ± 0: p 0;
+    # t 22: 0.0021), the memory bank's (p 0), the match's one-sided 0.0029, large batch's (t 10.4:
+    # 0.0093) reject at 0.05/9, /8, /7, /6, /5; the MLP head's (t 8.66: 0.0131) exceeds 0.05/4 and
+    # stops it: BYOL's (0.0131), the longer schedule's (t 6.93: 0.0202), aug+'s (t 5: 0.0377) with it
+    md = (tmp_path / "tables" / "claims.md").read_text()
+    assert "Multiplicity: 9 paired tests behind 8 claims, each read at 5 %." in md
+    assert (
+        "these stay decided: m < 0.99 loses accuracy; A memory bank's stale keys do worse than MoCo's queue; "
+        "In-batch negatives need a large batch; MoCo's queue at batch 256 matches SimCLR at 1,024; these do not: "
+        "A longer schedule helps; An MLP projection head helps; Gaussian blur added to the augmentation helps; "
+        "BYOL learns without negatives."
+    ) in md
     momentum = (tmp_path / "tables" / "claims_momentum.md").read_text()
     assert "| 0.0 | 0 | 16 | fail (3 of 3) |" in momentum
     assert "| 0.5 | 1 | 16 | 52.7 ± 24.9 (n=3) |" in momentum  # 52, 43, 63: std 10.02, half 4.303 * 10.02 / sqrt 3
@@ -279,17 +304,39 @@ def test_every_claim_judged_on_what_was_measured(tmp_path):
     assert "| 0.9999 | 6,931 | 16 | — |" in momentum
 
 
-def test_byol_learning_without_the_ema_is_simsiams_reading(tmp_path):
-    """No seed of tau = 0 collapses and its probe lies above random init (20, 13, 26): the data
-    side with SimSiam against the BYOL paper; one collapsed seed of three decides neither."""
+def byol_no_ema_at(root, epochs, top1, failures=(None, None, None)):
+    """tau = 0 and random init alone, seeds 0-2, at a claims length of ``epochs``."""
+    for s, (t, f) in enumerate(zip(top1, failures)):
+        cell(root, seed_cell({"epochs": epochs, "method": "byol", "m": 0.0}, s), t, f)
+        cell(root, seed_cell({"method": "random"}, s), [10.0, 11.0, 9.0][s])
+
+
+SOURCE_LENGTH = {**CONFIG, "claims": {**CLAIMS, "epochs": 300, "long_epochs": 600}}
+
+
+def test_byol_learning_without_the_ema_is_simsiams_reading_only_at_the_sources_length(tmp_path):
+    """No seed of tau = 0 collapses and its probe lies above random init (20, 13, 26): at the BYOL
+    paper's 300 epochs the data side with SimSiam; at 15 a run without collapse decides nothing.
+    One collapsed seed of three decides neither; a diverged run is a failure, not a collapse."""
+    byol_no_ema_at(tmp_path, 300, [30.0, 24.0, 35.0])
+    write_claims(tmp_path, SOURCE_LENGTH)
+    row = rows_by_claim(tmp_path)["byol ema"]
+    assert row["verdict"] == CONTRADICTED and row["measured"].endswith("SimSiam's reading: no EMA needed")
     full_results(tmp_path, byol_no_ema=([30.0, 24.0, 35.0], None, {}))
     write_claims(tmp_path, CONFIG)
     row = rows_by_claim(tmp_path)["byol ema"]
-    assert row["verdict"] == CONTRADICTED and row["measured"].endswith("SimSiam's reading: no EMA needed")
+    assert row["verdict"] == INCONCLUSIVE and row["measured"].endswith("shorter than the source's 300 epochs")
+    assert row["seeds to decide"] == "— (no seed count: a run without collapse decides only at ≥ 300 epochs)"
     full_results(tmp_path, byol_no_ema=([30.0, 24.0, 10.0], [None, None, COLLAPSED_BYOL], {}))
     write_claims(tmp_path, CONFIG)
     row = rows_by_claim(tmp_path)["byol ema"]
     assert row["verdict"] == INCONCLUSIVE and row["measured"].startswith("1 of 3 seeds collapsed")
+    diverged = "diverged: loss nan at epoch 3"
+    full_results(tmp_path, byol_no_ema=([10.0, 12.0, 8.0], [COLLAPSED_BYOL, COLLAPSED_BYOL, diverged], {}))
+    write_claims(tmp_path, CONFIG)
+    row = rows_by_claim(tmp_path)["byol ema"]
+    assert row["verdict"] == INCONCLUSIVE
+    assert row["measured"].startswith("2 of 3 seeds collapsed, 1 diverged (failed, not collapsed)")
 
 
 def test_undecided_rivals_say_what_more_seeds_would_decide(tmp_path):
@@ -298,22 +345,24 @@ def test_undecided_rivals_say_what_more_seeds_would_decide(tmp_path):
     sqrt n < 2: n = 4: 2.353; n = 5: 2.132 x 2 / 2.236 = 1.91. tau = 0 − random init: 2, 0, 4:
     no seed collapsed, 95 % CI +2 ± 4.97 includes 0; above 0 at t(0.975, n - 1) x 2 / sqrt n < 2:
     n = 6: 2.571 x 2 / 2.449 = 2.10; n = 7: 2.447 x 2 / 2.646 = 1.85."""
-    full_results(tmp_path, simclr_large=([61.0, 55.0, 73.0], None, {}), byol_no_ema=([12.0, 11.0, 13.0], None, {}))
+    full_results(tmp_path, simclr_large=([61.0, 55.0, 73.0], None, {}))
     write_claims(tmp_path, CONFIG)
-    rows = rows_by_claim(tmp_path)
-    queue, ema = rows["queue vs batch"], rows["byol ema"]
+    queue = rows_by_claim(tmp_path)["queue vs batch"]
     assert queue["verdict"] == INCONCLUSIVE and "90 % CI [-6.4, +0.4] reaches past ±5" in queue["measured"]
     assert queue["smallest detectable Δ"] == "±3.4 (90 % CI) at n = 3"
     assert queue["seeds to decide"] == "5 for the 90 % CI inside ±5 at Δ -3.0"
+    byol_no_ema_at(tmp_path, 300, [12.0, 11.0, 13.0])  # at the source's length
+    write_claims(tmp_path, SOURCE_LENGTH)
+    ema = rows_by_claim(tmp_path)["byol ema"]
     assert ema["verdict"] == INCONCLUSIVE and ema["measured"].startswith("0 of 3 seeds collapsed")
     assert ema["seeds to decide"] == "7 for the CI above 0 at Δ +2.0, if none collapses"
     # a collapsed seed and a healthy one: no number of seeds makes every seed collapse
     full_results(tmp_path, byol_no_ema=([30.0, 24.0, 10.0], [None, None, COLLAPSED_BYOL], {}))
     write_claims(tmp_path, CONFIG)
-    assert rows_by_claim(tmp_path)["byol ema"]["seeds to decide"] == "— (1 of 3 collapsed: neither reading at any n)"
+    assert rows_by_claim(tmp_path)["byol ema"]["seeds to decide"] == "— (1 of 3 failed: neither reading at any n)"
     # none collapsed, but 1 point below random init on every seed: more seeds only confirm it is not above
-    full_results(tmp_path, byol_no_ema=([9.0, 10.0, 8.0], None, {}))
-    write_claims(tmp_path, CONFIG)
+    byol_no_ema_at(tmp_path, 300, [9.0, 10.0, 8.0])
+    write_claims(tmp_path, SOURCE_LENGTH)
     row = rows_by_claim(tmp_path)["byol ema"]
     assert row["verdict"] == INCONCLUSIVE
     assert row["seeds to decide"] == "— (none collapsed and its Δ over random init is not above 0)"
@@ -337,10 +386,20 @@ def test_a_large_batch_the_data_cannot_fill_is_not_decidable_a_priori():
     """4 x 256 = 1,024 images a batch from 500: not one step; known from the config alone."""
     from pipeline.dag.claims_plan import Budget, large_batch
 
-    assert large_batch(Budget(images=500, classes=10, batch=256, epochs=15)) == (
-        "a batch of 1,024 (4 x 256): 0 steps in 15 epochs",
+    assert large_batch(Budget(images=500, classes=10, batch=256, epochs=15, m=0.99), 0.99) == (
+        "a batch of 1,024 (4 x 256): 0 steps in 15 epochs, ≥ 345 (5 EMA half-lives of the reference's m = 0.99)",
         "needs ≥ 1,024 training images for one batch of 1,024, has 500",
     )
+
+
+def test_simclr_at_the_large_batch_shorter_than_the_references_ema_is_not_decidable_a_priori():
+    """The embedded data: 2,600 images, batch 64 x 4 = 256: 10 steps an epoch, 90 in 9 epochs,
+    fewer than 5 half-lives of m = 0.99 (5 ln 0.5 / ln 0.99 = 344.8): 35 epochs would do."""
+    from pipeline.dag.claims_plan import Budget, large_batch
+
+    text, why = large_batch(Budget(images=2600, classes=10, batch=64, epochs=9, m=0.99), 0.99)
+    assert text.startswith("a batch of 256 (4 x 64): 90 steps in 9 epochs")
+    assert why == "SimCLR at 256 has 90 steps, needs ≥ 345: claims.epochs ≥ 35"
 
 
 def test_the_queue_claim_on_data_large_enough_to_decide_it(tmp_path):
@@ -467,7 +526,7 @@ def test_another_claims_runs_seeds_in_the_folder_are_never_judged(tmp_path):
         cell(tmp_path, seed_cell({"method": "random"}, s), rand)
     write_claims(tmp_path, confirmatory)
     alone = {k: (r["measured"], r["verdict"]) for k, r in rows_by_claim(tmp_path).items()}
-    assert alone["longer"][1] == HOLDS and alone["key encoder"][0].startswith("41 of 41")  # 32 MoCo runs, 9 BYOL
+    assert alone["longer"][1] == HOLDS and alone["key encoder"][0].startswith("44 of 44")  # 32 MoCo runs, 12 BYOL
     full_results(tmp_path, long=([40.0, 30.0, 50.0], None, {}))  # the earlier run: longer loses
     write_claims(tmp_path, confirmatory)
     assert {k: (r["measured"], r["verdict"]) for k, r in rows_by_claim(tmp_path).items()} == alone
@@ -613,6 +672,7 @@ def test_claims_whose_cells_the_config_does_not_name_are_not_run(tmp_path):
         "queue vs batch": NOT_RUN,
         "byol learns": NOT_RUN,
         "byol predictor": NOT_RUN,
+        "byol predictor lars": NOT_RUN,
         "byol ema": NOT_RUN,
     }
     assert rows["low m"]["measured"] == "claims.m needs 0.99 and a value in (0, 0.99)"

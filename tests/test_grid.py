@@ -277,12 +277,13 @@ def test_the_repair_refuses_a_snakemake_it_does_not_fit(version, init, why):
     [
         # ImageNet-1k (dataset.train_images 1,281,167) at batch 256: 5,004 steps/epoch x 100 = 500,400
         # steps; K <= 128,116 (10 %): every claim is decidable, every cell trained (11 MoCo groups, the
-        # MoCo v2 report's 2 steps: v1's head, no blur, and the rivals' 5: SimCLR at 256 and 1,024,
-        # BYOL, without its predictor, without the EMA; its grid.cells has no ViT)
-        ("imagenet-mocov2.yaml", 11 + 2 + 5, set()),
+        # MoCo v2 report's 2 steps: v1's head, no blur, and the rivals' 7: SimCLR at 256, with a
+        # quarter of its negatives and at 1,024, BYOL, without its predictor under SGD and LARS,
+        # without the EMA; its grid.cells has no ViT)
+        ("imagenet-mocov2.yaml", 11 + 2 + 7, set()),
         # CIFAR-10 (known: 50,000) at batch 512: 97 steps/epoch x 100 = 9,700 steps; the preset's
         # m has no 0.9999 (34,656 steps): "too slow" is not decidable and nothing is trained for it
-        ("cifar10.yaml", 9 + 5, {"slow_m"}),
+        ("cifar10.yaml", 9 + 7, {"slow_m"}),
     ],
 )
 def test_claims_plan_every_cell_at_the_claims_seeds(tmp_path, preset, trained, not_trained):
@@ -296,7 +297,8 @@ def test_claims_plan_every_cell_at_the_claims_seeds(tmp_path, preset, trained, n
     roles = claims_overrides(claims, typed.pretrain)
     ids = {role: group_id(cell_id(base, {**base, **o})) for role, o in roles.items()}
     # every m, K x FIFO cell, the memory bank and the long run: claims.seeds (3) each, paired
-    rivals = ("simclr", "simclr_large", "byol", "byol_no_predictor", "byol_no_ema")
+    rivals = ("simclr", "simclr_few", "simclr_large", "byol", "byol_no_predictor", "byol_no_predictor_lars")
+    rivals += ("byol_no_ema",)
     steps = ("v1_head", "no_blur")  # the MoCo v2 report's (none for cifar10.yaml's v1 base without blur)
     compared = [
         r for r in roles if r.startswith(("m=", "K=")) or r in ("memory_bank", "long", "reference", *steps, *rivals)
@@ -335,9 +337,9 @@ def test_a_confirmatory_claims_run_uses_only_fresh_seeds(tmp_path):
 
 
 def test_claims_only_trains_the_named_claims_cells_and_no_other(tmp_path):
-    """claims.only [large_batch, byol_predictor]: SimCLR at both batches, the reference and random
-    init at the pilot seeds (large_batch's gate), BYOL without its predictor and random init;
-    no m, K, memory-bank, long or other BYOL cell."""
+    """claims.only [large_batch, byol_predictor]: SimCLR with all its negatives and with a quarter,
+    the reference and random init at the pilot seeds (large_batch's gate), BYOL without its
+    predictor and random init; no m, K, memory-bank, long, large-batch or other BYOL cell."""
     overrides = [f"results={tmp_path}", "claims={only: [large_batch, byol_predictor]}"]
     typed = load_config(merged_config(["workflow/config/presets/cifar10.yaml"], overrides))
     roles = claims_overrides(typed.claims, typed.pretrain)
@@ -346,9 +348,9 @@ def test_claims_only_trains_the_named_claims_cells_and_no_other(tmp_path):
     seeds = {}
     for cid, cell in claims_cells(typed).items():
         seeds.setdefault(group_id(cid), set()).add(cell.pretrain.seed)
-    trained = {ids[r] for r in ("simclr", "simclr_large", "byol_no_predictor", "pilot")} | {"method=random"}
+    trained = {ids[r] for r in ("simclr", "simclr_few", "byol_no_predictor", "pilot")} | {"method=random"}
     assert set(seeds) == trained
-    assert seeds[ids["simclr"]] == seeds[ids["simclr_large"]] == seeds[ids["byol_no_predictor"]] == {0, 1, 2}
+    assert seeds[ids["simclr"]] == seeds[ids["simclr_few"]] == seeds[ids["byol_no_predictor"]] == {0, 1, 2}
     assert seeds[ids["pilot"]] == {3, 4, 5}  # the pilot seeds only: the reference itself is not compared
     assert seeds["method=random"] == {0, 1, 2, 3, 4, 5}
 

@@ -207,8 +207,11 @@ def test_the_claims_plan_says_what_it_will_not_train(tmp_path):
         config(tmp_path),
         {"claims": {"epochs": 5, "long_epochs": 13, "m": [0.5, 0.99, 0.999, 0.9999], "K": [256, 1024]}},
     )
+    # SimCLR at 4 x 256 = 1,024: 48 x 5 = 240 steps, short of 5 half-lives of the reference's
+    # m = 0.99 (345): MoCo's queue against it is not decidable either
     plan = make_plan(load_config(cfg), PROFILE, THROUGHPUT, DETECTION, claims=True)
-    assert list(plan["not_trained"]) == ["slow_m"] and "has 975" in plan["not_trained"]["slow_m"]
+    assert list(plan["not_trained"]) == ["slow_m", "queue_vs_batch"] and "has 975" in plan["not_trained"]["slow_m"]
+    assert plan["not_trained"]["queue_vs_batch"] == "SimCLR at 1,024 has 240 steps, needs ≥ 345: claims.epochs ≥ 8"
     assert not [r["cell"] for r in plan["cells"] if "m=0.999" in r["cell"]]  # 0.999 and 0.9999: only it needs them
     assert plan["detect"]["jobs"] == 0  # the claims rest on the probe
     text = render(plan, "profiles/slurm")

@@ -226,3 +226,24 @@ def test_seeds_to_decide_gives_up_beyond_max_seeds():
     assert MAX_SEEDS < 10**6
     assert seeds_to_decide(Estimate(mean=0.01, half=1.0, n=3, std=10.0)) is None
     assert seeds_to_decide(Estimate(mean=-0.01, half=1.0, n=3, std=10.0)) is None
+
+
+def test_paired_t_p_value_by_the_closed_form_at_two_degrees_of_freedom():
+    """dof 2: P(|T| <= t) = t / sqrt(2 + t²). Δs 1, 2, 3: t = 2 / (1 / sqrt 3) = 3.464."""
+    from pipeline.report.stats import equivalence_p, p_value
+
+    t = 2 * math.sqrt(3)
+    assert p_value(estimate([1.0, 2.0, 3.0])) == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-9)
+    assert p_value(estimate([1.0])) is None and p_value(estimate([2.0, 2.0])) == 0.0
+    # |Δ| < 5 at Δs 1, 0, 1: against +5, t = (5 - 2/3) / (0.577 / sqrt 3) = 13.0, one-sided half of it
+    d = estimate([1.0, 0.0, 1.0])
+    t = (5 - 2 / 3) / (math.sqrt(1 / 3) / math.sqrt(3))
+    assert equivalence_p(d, 5.0) == pytest.approx((1 - t / math.sqrt(2 + t * t)) / 2, rel=1e-9)
+
+
+def test_holm_steps_down_and_stops_at_the_first_test_it_keeps():
+    """Sorted: 0.005 <= 0.05/4, 0.01 <= 0.05/3, 0.03 > 0.05/2: stop, 0.04 is kept too."""
+    from pipeline.report.stats import holm
+
+    assert holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
+    assert holm([0.04]) == [True] and holm([]) == []

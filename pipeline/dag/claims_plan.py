@@ -26,9 +26,13 @@ HALF_LIVES = 5
 QUEUE_SHARE = 0.1
 LOW_M_AGAINST = 0.99  # "m < 0.99 loses": each m below it against m = 0.99
 # SimCLR's large batch: this many times the base cell's (the MoCo v2 report compares 256 with
-# 8,192); the same epochs, so the large batch takes that many times fewer steps, as in the report
+# 8,192); the same epochs, so the large batch takes that many times fewer steps, as in the report.
+# The number of negatives alone: SimCLR at the base batch keeping 1 / LARGE_BATCH of its negatives
 LARGE_BATCH = 4
 BYOL_TAU = 0.99  # BYOL's target decay on the embedded data (pipeline.methods.byol.recipe)
+# a collapse claim's source trained 300 epochs (BYOL, Table 5): a run without collapse contradicts
+# it only at that length, in epochs of its own training set; a collapse shows at any length
+COLLAPSE_SOURCE_EPOCHS = 300
 # the patch-projection claim's larger lr: this many times the ViT cell's recipe lr (the MoCo v3
 # paper's dips in kNN accuracy appear as the lr grows; at the recipe's lr alone there may be none)
 LARGE_LR_FACTOR = 4
@@ -48,7 +52,7 @@ def half_life(m: float) -> float:
 CLAIM_KEYS = (
     *("fifo", "low_m", "zero_m", "larger_K", "slow_m", "longer", "memory_bank"),
     *("mlp_head", "aug_plus", "patch_projection"),  # the MoCo v2 report's steps, MoCo v3's ViT
-    *("large_batch", "queue_vs_batch", "byol_learns", "byol_predictor", "byol_ema"),
+    *("large_batch", "queue_vs_batch", "byol_learns", "byol_predictor", "byol_predictor_lars", "byol_ema"),
 )
 PILOT_ROLES = ("pilot", "pilot_random")  # the reference and random init at the pilot seeds
 ACCURACY_CLAIMS = (
@@ -62,12 +66,13 @@ INVARIANT_CLAIMS = ("fifo",)
 @dataclass(frozen=True)
 class Budget:
     """The size of the claims' experiment: training images, classes (None: not known before
-    conversion), global batch and the reference's epochs."""
+    conversion), global batch, the reference's epochs and its momentum m."""
 
     images: int
     classes: int | None
     batch: int
     epochs: int
+    m: float
 
     @property
     def steps_per_epoch(self) -> int:
@@ -105,14 +110,45 @@ def small_queue(b: Budget, ks: list[int]) -> tuple[str, str | None]:
     return text, f"needs K ≤ {limit:,}; K = {', '.join(f'{k:,}' for k in too_large)} too large for this data"
 
 
-def large_batch(b: Budget) -> tuple[str, str | None]:
-    """SimCLR at LARGE_BATCH x the base batch: at least a step per epoch, and as many steps as
-    the EMA of the base cell needs, so that the comparison is of negatives, not of too short a run."""
+def fewer_negatives(batch: int) -> int:
+    """The negatives SimCLR keeps in the negatives claim: 1 / LARGE_BATCH of a view's 2B - 2."""
+    return (2 * batch - 2) // LARGE_BATCH
+
+
+def negatives(b: Budget) -> tuple[str, str | None]:
+    """SimCLR with all its in-batch negatives against SimCLR keeping 1 / LARGE_BATCH of them: the
+    same batch, steps, lr and BN batch, so that only the number of negatives differs."""
+    few = fewer_negatives(b.batch)
+    text = f"{2 * b.batch - 2} against {few} negatives a view, both at batch {b.batch}, {b.steps:,} steps, the same lr"
+    return text, None if few >= 1 else f"needs a batch of ≥ {LARGE_BATCH // 2 + 1} for a quarter of its negatives"
+
+
+def large_batch(b: Budget, m: float) -> tuple[str, str | None]:
+    """SimCLR at LARGE_BATCH x the base batch against MoCo's reference at the base batch: at
+    least a step per epoch, and as many steps as the reference's EMA needs (HALF_LIVES half-lives
+    of m), so that the comparison is of negatives, not of too short a run."""
     big = LARGE_BATCH * b.batch
     steps = b.images // big * b.epochs
-    text = f"a batch of {big:,} ({LARGE_BATCH} x {b.batch}): {steps:,} steps in {b.epochs} epochs"
+    need = math.ceil(HALF_LIVES * half_life(m))
+    text = (
+        f"a batch of {big:,} ({LARGE_BATCH} x {b.batch}): {steps:,} steps in {b.epochs} epochs, "
+        f"≥ {need:,} ({HALF_LIVES} EMA half-lives of the reference's m = {m:g})"
+    )
     if b.images // big < 1:
         return text, f"needs ≥ {big:,} training images for one batch of {big:,}, has {b.images:,}"
+    if steps < need:
+        epochs = math.ceil(need / (b.images // big))
+        return text, f"SimCLR at {big:,} has {steps:,} steps, needs ≥ {need:,}: claims.epochs ≥ {epochs:,}"
+    return text, None
+
+
+def collapse_length(b: Budget) -> tuple[str, str | None]:
+    """A collapse shows at any length; its absence contradicts the source only at the source's
+    length (COLLAPSE_SOURCE_EPOCHS): below it, a run that did not collapse decides nothing."""
+    text = (
+        f"≥ 2 seeds; holds at any length, contradicted only at ≥ {COLLAPSE_SOURCE_EPOCHS} epochs (the source's), "
+        f"here {b.epochs}"
+    )
     return text, None
 
 
@@ -165,11 +201,12 @@ def needs(claims: Claims, b: Budget) -> dict[str, Need]:
     out["aug_plus"] = Need(("reference", "no_blur", *pilot), "", None)
     out["patch_projection"] = Need(VIT_ROLES, *knn_checks(b))  # stability, not accuracy: no pilot
     # the rivals: SimCLR's batch against MoCo's queue, BYOL without negatives and its ablations
-    out["large_batch"] = Need(("simclr_large", "simclr", *pilot), *large_batch(b))
-    out["queue_vs_batch"] = Need(("reference", "simclr_large", *pilot), *large_batch(b))
+    out["large_batch"] = Need(("simclr", "simclr_few", *pilot), *negatives(b))
+    out["queue_vs_batch"] = Need(("reference", "simclr_large", *pilot), *large_batch(b, b.m))
     out["byol_learns"] = Need(("byol", "random"), *ema_steps(b, BYOL_TAU))
-    out["byol_predictor"] = Need(("byol_no_predictor", "random"), "≥ 2 seeds of each", None)
-    out["byol_ema"] = Need(("byol_no_ema", "random"), "≥ 2 seeds of each", None)
+    out["byol_predictor"] = Need(("byol_no_predictor", "random"), *collapse_length(b))
+    out["byol_predictor_lars"] = Need(("byol_no_predictor_lars", "random"), *collapse_length(b))
+    out["byol_ema"] = Need(("byol_no_ema", "random"), *collapse_length(b))
     assert tuple(out) == CLAIM_KEYS, "a claim added here is named in CLAIM_KEYS too"
     return out
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 import yaml
 
-from pipeline.dag.claims_plan import LARGE_BATCH, LARGE_LR_FACTOR, Budget, role_seeds, vit_cell
+from pipeline.dag.claims_plan import LARGE_BATCH, LARGE_LR_FACTOR, Budget, fewer_negatives, role_seeds, vit_cell
 from pipeline.dag.config import ConfigError, merge, pretrain_cell, to_dict
 from pipeline.dag.layout import AXES, QUEUE_POLICIES, is_resnet
 from pipeline.dag.recipes import with_recipe
 from pipeline.dag.sections import Claims, Config, Detect, Grid, Pretrain, Resources
 from pipeline.dag.training_set import synthetic_images, training_set
+from pipeline.methods import method_spec
 
 BASE_ID = "base"
 
@@ -166,11 +167,23 @@ def claims_overrides(claims: Claims, base: Pretrain, grid: Grid | None = None) -
         **vit_roles(),
         # the rivals at the reference's epochs, each with its recipe (pipeline.dag.recipes)
         "simclr": {**short, "method": "simclr"},
+        "simclr_few": {**short, "method": "simclr", "negatives": fewer_negatives(base.batch_size)},
         "simclr_large": {**short, "method": "simclr", "batch_size": LARGE_BATCH * base.batch_size},
         "byol": {**short, "method": "byol"},
         "byol_no_predictor": {**short, "method": "byol", "predictor": False},
+        # the same ablation under BYOL's own rule (LARS), beside the embedded recipe's SGD
+        "byol_no_predictor_lars": {**short, "method": "byol", "predictor": False, **byol_rule(to_dict(base))},
         "byol_no_ema": {**short, "method": "byol", "m": 0.0},
     }
+
+
+def byol_rule(base: dict) -> dict:
+    """BYOL's paper's optimiser, lr and weight decay at the base cell's batch (its method rule,
+    without grid.byol's recipe for the embedded data)."""
+    rule = method_spec("byol").recipe
+    assert rule is not None
+    found = rule({**base, "method": "byol"})
+    return {k: found[k] for k in ("optimizer", "lr", "weight_decay")}
 
 
 def claims_budget(cfg: Config) -> Budget:
@@ -178,7 +191,7 @@ def claims_budget(cfg: Config) -> Budget:
     any job; pipeline.dag.training_set raises where it is not)."""
     assert cfg.claims is not None
     data = training_set(cfg)
-    return Budget(data.images, data.classes, cfg.pretrain.batch_size, cfg.claims.epochs)
+    return Budget(data.images, data.classes, cfg.pretrain.batch_size, cfg.claims.epochs, cfg.pretrain.m)
 
 
 def claims_cells(cfg: Config) -> dict[str, Cell]:

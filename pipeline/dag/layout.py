@@ -70,6 +70,8 @@ AXES = (
     "queue_policy",
     "symmetric",
     "predictor",
+    "negatives",
+    "optimizer",
     "seed",
 )
 # a cell of the grid as its folder under results/cells names it: base, or axis=value pairs

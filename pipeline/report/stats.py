@@ -188,3 +188,36 @@ def seeds_to_match(d: Estimate, margin: float) -> int | None:
     nearer = math.copysign(margin, d.mean)
     inside = abs(d.mean) < margin
     return seeds_to_decide(d, nearer, EQUIVALENCE_LEVEL if inside else LEVEL)
+
+
+def p_value(d: Estimate | None, bound: float = 0.0) -> float | None:
+    """The paired t test's two-sided p of "the mean Δ is ``bound``" (None below 2 seeds): the
+    level at which the CI would just exclude the bound."""
+    if d is None or d.std is None or d.n < 2:
+        return None
+    if d.std == 0:
+        return 0.0 if d.mean != bound else 1.0
+    t = abs(d.mean - bound) / (d.std / math.sqrt(d.n))
+    return 1.0 - _t_central(t, d.n - 1)
+
+
+def equivalence_p(d: Estimate | None, margin: float) -> float | None:
+    """Two one-sided tests' p of "|Δ| < margin": the larger one-sided p (each at 5 %), i.e. the
+    one-sided p against the nearer margin."""
+    two_sided = p_value(d, math.copysign(margin, d.mean)) if d is not None else None
+    if two_sided is None or d is None:
+        return None
+    inside = abs(d.mean) < margin
+    return two_sided / 2 if inside else 1 - two_sided / 2
+
+
+def holm(p_values: list[float], alpha: float = 1 - LEVEL) -> list[bool]:
+    """Holm's step-down correction: which of the tests reject at family-wise level ``alpha``
+    (the k-th smallest p against alpha / (m - k + 1), stopping at the first that does not)."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (len(p_values) - rank):
+            break
+        rejected[i] = True
+    return rejected
