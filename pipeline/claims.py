@@ -713,7 +713,10 @@ def to_match(d: stats.Estimate) -> tuple[str, str]:
 
 
 def byol_learns(c: Cells) -> Claim:
-    text = f"BYOL learns without negatives: above random init (run: BYOL, {_epochs(c)}; random init)"
+    text = (
+        "BYOL learns without negatives: above random init, at this recipe and budget "
+        f"(run: BYOL, grid.byol's recipe, {_epochs(c)}; random init)"
+    )
     verdict = gate(c, "byol_learns")
     roles = ("byol", "random")
     if verdict:
