@@ -26,7 +26,7 @@ from pipeline import REPO
 from pipeline.dag import training_set
 from pipeline.dag.errors import ConfigError
 from pipeline.dag.recipes import base_with_recipe
-from pipeline.dag.schema import config_schema
+from pipeline.dag.schema import load_schema
 from pipeline.dag.sections import (
     INIT,
     PLAN,
@@ -42,7 +42,7 @@ from pipeline.dag.sections import (
     Pretrain,
     Probe,
 )
-from pipeline.methods import METHODS, method_spec
+from pipeline.methods import method_spec
 
 DEFAULT_CONFIG = REPO / "workflow" / "config" / "config.yaml"
 
@@ -168,18 +168,6 @@ def pretrain_cell(base: Pretrain, override: dict, where: str = "pretrain", num_s
     validate_schema(to_dict(cell), load_schema()["properties"]["pretrain"], prefix=where)
     check_pretrain(cell, where=where, num_samples=num_samples)
     return cell
-
-
-def load_schema() -> dict:
-    """The config's JSON schema, made once per process (every grid cell is validated against
-    it while the DAG is built); callers must not modify it. Made anew once a method is
-    registered: its pretrain.method enum is the method registry's names (pipeline.methods)."""
-    return _schema(tuple(METHODS))
-
-
-@functools.cache
-def _schema(methods: tuple[str, ...]) -> dict:
-    return config_schema()
 
 
 def load_yaml(path: str | Path) -> dict:

@@ -6,11 +6,13 @@ an object that takes no other key. Standard library only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from typing import Any
 
 from pipeline.dag.sections import Config, Pretrain
+from pipeline.methods import METHODS
 
 JSON_TYPES = {
     bool: "boolean",
@@ -22,6 +24,18 @@ JSON_TYPES = {
     type(None): "null",
 }
 LIKE = {"pretrain": Pretrain}  # a key declared like_pretrain() takes that section's key's rules
+
+
+def load_schema() -> dict:
+    """The config's JSON schema, made once per process (every grid cell is validated against
+    it while the DAG is built); callers must not modify it. Made anew once a method is
+    registered: its pretrain.method enum is the method registry's names (pipeline.methods)."""
+    return _schema(tuple(METHODS))
+
+
+@functools.cache
+def _schema(methods: tuple[str, ...]) -> dict:
+    return config_schema()
 
 
 def config_schema() -> dict:
@@ -72,8 +86,6 @@ def nullable(schema: dict) -> dict:
 def main() -> None:
     """``python -m pipeline.dag.schema``: the schema as JSON (for an editor's YAML support)."""
     import json
-
-    from pipeline.dag.config import load_schema  # with the registered methods' names
 
     print(json.dumps(load_schema(), indent=2, ensure_ascii=False))
 
