@@ -16,8 +16,7 @@ RESNETS = ("resnet18", "resnet50")  # their blocks and depths: pipeline.nets.res
 # name: (embed_dim, depth, heads): ViT-Ti as DeiT; ViT-S/B as the MoCo v3 reference (12 heads
 # in ViT-S, where DeiT-S has 6)
 VITS = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 12), "vit_base": (768, 12, 12)}
-# the queue's replacement rules: pipeline.methods.moco.queue.POLICIES, which building the DAG cannot
-# import (torch); tests/test_dag.py holds the two and the schema's enum equal
+# the queue's replacement rules (pipeline.methods.moco.queue implements each; the schema's enum)
 QUEUE_POLICIES = ("fifo", "random")
 BACKBONE_LABELS = {
     "resnet18": "ResNet-18",
