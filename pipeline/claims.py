@@ -37,13 +37,13 @@ from pipeline.dag.claims_plan import (
     LARGE_LR_FACTOR,
     PILOT_ROLES,
     VIT_ROLES,
-    Budget,
     fewer_negatives,
     needs,
 )
 from pipeline.dag.config import DEFAULT_CONFIG, ConfigError, load_config, to_dict
 from pipeline.dag.grid import (
     BASE_ID,
+    budget_of,
     cell_id,
     claims_cells,
     claims_overrides,
@@ -123,8 +123,7 @@ class Cells:
         pilot = df.apply(seed_of, axis=1).isin(self.pilot_seeds) if not df.empty else pd.Series(dtype=bool)
         self.gs, self.pilot_gs = groups(df[~pilot]), groups(df[pilot])
         self.batch = cfg.pretrain.batch_size
-        data = training_set(cfg, results)
-        self.budget = Budget(data.images, data.classes, self.batch, self.claims.epochs, cfg.pretrain.m)
+        self.budget = budget_of(cfg, training_set(cfg, results))
         self.needs = needs(self.claims, self.budget)  # each claim's cells and a-priori needs
 
     def group(self, role: str) -> Group | None:

@@ -125,7 +125,7 @@ def test_byol_pretrains_on_the_embedded_data(ffcv_small, tmp_path, predictor):
 
 def test_a_momentum_schedule_must_be_known():
     with pytest.raises(ValueError, match="momentum schedule 'linear' is not one of constant, cosine"):
-        BYOL(Encoder(ConstantBackbone(), nn.Identity()), None).init_target(0.99, schedule="linear")
+        BYOL(Encoder(ConstantBackbone(), nn.Identity()), None, m=0.99).init_target(0.99, schedule="linear")
 
 
 def test_a_byol_cells_curves_show_its_spread(tmp_path):

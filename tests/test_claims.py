@@ -386,7 +386,7 @@ def test_a_large_batch_the_data_cannot_fill_is_not_decidable_a_priori():
     """4 x 256 = 1,024 images a batch from 500: not one step; known from the config alone."""
     from pipeline.dag.claims_plan import Budget, large_batch
 
-    assert large_batch(Budget(images=500, classes=10, batch=256, epochs=15, m=0.99), 0.99) == (
+    assert large_batch(Budget(images=500, classes=10, batch=256, epochs=15, m=0.99, byol_m=0.99), 0.99) == (
         "a batch of 1,024 (4 x 256): 0 steps in 15 epochs, ≥ 345 (5 EMA half-lives of the reference's m = 0.99)",
         "needs ≥ 1,024 training images for one batch of 1,024, has 500",
     )
@@ -397,7 +397,7 @@ def test_simclr_at_the_large_batch_shorter_than_the_references_ema_is_not_decida
     fewer than 5 half-lives of m = 0.99 (5 ln 0.5 / ln 0.99 = 344.8): 35 epochs would do."""
     from pipeline.dag.claims_plan import Budget, large_batch
 
-    text, why = large_batch(Budget(images=2600, classes=10, batch=64, epochs=9, m=0.99), 0.99)
+    text, why = large_batch(Budget(images=2600, classes=10, batch=64, epochs=9, m=0.99, byol_m=0.99), 0.99)
     assert text.startswith("a batch of 256 (4 x 64): 90 steps in 9 epochs")
     assert why == "SimCLR at 256 has 90 steps, needs ≥ 345: claims.epochs ≥ 35"
 

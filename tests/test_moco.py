@@ -265,4 +265,4 @@ def test_memory_bank_needs_enough_samples_and_each_index():
     with pytest.raises(ValueError, match="the memory bank needs each sample's index"):
         model(*views(4), None)
     with pytest.raises(ValueError, match=r"K=64 negatives need more than K samples \(the training set has 64\)"):
-        MemoryBank(model.encoder_q, num_samples=64, K=64)
+        MemoryBank(model.encoder_q, num_samples=64, dim=16, K=64, m=0.5, T=0.2)

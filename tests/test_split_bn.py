@@ -158,7 +158,7 @@ class BNOnly(nn.Module):
 def test_guard_normalises_key_and_query_over_different_images(mechanism, layout):
     n, splits = 16, 4
     encoder = split_batch_norm(BNOnly(), splits)
-    model = MoCo(encoder, dim=192, K=32) if mechanism == "moco" else EndToEnd(encoder)
+    model = MoCo(encoder, dim=192, K=32, m=0.99, T=0.2) if mechanism == "moco" else EndToEnd(encoder, T=0.2)
     model.train()
     q_groups, k_groups = key_and_query_bn_groups(model, n, layout)
     for i in range(n):
@@ -171,7 +171,7 @@ def test_without_the_guard_key_and_query_share_statistics():
     """What the guard prevents: the same test fails with shuffle_bn off (and with one split)."""
     n = 16
     for encoder, shuffle in ((split_batch_norm(BNOnly(), 4), False), (BNOnly(), True)):
-        model = MoCo(encoder, dim=192, K=32, shuffle_bn=shuffle).train()
+        model = MoCo(encoder, dim=192, K=32, m=0.99, T=0.2, shuffle_bn=shuffle).train()
         q_groups, k_groups = key_and_query_bn_groups(model, n)
         assert all(q_groups[i] == k_groups[i] for i in range(n))
 

@@ -113,7 +113,7 @@ def test_negative_drift_resumes_exactly():
 
 
 def test_keys_of_the_initial_random_fill_are_not_counted():
-    model = MoCo(small_encoder(), dim=16, K=32, m=0.9, shuffle_bn=False)
+    model = MoCo(small_encoder(), dim=16, K=32, m=0.9, T=0.2, shuffle_bn=False)
     drift = NegativeDrift(model.encoder_k, 5)
     assert all(math.isnan(x) for x in drift.measure(model.queue.enqueued_at))
 
@@ -127,7 +127,7 @@ def rows(*losses, candidates=257):
 
 def test_a_loss_at_chance_is_a_failure():
     # what m = 0 does on the embedded data: the loss climbs to ln(K + 1) and stays there
-    moco = MoCo(small_encoder(), dim=16, K=32, m=0.9, shuffle_bn=False)  # MoCo's rule: the cross-entropy family's
+    moco = MoCo(small_encoder(), dim=16, K=32, m=0.9, T=0.2, shuffle_bn=False)  # MoCo's rule: the cross-entropy family's
     collapsed = failure(rows(5.16622, 5.54896, 5.54902, 5.54903), moco)
     assert collapsed == "collapsed: loss 5.549 at chance (5.549: every logit alike)"
     assert failure(rows(5.3, float("nan")), moco).startswith("diverged")
@@ -163,9 +163,9 @@ def constant_queue(model: MoCo) -> MoCo:
         (lambda: MoCoV3(Constant(), nn.Identity(), T=1.0, m=0.99), 2.0 * 2 * math.log(8)),
         # MoCo v1/v2 over the positive and 16 queued keys: ln 17; symmetric adds the swapped
         # views' cross-entropy: ln 17 + ln 17
-        (lambda: constant_queue(MoCo(Constant(), dim=4, K=16, m=0.9, shuffle_bn=False)), math.log(17)),
+        (lambda: constant_queue(MoCo(Constant(), dim=4, K=16, m=0.9, T=0.2, shuffle_bn=False)), math.log(17)),
         (
-            lambda: constant_queue(MoCo(Constant(), dim=4, K=16, m=0.9, shuffle_bn=False, symmetric=True)),
+            lambda: constant_queue(MoCo(Constant(), dim=4, K=16, m=0.9, T=0.2, shuffle_bn=False, symmetric=True)),
             2 * math.log(17),
         ),
     ],

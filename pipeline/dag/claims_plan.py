@@ -29,7 +29,6 @@ LOW_M_AGAINST = 0.99  # "m < 0.99 loses": each m below it against m = 0.99
 # 8,192); the same epochs, so the large batch takes that many times fewer steps, as in the report.
 # The number of negatives alone: SimCLR at the base batch keeping 1 / LARGE_BATCH of its negatives
 LARGE_BATCH = 4
-BYOL_TAU = 0.99  # BYOL's target decay on the embedded data (pipeline.methods.byol.recipe)
 # a collapse claim's source trained 300 epochs (BYOL, Table 5): a run without collapse contradicts
 # it only at that length, in epochs of its own training set; a collapse shows at any length
 COLLAPSE_SOURCE_EPOCHS = 300
@@ -66,13 +65,15 @@ INVARIANT_CLAIMS = ("fifo",)
 @dataclass(frozen=True)
 class Budget:
     """The size of the claims' experiment: training images, classes (None: not known before
-    conversion), global batch, the reference's epochs and its momentum m."""
+    conversion), global batch, the reference's epochs, its momentum m and BYOL's target decay
+    (its cells' recipe's tau)."""
 
     images: int
     classes: int | None
     batch: int
     epochs: int
     m: float
+    byol_m: float
 
     @property
     def steps_per_epoch(self) -> int:
@@ -203,7 +204,7 @@ def needs(claims: Claims, b: Budget) -> dict[str, Need]:
     # the rivals: SimCLR's batch against MoCo's queue, BYOL without negatives and its ablations
     out["large_batch"] = Need(("simclr", "simclr_few", *pilot), *negatives(b))
     out["queue_vs_batch"] = Need(("reference", "simclr_large", *pilot), *large_batch(b, b.m))
-    out["byol_learns"] = Need(("byol", "random"), *ema_steps(b, BYOL_TAU))
+    out["byol_learns"] = Need(("byol", "random"), *ema_steps(b, b.byol_m))
     out["byol_predictor"] = Need(("byol_no_predictor", "random"), *collapse_length(b))
     out["byol_predictor_lars"] = Need(("byol_no_predictor_lars", "random"), *collapse_length(b))
     out["byol_ema"] = Need(("byol_no_ema", "random"), *collapse_length(b))

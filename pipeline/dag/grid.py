@@ -189,9 +189,16 @@ def byol_rule(base: dict) -> dict:
 def claims_budget(cfg: Config) -> Budget:
     """The claims' experiment size from the config and the training set's size (known before
     any job; pipeline.dag.training_set raises where it is not)."""
+    return budget_of(cfg, training_set(cfg))
+
+
+def budget_of(cfg: Config, data) -> Budget:
+    """The claims' Budget over ``data`` (pipeline.dag.training_set's): the reference's batch,
+    epochs and m, and the target decay BYOL's cells train with (its recipe beneath grid.byol)."""
     assert cfg.claims is not None
-    data = training_set(cfg)
-    return Budget(data.images, data.classes, cfg.pretrain.batch_size, cfg.claims.epochs, cfg.pretrain.m)
+    base = to_dict(cfg.pretrain)
+    byol = {**base, **with_recipe(cfg.grid, {"method": "byol"}, base)}
+    return Budget(data.images, data.classes, cfg.pretrain.batch_size, cfg.claims.epochs, cfg.pretrain.m, byol["m"])
 
 
 def claims_cells(cfg: Config) -> dict[str, Cell]:

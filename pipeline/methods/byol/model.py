@@ -43,7 +43,7 @@ def spread(z: torch.Tensor) -> torch.Tensor:
 class BYOL(MomentumTarget):
     sync_batch_norm = True  # its heads normalise over the global batch, as the reference's
 
-    def __init__(self, encoder: Encoder, predictor: nn.Module | None, m: float = 0.996):
+    def __init__(self, encoder: Encoder, predictor: nn.Module | None, *, m: float):
         super().__init__()
         self.encoder_q = encoder  # online: backbone + projector
         # None: the ablation without a predictor (the BYOL paper's collapse)

@@ -38,10 +38,11 @@ class MoCo(MomentumTarget, CrossEntropyMethod):
     def __init__(
         self,
         encoder: Encoder,
-        dim: int = 128,
-        K: int = 65536,
-        m: float = 0.999,
-        T: float = 0.07,
+        *,  # the config's keys (pipeline.dag.sections.Pretrain): their defaults live there alone
+        dim: int,
+        K: int,
+        m: float,
+        T: float,
         shuffle_bn: bool = True,
         mask_same_source: bool = False,
         queue_policy: str = "fifo",

@@ -25,7 +25,7 @@ class EndToEnd(CrossEntropyMethod):
     """shuffle_bn: the same BN-leak guard as MoCo's (the paper uses it for both), here with
     gradients through the shuffle."""
 
-    def __init__(self, encoder: Encoder, T: float = 0.2, shuffle_bn: bool = True):
+    def __init__(self, encoder: Encoder, *, T: float, shuffle_bn: bool = True):
         super().__init__()
         self.T = T
         self.encoder_q = encoder
@@ -45,9 +45,7 @@ class EndToEnd(CrossEntropyMethod):
 class MemoryBank(CrossEntropyMethod):
     bank: torch.Tensor  # a buffer: one normalised embedding per training sample
 
-    def __init__(
-        self, encoder: Encoder, num_samples: int, dim: int = 128, K: int = 4096, m: float = 0.5, T: float = 0.07
-    ):
+    def __init__(self, encoder: Encoder, num_samples: int, *, dim: int, K: int, m: float, T: float):
         super().__init__()
         if K > num_samples - 1:
             raise ValueError(

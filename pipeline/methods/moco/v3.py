@@ -28,7 +28,7 @@ class MoCoV3(MomentumTarget, CrossEntropyMethod):
     sync_batch_norm = True  # its heads (and ResNet backbone) normalise over the global batch
     losses = 2  # one cross-entropy per view, each scaled by 2T
 
-    def __init__(self, encoder: Encoder, predictor: nn.Module, T: float = 1.0, m: float = 0.99):
+    def __init__(self, encoder: Encoder, predictor: nn.Module, *, T: float, m: float):
         super().__init__()
         self.T, self.loss_scale = T, 2 * T
         self.encoder_q = encoder  # backbone + projector

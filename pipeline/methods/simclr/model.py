@@ -57,7 +57,7 @@ class SimCLR(CrossEntropyMethod):
     sync_batch_norm = True  # SimCLR's global BN: across GPUs, the whole batch's statistics
     losses = 2  # both directions' means, summed (the official code's scale)
 
-    def __init__(self, encoder: Encoder, T: float = 0.1, negatives: int | None = None):
+    def __init__(self, encoder: Encoder, *, T: float, negatives: int | None = None):
         super().__init__()
         self.T, self.negatives = T, negatives
         self.encoder_q = encoder  # backbone + projection head
