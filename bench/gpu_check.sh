@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for the day a GPU is lent (< 10 minutes): every CUDA test of the suite (-m cuda:
+# One command for a GPU node (< 10 minutes): every CUDA test of the suite (-m cuda:
 # bf16 + channels_last step, NCCL, FFCV to the GPU, detection, the Trainer and its RNG resume
 # on the GPU), the fast-path tests (on a GPU machine the Trainer runs them on the GPU), then
 # MoCo v2 R50 and MoCo v3 ViT-S throughput with MFU.

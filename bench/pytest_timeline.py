@@ -1,5 +1,5 @@
 """A pytest plugin that writes when each test ran and the CPU its process spent, per worker:
-where a parallel suite's wall time and CPU went (docs/testing.md, "Timed again").
+where a parallel suite's wall time and CPU went (docs/testing.md, "Measure it").
 
     PYTHONPATH=bench python -m pytest -p pytest_timeline -n auto ...
     # -> $TIMELINE_DIR (default bench/out/timeline)/<worker>.jsonl, one line per test start and end

@@ -85,7 +85,7 @@ THROUGHPUT = (
 UNPUBLISHED = (
     "MoCo v3 (ResNet-50, ViT-S, ViT-B): facebookresearch/moco-v3 publishes setups "
     "(ViT-S on 8 V100, batch 1024; ViT-B on 64 GPUs) but no training times",
-    "bench gpu: no measurement, no GPU was lent to this work (python -m pipeline.bench gpu on a GPU node)",
+    "bench gpu: no GPU measurement here (run python -m pipeline.bench gpu on a GPU node for one)",
 )
 
 # The linear probe's cost, derived (no published time for its protocol): it runs the frozen

@@ -4,7 +4,7 @@ Classification: ``cls/{train,val}/{class}/{i:05d}.png`` (ImageFolder layout), on
 image. Detection: ``det/{train,val}/{i:05d}.png`` with several shapes per image and
 ``det/instances_{split}.json`` in COCO format, each shape's visible mask as COCO RLE (exact:
 the generator draws the shapes). Both follow one design, made for contrastive
-learning (issue 34):
+learning (docs/embedded-data.md):
 
 - **The class is the shape**, and nothing else: ten shapes, each drawn at a random position,
   scale, rotation and colour.
@@ -20,7 +20,7 @@ learning (issue 34):
   image (a crop's background depends on where the crop and the shape fall), so that untrained
   features stay far from the class, but it tells nothing about which image a view came from.
   Each bit a pool tells cost MoCo 8-10 points of held-out linear top-1 in the study that chose
-  the default (docs/embedded-data.md).
+  the default (docs/studies/2026-12-01-backgrounds.md).
 - What varies per image and survives augmentation is the shape's pose and colour: the pose is
   the shape itself, and the colour is jittered by the v2 augmentation (and dropped by its
   grayscale).
@@ -30,7 +30,7 @@ learning (issue 34):
 
 **The detection scenes' categories** (``det_shapes``). ``pretraining``: the ten classes, so the
 downstream labels are the very labels the supervised baseline was trained to name, and a
-transfer test measures that baseline on its own task (issue 49). ``novel``: ten other shapes
+transfer test measures that baseline on its own task, not a transfer. ``novel``: ten other shapes
 (``NOVEL_SHAPES``) that no classification image shows, a label set disjoint from pretraining's.
 What the scenes share with the pretraining images: the renderer (drawn at 4x, box-downsampled),
 the colour model (a random colour that contrasts with the background), the background pool and

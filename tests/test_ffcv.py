@@ -91,7 +91,8 @@ def _rank_worker(rank, world, port, beton, out):
     dist.destroy_process_group()
 
 
-@pytest.mark.integration  # several ranks, forked: once hung in make test-quick's order (docs/testing.md)
+# several ranks, forked: once hung in make test-quick's order (docs/studies/2026-12-05-suite-time.md)
+@pytest.mark.integration
 def test_two_gloo_ranks_share_every_sample_once(ffcv_small, tmp_path):
     # fork: the ranks inherit the imported torch and FFCV (spawning re-imports them: minutes
     # on a busy 2-core machine); each still compiles its own FFCV Loader.

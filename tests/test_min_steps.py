@@ -1,8 +1,8 @@
 """pretrain.min_steps: the base cell trains at least the study's 520 steps on any training set.
 
 The recipe study chose 520 steps of 64 images, written as 13 epochs of the embedded 2,600
-images; on a folder of 1,438 images 13 epochs are 286 steps, too few (docs/embedded-data.md,
-the digits checks). Expected epochs below are computed by hand from that definition.
+images; on a folder of 1,438 images 13 epochs are 286 steps, too few
+(docs/studies/2026-12-02-digits.md). Expected epochs below are computed by hand from that definition.
 """
 
 import copy

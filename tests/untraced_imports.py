@@ -7,7 +7,7 @@ uses is most of a short process's calls: on the Intel Xeon with AMX `import pipe
 1.9 s untraced and 2.4 s traced, `import torch, ffcv` 4.7 s and 6.3 s. The lines coverage records
 are pipeline/'s, so a first import of another library runs with the tracer set aside; the import of
 a pipeline module, even one a paused import reaches, is traced as before, and so is every call
-after the import (docs/testing.md, "Imports outside pipeline/ untraced").
+after the import (docs/testing.md; measured: docs/studies/2026-12-06-suite-time.md).
 
 A process started by a test loads this file from the `.pth` file that `install_startup_hook()`
 writes into the environment's site-packages; it runs only where the environment names this file

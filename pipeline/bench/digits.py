@@ -1,4 +1,4 @@
-"""Real images for the held-out check of issue 34: the UCI handwritten digits that scikit-learn
+"""Real images for the base recipe's held-out check: the UCI handwritten digits that scikit-learn
 ships inside its wheel (1,797 scans by 43 writers, 8 x 8 pixels, 17 grey levels, 10 classes),
 written as an imagefolder so that the workflow reads them through ``dataset.source: imagefolder``.
 

@@ -39,18 +39,21 @@ from pipeline.runtime.stage_log import stage_log
 
 # The slow CPU of this machine kind (AMD EPYC, AVX2, no AVX-512) ran the old base cell's 400
 # steps of 64 images (ResNet-18 width 16, 32 px, one thread beside another job, as the demo runs
-# its jobs) in 206 s and 229 s (measured for issue 30, commit 48a8f07): ~218 s / 25,600 images.
+# its jobs) in 206 s and 229 s (measured at commit 48a8f07 for the first recipe study,
+# docs/studies/2026-12-01-base-recipe.md): ~218 s / 25,600 images.
 # A candidate's slow-CPU time is estimated from the images it trains on; valid for width 16 at
 # 32 px only (others: not estimated).
 SLOW_CPU_S_PER_IMAGE = 218 / (400 * 64)
-BAR_TOP1, BAR_SECONDS = 60.0, 300.0  # every seed >= 60 % within 5 min on the slow CPU (issue 30)
-# issue 34: data on which untrained features stay far from the class (random init <= 35 %), and
-# every seed of the chosen recipe >= 15 points above random init's same seed
+# the first study's bar (docs/studies/2026-12-01-base-recipe.md): every seed >= 60 % within 5 min
+BAR_TOP1, BAR_SECONDS = 60.0, 300.0
+# the data study's bars (docs/studies/2026-12-01-backgrounds.md): data on which untrained features
+# stay far from the class (random init <= 35 %), so that a method's margin over it means something,
+# and every seed of the chosen recipe >= 15 points above random init's same seed
 FLOOR_MAX, BAR_MARGIN = 35.0, 15.0
 MIN_SEEDS = 3  # a candidate with fewer seeds is a screen: plotted apart, never chosen from
 HELD_OUT_FRACTION = 0.2  # of each class of train.beton: scored, never fitted
 HELD_OUT_SEED = 0  # which 20 %: fixed, so that every candidate is scored on the same images
-OLD: dict[str, dict] = {  # the demo's base recipe before this study (issue 30: learnt on 1 seed of 3)
+OLD: dict[str, dict] = {  # the demo's base recipe before this study (it learnt on 1 seed of 3)
     "pretrain": {
         "lr": 0.06,
         "warmup_epochs": 0,
@@ -63,8 +66,9 @@ OLD: dict[str, dict] = {  # the demo's base recipe before this study (issue 30: 
     },
     "synthetic": {"train_per_class": 260, "image_size": 32, "backgrounds": 0},
 }
-BASE_E13 = {"lr": 0.015, "bn_splits": 2, "epochs": 13}  # the first study's choice (issue 30)
-# BYOL by its paper's rule, and by solo-learn's small-data recipe (issue 47; the study below)
+# the first study's choice (docs/studies/2026-12-01-base-recipe.md)
+BASE_E13 = {"lr": 0.015, "bn_splits": 2, "epochs": 13}
+# BYOL by its paper's rule, and by solo-learn's small-data recipe (docs/studies/2026-12-03-rivals-recipes.md)
 CANDIDATES_BYOL: dict[str, dict] = {
     "byol_bg1": {"method": "byol", "epochs": 13, "synthetic": {"backgrounds": 1}},
     "byol_bg1_solo": {
@@ -123,18 +127,19 @@ CANDIDATES: dict[str, dict] = {
     "lr0.015_bn2_e13": {"lr": 0.015, "bn_splits": 2, "epochs": 13},  # the whole 5 minutes
     "lr0.03_bn2_e13": {"lr": 0.03, "bn_splits": 2, "epochs": 13},
     "lr0.015_bn2_e13_T0.5": {"lr": 0.015, "bn_splits": 2, "epochs": 13, "T": 0.5},
-    # issue 34: the data's backgrounds from a shared pool instead of one per image
+    # the data study (docs/studies/2026-12-01-backgrounds.md): backgrounds from a shared pool, not one per image
     **{
         f"{prefix}bg{n}": {**values, "synthetic": {"backgrounds": n}}
         for n in (1, 2, 4, 8, 32)
         for prefix, values in (("e13_", BASE_E13), ("random_init_", {"method": "random"}))
     },
     **{f"supervised_bg{n}": {**BASE_E13, "method": "supervised", "synthetic": {"backgrounds": n}} for n in (1, 8)},
-    # issue 34: colour jitter at SimCLR's strength 1.0 (v2's x 2)
+    # the same study: colour jitter at SimCLR's strength 1.0 (v2's x 2)
     "e13_bg8_jitter2": {**BASE_E13, "jitter_scale": 2.0, "synthetic": {"backgrounds": 8}},
     "e13_bg0_jitter2": {**BASE_E13, "jitter_scale": 2.0},
-    # issue 47: the rivals on the demo's data at the base budget, each by its paper's recipe
-    # (its entry's rule: pipeline.methods.<name>.recipe, lr by the batch), then one knob away
+    # the rivals on the demo's data at the base budget, each by its paper's recipe (its entry's rule:
+    # pipeline.methods.<name>.recipe, lr by the batch), then one knob away
+    # (docs/studies/2026-12-03-rivals-recipes.md)
     "simclr_bg1": {"method": "simclr", "epochs": 13, "synthetic": {"backgrounds": 1}},
     "simclr_bg1_T0.2": {"method": "simclr", "epochs": 13, "T": 0.2, "synthetic": {"backgrounds": 1}},
     # BYOL at the paper rule (lr 0.05 at batch 64) stayed at random init on seed 0: a larger lr, as
@@ -179,7 +184,8 @@ CANDIDATES: dict[str, dict] = {
     "byol_bg1_sgd_lr0.24": byol_sgd(0.24),
     "byol_bg1_sgd_lr0.12_m0.996": byol_sgd(0.12, m=0.996),
     "byol_bg1_sgd_lr0.12_jitter2": byol_sgd(0.12, jitter_scale=2.0),
-    # (lr 0.12 kept the highest worst margin, +8.3 on seed 3, below the bar: docs/embedded-data.md)
+    # (lr 0.12 kept the highest worst margin, +8.3 on seed 3, below the bar:
+    # docs/studies/2026-12-05-byol-recipe-search.md)
     # a diagnosis, not a candidate (twice the base budget): does BYOL's margin grow with the steps,
     # as our reading of its miss (a target that needs time to become a teacher) says it should?
     "byol_bg1_sgd_lr0.12_e26": byol_sgd(0.12, epochs=26),

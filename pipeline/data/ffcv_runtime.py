@@ -65,7 +65,8 @@ def _unique_ids_across_processes() -> None:
     function with different closure values, compiled in two processes at the same count and
     loaded from the cache into a third, got one name there: the second used the first's
     constants (its float64 array came back as int64) and, once the first was collected, a
-    dangling one (FFCV's decoding thread died in numba's array boxing). numba issue 10486.
+    dangling one (FFCV's decoding thread died in numba's array boxing): numba#10486,
+    https://github.com/numba/numba/issues/10486.
     Random ids also differ between processes forked from one parent, which a count would not."""
     import secrets
 

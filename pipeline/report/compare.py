@@ -8,9 +8,9 @@ B − A on every seed both have, its mean with the 95 % CI, and whether its 90 %
 judge. Whether a table's directions moved is read from the two folders' own tables.
 
 What it is for: the same grid run two ways, the same seeds; e.g. fp32 against the fast path
-(pretrain.fast_path: on, issue 48's evidence before ``auto`` may turn it on for a CPU), one CPU
-against another, or one commit against another. Failed seeds are left out of the pairing and
-counted. Writes nothing; prints a Markdown table.
+(pretrain.fast_path: on: the evidence ``auto`` needs before it may turn it on for a CPU,
+docs/performance.md), one CPU against another, or one commit against another. Failed seeds are
+left out of the pairing and counted. Writes nothing; prints a Markdown table.
 """
 
 from __future__ import annotations
