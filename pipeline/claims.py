@@ -40,7 +40,7 @@ from pipeline.dag.claims_plan import (
     fewer_negatives,
     needs,
 )
-from pipeline.dag.config import DEFAULT_CONFIG, ConfigError, load_config, to_dict
+from pipeline.dag.config import DEFAULT_CONFIG, ConfigError, detect_protocol, load_config, section, to_dict
 from pipeline.dag.grid import (
     BASE_ID,
     budget_of,
@@ -53,10 +53,10 @@ from pipeline.dag.grid import (
     group_id,
 )
 from pipeline.dag.layout import QUEUE_POLICIES, cell_file
-from pipeline.dag.sections import Claims, Config, Pretrain
+from pipeline.dag.sections import Claims, Config, Detect, Pretrain
 from pipeline.dag.training_set import training_set
 from pipeline.report import stats
-from pipeline.report.records import QUEUE_METRICS
+from pipeline.report.records import QUEUE_METRICS, read_json
 from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE
 from pipeline.report.studies import (
     DETECTION_METRICS,
@@ -111,6 +111,7 @@ class Cells:
     def __init__(self, df: pd.DataFrame, cfg: Config, claims: Claims, results: Path, grid: pd.DataFrame | None = None):
         """``df``: the claims' cells; ``grid``: the main grid's, which only the transfer claim reads."""
         self.claims, base = claims, to_dict(cfg.pretrain)
+        self.results = results  # the transfer-normalisation claim reads its protocols' files
         self.cfg = cfg  # the transfer claim reads the main grid's detection settings
         self.grid_gs = groups(df.iloc[:0] if grid is None else grid)
         self.overrides = claims_overrides(claims, cfg.pretrain, cfg.grid)
@@ -325,6 +326,7 @@ def gate(c: Cells, key: str) -> str | None:
 SEED_NOTES = "seed 000 (MoCo notes)"
 SEED_BLOG = "seed 002 (MoCo explainer)"
 PAPER = "MoCo paper (He et al. 2020)"
+PAPER_NORM = "MoCo paper, §4.2 Feature normalization"
 
 
 def _epochs(c: Cells) -> str:
@@ -534,6 +536,12 @@ def transfer_gaps(cfg: Config) -> list[str]:
     return gaps
 
 
+def transfer_cells(c: Cells) -> list[str]:
+    """The main grid's cells the transfer claims read: MoCo's base cell and supervised, every seed."""
+    groups = (c.grid_gs.get(gid) for gid in (BASE_ID, SUPERVISED_ID))
+    return [cell for g in groups if g is not None for cell in g.cells["cell"]]
+
+
 def transfer_comparison(c: Cells, metric: str) -> Comparison:
     """MoCo's base cell − supervised in one AP metric, paired by seed; a failed seed on either
     side makes it inconclusive (counted, not averaged)."""
@@ -559,9 +567,7 @@ def transfer(c: Cells) -> Claim:
         "segmentation, detect.cells covering base and method=supervised, grid.seeds ≥ 2; a "
         "supervised baseline trained as its reference was (grid.supervised) for the paper's comparison"
     )
-    cells = [
-        cell for gid in (BASE_ID, SUPERVISED_ID) if (g := c.grid_gs.get(gid)) is not None for cell in g.cells["cell"]
-    ]
+    cells = transfer_cells(c)
     gaps = transfer_gaps(c.cfg)
     if gaps:
         return Claim(text, SEED_BLOG, needs, "", undecidable("a priori: needs " + "; ".join(gaps)), cells)
@@ -571,6 +577,71 @@ def transfer(c: Cells) -> Claim:
         return Claim(text, SEED_BLOG, needs, "snakemake (the main grid) computes them", NOT_RUN, cells)
     comparisons = [transfer_comparison(c, m) for m in DETECTION_METRICS + MASK_METRICS]
     return accuracy_claim(text, SEED_BLOG, needs, comparisons, cells)
+
+
+MAIN_PROTOCOL = "main"  # detect's own settings, beside detect.protocols' names
+
+
+def norm_protocols(det: Detect) -> tuple[str | None, str | None]:
+    """(frozen, normalised): the detection protocols (MAIN_PROTOCOL or a detect.protocols name)
+    that freeze BN with unnormalised new layers, and that train normalisation in the backbone
+    and the new layers; None where the config runs none."""
+    found = {MAIN_PROTOCOL: det, **{n: section("detect", detect_protocol(to_dict(det), n)) for n in det.protocols}}
+    frozen = [n for n, d in found.items() if d.norm == "frozen_bn" and d.new_layers_norm == "none"]
+    trained = [n for n, d in found.items() if d.norm != "frozen_bn" and d.new_layers_norm != "none"]
+    return (frozen or [None])[0], (trained or [None])[0]
+
+
+def protocol_by_seed(c: Cells, gid: str, protocol: str, metric: str) -> dict[int, float]:
+    """seed -> a cell group's ``metric`` under a detection protocol (its trials' mean, as
+    detect.json holds it), the seeds whose pretraining failed left out."""
+    g = c.grid_gs.get(gid)
+    if g is None:
+        return {}
+    if protocol == MAIN_PROTOCOL:
+        return dict(value(g.cells, metric).by_seed)
+    found = {}
+    for _, cell in g.cells[g.cells["status"] != "fail"].iterrows():
+        record = read_json(Path(cell_file(c.results, cell["cell"], "protocol").format(protocol=protocol)))
+        if record and record.get(metric) is not None:
+            found[seed_of(cell)] = float(record[metric])
+    return found
+
+
+def transfer_norm(c: Cells) -> Claim:
+    frozen, trained = norm_protocols(c.cfg.detect)
+    text = (
+        "Frozen BN with unnormalised new layers leaves MoCo further behind supervised than the paper's "
+        "feature normalisation (BN trained in the backbone and the new layers) (run: the main grid's base cell "
+        f"and {SUPERVISED_ID}, each checkpoint fine-tuned under both protocols, paired by seed)"
+    )
+    needs = (
+        "the transfer claim's needs, and both protocols among detect's own and detect.protocols (one with "
+        "norm frozen_bn and head_norm none, one training norm and head_norm); Δ = (MoCo − supervised) under "
+        "the normalised protocol − the same under frozen BN, per seed: holds when its 95 % CI lies above 0"
+    )
+    cells = transfer_cells(c)
+    wanted = (("frozen BN", frozen), ("trained normalisation", trained))
+    gaps = transfer_gaps(c.cfg) + [f"a detection protocol with {what}" for what, name in wanted if name is None]
+    if gaps:
+        return Claim(text, PAPER_NORM, needs, "", undecidable("a priori: needs " + "; ".join(gaps)), cells)
+    assert frozen is not None and trained is not None
+    comparisons = []
+    for metric in DETECTION_METRICS + MASK_METRICS:
+        gap = {}
+        for protocol in (trained, frozen):
+            moco, sup = (protocol_by_seed(c, gid, protocol, metric) for gid in (BASE_ID, SUPERVISED_ID))
+            gap[protocol] = {s: moco[s] - sup[s] for s in moco.keys() & sup.keys()}
+        d = stats.paired(gap[trained], gap[frozen])
+        label = METRICS[metric]
+        if d is None:
+            comparisons.append(Comparison(label, INCONCLUSIVE, f"{label}: no seed under both protocols"))
+            continue
+        verdict, why = stats.judge(d, 1)
+        comparisons.append(Comparison(label, verdict, f"{label}: Δ {d.text(signed=True)} ({why})", d))
+    if all(x.estimate is None for x in comparisons):
+        return Claim(text, PAPER_NORM, needs, "snakemake (the main grid) computes them", NOT_RUN, cells)
+    return accuracy_claim(text, PAPER_NORM, needs, comparisons, cells)
 
 
 # --- the MoCo v2 report's steps from v1, and MoCo v3's ViT ------------------------------------------
@@ -828,6 +899,7 @@ CLAIMS = [
     longer_schedule,
     memory_bank,
     transfer,
+    transfer_norm,
     mlp_head,
     aug_plus,
     patch_projection,

@@ -42,6 +42,7 @@ KEY_ENCODER_OK = {
     "ema_replay": {"steps": 3, "max_relative_error": 2e-7},
 }
 ORDER = ["fifo", "low m", "m = 0", "key encoder", "larger K", "m = 0.9999", "longer", "memory bank", "transfer"]
+ORDER += ["transfer norm"]
 ORDER += ["mlp head", "aug plus", "patch projection"]  # the MoCo v2 report's steps, MoCo v3's ViT
 ORDER += ["large batch", "queue vs batch", "byol learns", "byol predictor", "byol predictor lars", "byol ema"]
 COLLAPSED = "collapsed: loss 8.318 at chance (8.318: every logit alike)"
@@ -230,6 +231,7 @@ def test_every_claim_judged_on_what_was_measured(tmp_path):
         "longer": HOLDS,
         "memory bank": HOLDS,
         "transfer": got["transfer"],  # CONFIG runs no supervised baseline, no Mask R-CNN: below
+        "transfer norm": got["transfer norm"],
         "mlp head": HOLDS,
         "aug plus": HOLDS,
         "patch projection": NOT_RUN,  # CONFIG's grid has no MoCo v3 ViT (tests/test_claims_v2_v3.py)
@@ -538,8 +540,8 @@ def test_claims_cli_and_its_errors(tmp_path):
     cfg.write_text(json.dumps(CONFIG))
     out = run([sys.executable, "-m", "pipeline.claims", str(tmp_path), "--config", str(cfg)])
     assert "### The seeds' claims, measured" in out.stdout and out.stdout.count(f"| {HOLDS} |") == 13
-    # two a priori, and the transfer claim: CONFIG fine-tunes no supervised cell
-    assert out.stdout.count(f"| {NOT_DECIDABLE} (") == 3
+    # two a priori, and the two transfer claims: CONFIG fine-tunes no supervised cell
+    assert out.stdout.count(f"| {NOT_DECIDABLE} (") == 4
     bad = run([sys.executable, "-m", "pipeline.claims", str(tmp_path / "nowhere")], check=False)
     assert bad.returncode != 0 and "results folder not found" in bad.stderr
 
@@ -588,6 +590,40 @@ def test_the_transfer_claim_judged_on_box_and_mask_ap(tmp_path):
     transfer_results(other, [17.0, 18.0, 19.0], [19.0, 20.5, 22.0])
     write_claims(other, TRANSFER)
     assert rows_by_claim(other)["transfer"]["verdict"] == CONTRADICTED
+
+
+# the paper's normalisation as the main protocol, frozen BN beside it on the same checkpoints
+NORMALISED = merge(
+    TRANSFER, {"detect": {"norm": "bn", "protocols": {"frozen": {"norm": "frozen_bn", "head_norm": "auto"}}}}
+)
+
+
+def frozen_protocol_results(root, moco_mask, supervised_mask):
+    """Each seed's detect-frozen.json beside its detect.json: mask AP as given, box AP 10 for both."""
+    for s in range(3):
+        for override, mask in (({}, moco_mask[s]), ({"method": "supervised"}, supervised_mask[s])):
+            path = root / "cells" / seed_cell(override, s) / "detect-frozen.json"
+            path.write_text(json.dumps({"AP": 10.0, "AP50": 20.0, "AP75": 8.0, "mask_AP": mask}))
+
+
+def test_the_normalisation_claim_pairs_both_protocols_by_seed(tmp_path):
+    """Under the paper's normalisation MoCo − supervised in mask AP: 19 − 17, 20.5 − 18, 22 − 19 =
+    2, 2.5, 3; under frozen BN: 15 − 17, 16 − 18, 18 − 19 = -2, -2, -1. Δ = 4, 4.5, 4: mean 4.17,
+    std 0.289, half 4.303 x 0.289 / sqrt 3 = 0.72: above 0, holds in mask AP. Box AP: 2, 3, 4
+    against 0 under frozen BN: Δ +3.0 ± 2.5, above 0 too."""
+    write_claims(tmp_path, TRANSFER)  # one protocol: nothing to pair
+    assert verdicts(tmp_path)["transfer norm"] == (
+        f"{NOT_DECIDABLE} (a priori: needs a detection protocol with trained normalisation)"
+    )
+    transfer_results(tmp_path, [19.0, 20.5, 22.0], [17.0, 18.0, 19.0])
+    write_claims(tmp_path, NORMALISED)
+    assert verdicts(tmp_path)["transfer norm"] == NOT_RUN  # the frozen protocol has not run
+    frozen_protocol_results(tmp_path, [15.0, 16.0, 18.0], [17.0, 18.0, 19.0])
+    write_claims(tmp_path, NORMALISED)
+    row = rows_by_claim(tmp_path)["transfer norm"]
+    assert "mask AP: Δ +4.2 ± 0.7 (n=3)" in row["measured"] and "; AP: Δ +3.0 ± 2.5 (n=3)" in row["measured"]
+    assert row["measured"].startswith("AP50: Δ +6.0 ± 5.0 (n=3)")  # box AP50: 2 x box AP, against 20
+    assert row["verdict"] == INCONCLUSIVE  # mask AP50 and AP75 have no frozen result: no pair
 
 
 # --- the branches the tests above leave out: no pilot, a failed pilot, transfer's gaps and holes --
@@ -658,7 +694,7 @@ def test_claims_whose_cells_the_config_does_not_name_are_not_run(tmp_path):
     write_claims(tmp_path, cfg)  # no cell has run: no trained run for the key-encoder check
     rows = rows_by_claim(tmp_path)
     # the transfer claim is gated on the detection config, not on claims.m / claims.K
-    omitted = ("longer", "memory bank", "transfer", "mlp head", "aug plus")  # cells every config names
+    omitted = ("longer", "memory bank", "transfer", "transfer norm", "mlp head", "aug plus")  # cells every config names
     assert {k: r["verdict"] for k, r in rows.items() if k not in omitted} == {
         "fifo": NOT_RUN,
         "low m": NOT_RUN,

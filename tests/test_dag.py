@@ -261,3 +261,23 @@ def test_each_seed_of_a_cell_probes_with_its_own_seed(tmp_path):
 
     assert probe_seeds() == {"base": 0, "seed=1": 1, "seed=2": 2}
     assert probe_seeds("probe={seed: 10}") == {"base": 10, "seed=1": 11, "seed=2": 12}
+
+
+def test_a_detection_protocol_fine_tunes_the_same_cells_beside_the_main_one(tmp_path):
+    """detect.protocols {bn_all: {norm: bn}}: a second trial per cell and trial, from the same
+    checkpoint and seed, whose job states norm bn (the rest the main protocol's), writing
+    detect-bn_all/; the main trials' jobs are the same as without it (nothing reruns)."""
+
+    def detect_jobs(*args):
+        out = dry_run(tmp_path, "grid={only: [base, method=supervised], seeds: 1}", *args).stdout
+        return [line for line in out.splitlines() if "pipeline.detect" in line]
+
+    plain = detect_jobs()
+    both = detect_jobs("detect={protocols: {bn_all: {norm: bn}}}")
+    main = [j for j in both if "/detect/trial0.json" in j]
+    extra = [j for j in both if "/detect-bn_all/trial0.json" in j]
+    assert sorted(main) == sorted(plain) and len(plain) == 2 and len(extra) == 2
+    for job in extra:
+        assert '"norm":"bn"' in job and "--seed 0" in job and "/pretrain/checkpoint.pt" in job
+    proc = dry_run(tmp_path, "detect={protocols: {more: {trials: 3}}}", check=False)
+    assert "detect.protocols.more: trials cannot differ between protocols" in proc.stdout + proc.stderr

@@ -274,6 +274,31 @@ def check_detect(det: Detect, dataset: Dataset, folders: bool = True) -> None:
     if folders:
         check_detect_root(det)
     check_detector(det)
+    check_protocols(det)
+
+
+# what every protocol of detect.protocols shares with the main one: the cells, the trials
+PROTOCOL_SHARED = ("enabled", "cells", "trials", "protocols")
+
+
+def detect_protocol(detect: dict, name: str) -> dict:
+    """The detect section of protocol ``name`` (detect.protocols): its keys over ``detect``'s."""
+    return merge({k: v for k, v in detect.items() if k != "protocols"}, detect["protocols"][name])
+
+
+def check_protocols(det: Detect) -> None:
+    """Each of detect.protocols: valid detect keys, none of those it shares with the main protocol."""
+    for name, keys in det.protocols.items():
+        where = f"detect.protocols.{name}"
+        shared = sorted(set(keys) & set(PROTOCOL_SHARED))
+        if shared:
+            raise ConfigError(f"{where}: {', '.join(shared)} cannot differ between protocols (the main one's apply)")
+        values = detect_protocol(to_dict(det), name)
+        validate_schema(values, load_schema()["properties"]["detect"], prefix=where)
+        try:
+            check_detector(section("detect", values))
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
 
 
 def check_detect_root(det: Detect) -> None:

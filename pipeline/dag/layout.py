@@ -94,6 +94,8 @@ CELL_FILES = {
     "probe": "probe.json",
     "detect": "detect.json",
     "detect_trial": "detect/trial{trial}.json",
+    "protocol": "detect-{protocol}.json",  # detect.protocols: another fine-tuning of the same cell
+    "protocol_trial": "detect-{protocol}/trial{trial}.json",
     "export": "export/export.json",
 }
 

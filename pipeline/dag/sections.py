@@ -485,6 +485,14 @@ class Detect:
         "fp32); auto = on for CUDA, off on CPU; on = also on CPU",
         enum=list(FAST_PATH_SETTINGS),
     )
+    protocols: dict = key(
+        factory=dict,
+        doc="other fine-tuning protocols on the same cells, seeds and trials: name -> detect keys over this "
+        "section, e.g. {frozen_bn: {norm: frozen_bn, head_norm: auto}}; each writes detect-<name>.json",
+        sets=JOBS,
+        propertyNames={"pattern": "^[A-Za-z0-9_]+$"},
+        additionalProperties={"type": "object"},
+    )
 
     @property
     def learning_rate(self) -> float:

@@ -7,7 +7,7 @@ import sys
 
 # only pipeline.dag modules: building the DAG imports no torch
 from pipeline.dag.claims_plan import not_trained
-from pipeline.dag.config import check_dataset, check_detect_root, result_config, result_part
+from pipeline.dag.config import check_dataset, check_detect_root, detect_protocol, result_config, result_part
 from pipeline.dag.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, detects as cell_detects
 from pipeline.dag.grid import claims_budget
 from pipeline.dag.sections import JOBS, RUNTIME, SYNTHETIC_PARTS
@@ -82,7 +82,15 @@ def cell_outputs(cell):
     outs = [cell_file(R, cell, "probe")]
     if detects(cell):
         outs.append(cell_file(R, cell, "detect"))
+        outs += [cell_file(R, cell, "protocol").format(protocol=name) for name in CFG.detect.protocols]
     return outs
+
+
+def trial_detect(protocol=None):
+    """The detect section a fine-tuning trial runs with (its result keys: the cells, trials and
+    protocols add jobs, and change none): the main protocol's, or ``protocol``'s over it."""
+    detect = config["detect"] if protocol is None else detect_protocol(config["detect"], protocol)
+    return result_part("detect", detect, drop=(JOBS,))
 
 
 LOADER = CFG.data.loader
@@ -227,6 +235,7 @@ def reported_figures():
 
 wildcard_constraints:
     cell=CELL_ID,
+    protocol=r"[A-Za-z0-9_]+",
     split=r"train|val",
     trial=r"\d+",
 

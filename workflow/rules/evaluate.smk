@@ -43,6 +43,12 @@ rule probe:
         " --data {params.data:q} --out {output:q} --state {params.state:q} > {log:q} 2>&1"
 
 
+DETECT_SHELL = (
+    "{params.py} {params.launch} pipeline.detect --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
+    " --data {params.root:q} --seed {params.seed} --out {output:q} --state {params.state:q} > {log:q} 2>&1"
+)
+
+
 rule detect:
     """One fine-tuning trial (seed = detect.seed + trial)."""
     input:
@@ -60,7 +66,7 @@ rule detect:
     resources:
         gres=DETECT_GRES,
     params:
-        **job_config(lambda w: {"detect": result_part("detect", config["detect"], drop=(JOBS,))}),
+        **job_config(lambda w: {"detect": trial_detect()}),
         py=PY,
         # how many trials and which cells do not change a trial: raising trials adds jobs only
         root=detection_root(),
@@ -68,12 +74,29 @@ rule detect:
         launch=python_module(CFG.detect.ranks),  # several ranks: DDP, SyncBN with norm bn
         state=lambda w, resources: f"{R}/state/{w.cell}/detect/trial{w.trial}",  # the resume state (not compared)
     shell:
-        "{params.py} {params.launch} pipeline.detect --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
-        " --data {params.root:q} --seed {params.seed} --out {output:q} --state {params.state:q} > {log:q} 2>&1"
+        DETECT_SHELL
+
+
+use rule detect as detect_protocol with:
+    # another protocol of detect.protocols, on the same checkpoint, seeds and scenes
+    output:
+        cell_file(R, "{cell}", "protocol_trial"),
+    log:
+        f"{R}/logs/detect-{{protocol}}/{{cell}}/trial{{trial}}.log",
+    benchmark:
+        f"{R}/benchmarks/detect-{{protocol}}/{{cell}}/trial{{trial}}.tsv"
+    params:
+        **job_config(lambda w: {"detect": trial_detect(w.protocol)}),
+        py=PY,
+        root=detection_root(),
+        seed=lambda w: CFG.detect.seed + int(w.trial),
+        launch=python_module(CFG.detect.ranks),
+        state=lambda w, resources: f"{R}/state/{w.cell}/detect-{w.protocol}/trial{w.trial}",
 
 
 localrules:
     detect_trials,
+    protocol_trials,
 
 
 rule detect_trials:
@@ -90,6 +113,18 @@ rule detect_trials:
         py=PY,
     shell:
         "{params.py} -m pipeline.transfer.summary --out {output:q} {input:q} > {log:q} 2>&1"
+
+
+use rule detect_trials as protocol_trials with:
+    input:
+        lambda w: [
+            cell_file(R, w.cell, "protocol_trial").format(protocol=w.protocol, trial=t)
+            for t in range(CFG.detect.trials)
+        ],
+    output:
+        cell_file(R, "{cell}", "protocol"),
+    log:
+        f"{R}/logs/detect-{{protocol}}/{{cell}}/trials.log",
 
 
 rule cell:
