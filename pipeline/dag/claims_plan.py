@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.dag.layout import QUEUE_POLICIES, is_vit
+from pipeline.dag.layout import CLAIM_KEYS, QUEUE_POLICIES, is_vit
 from pipeline.dag.sections import Claims
 
 # "several EMA half-lives": after 5 the key encoder keeps 2^-5 = 3 % of its initial weights
@@ -47,12 +47,6 @@ def half_life(m: float) -> float:
     return math.inf if m >= 1 else math.log(0.5) / math.log(m)
 
 
-# every claim with cells of its own, in the table's order (the transfer claim reads the main grid)
-CLAIM_KEYS = (
-    *("fifo", "low_m", "zero_m", "larger_K", "slow_m", "longer", "memory_bank"),
-    *("mlp_head", "aug_plus", "patch_projection"),  # the MoCo v2 report's steps, MoCo v3's ViT
-    *("large_batch", "queue_vs_batch", "byol_learns", "byol_predictor", "byol_predictor_lars", "byol_ema"),
-)
 PILOT_ROLES = ("pilot", "pilot_random")  # the reference and random init at the pilot seeds
 ACCURACY_CLAIMS = (
     *("low_m", "larger_K", "slow_m", "longer", "memory_bank", "mlp_head", "aug_plus"),

@@ -16,6 +16,13 @@ RESNETS = ("resnet18", "resnet50")  # their blocks and depths: pipeline.nets.res
 # name: (embed_dim, depth, heads): ViT-Ti as DeiT; ViT-S/B as the MoCo v3 reference (12 heads
 # in ViT-S, where DeiT-S has 6)
 VITS = {"vit_tiny": (192, 12, 3), "vit_small": (384, 12, 12), "vit_base": (768, 12, 12)}
+# every claim with cells of its own (pipeline.dag.claims_plan says what each needs), in the claims
+# table's order; the transfer claims read the main grid
+CLAIM_KEYS = (
+    *("fifo", "low_m", "zero_m", "larger_K", "slow_m", "longer", "memory_bank"),
+    *("mlp_head", "aug_plus", "patch_projection"),  # the MoCo v2 report's steps, MoCo v3's ViT
+    *("large_batch", "queue_vs_batch", "byol_learns", "byol_predictor", "byol_predictor_lars", "byol_ema"),
+)
 # the queue's replacement rules (pipeline.methods.moco.queue implements each; the schema's enum)
 QUEUE_POLICIES = ("fifo", "random")
 BACKBONE_LABELS = {

@@ -35,7 +35,7 @@ from pipeline.dag.keys import (  # noqa: E402, F401  (declared there: a method's
     like_pretrain,
     runtime,
 )
-from pipeline.dag.layout import AXES, BACKBONES, CELL_ID, is_vit
+from pipeline.dag.layout import AXES, BACKBONES, CELL_ID, CLAIM_KEYS, is_vit
 from pipeline.methods import METHODS, MethodSpec, method_spec
 
 # pretrain.fast_path's and detect.fast_path's values (YAML reads a bare on / off as true / false)
@@ -655,13 +655,6 @@ class Grid(MethodRecipes):  # type: ignore[misc, valid-type]  # its recipe slots
 NOT_ONE: dict[str, Any] = {"not": {"const": 1}}
 
 
-def claim_keys() -> tuple[str, ...]:
-    """The claims ``snakemake claims`` trains cells for (pipeline.dag.claims_plan imports this module)."""
-    from pipeline.dag.claims_plan import CLAIM_KEYS
-
-    return CLAIM_KEYS
-
-
 @dataclass(frozen=True, kw_only=True)
 class Claims:
     """snakemake claims: cells around the base trained ``epochs``, and ``long_epochs`` once;
@@ -718,11 +711,11 @@ class Claims:
 
     only: tuple | None = key(
         None,
-        "train only the cells of these claims (pipeline.dag.claims_plan.CLAIM_KEYS, e.g. [large_batch, "
+        "train only the cells of these claims (pipeline.dag.layout.CLAIM_KEYS, e.g. [large_batch, "
         "byol_learns]); the others read what already exists and are otherwise `not run`. null = every claim",
         minItems=1,
         uniqueItems=True,
-        items=lambda: {"enum": list(claim_keys())},  # called when the schema is made
+        items={"enum": list(CLAIM_KEYS)},
     )
 
     def seed(self, base_seed: int) -> int:
