@@ -611,9 +611,9 @@ def test_the_normalisation_claim_pairs_both_protocols_by_seed(tmp_path):
     2, 2.5, 3; under frozen BN: 15 − 17, 16 − 18, 18 − 19 = -2, -2, -1. Δ = 4, 4.5, 4: mean 4.17,
     std 0.289, half 4.303 x 0.289 / sqrt 3 = 0.72: above 0, holds in mask AP. Box AP: 2, 3, 4
     against 0 under frozen BN: Δ +3.0 ± 2.5, above 0 too."""
-    write_claims(tmp_path, TRANSFER)  # one protocol: nothing to pair
-    assert verdicts(tmp_path)["transfer norm"] == (
-        f"{NOT_DECIDABLE} (a priori: needs a detection protocol with trained normalisation)"
+    write_claims(tmp_path, TRANSFER)  # one protocol (the default's): nothing to pair
+    assert (
+        verdicts(tmp_path)["transfer norm"] == f"{NOT_DECIDABLE} (a priori: needs a detection protocol with frozen BN)"
     )
     transfer_results(tmp_path, [19.0, 20.5, 22.0], [17.0, 18.0, 19.0])
     write_claims(tmp_path, NORMALISED)

@@ -598,10 +598,12 @@ def test_normalisation_names_each_part_group_norm_and_syncbn():
 
 
 @pytest.mark.parametrize("batch,lr", [(16, 0.02), (4, 0.005), (2, 0.0025), (64, 0.08)])
-def test_detection_lr_follows_detectron2s_rule_unless_set(batch, lr):
-    """Detectron2's BASE_LR 0.02 at IMS_PER_BATCH 16, scaled linearly (hand-computed values)."""
-    assert section("detect", {"batch_size": batch}).learning_rate == pytest.approx(lr)
+def test_detection_lr_null_follows_detectron2s_rule(batch, lr):
+    """lr null: Detectron2's BASE_LR 0.02 at IMS_PER_BATCH 16, scaled linearly (hand-computed
+    values); a number, the default 0.02 included, is used as it is at any batch."""
+    assert section("detect", {"batch_size": batch, "lr": None}).learning_rate == pytest.approx(lr)
     assert section("detect", {"batch_size": batch, "lr": 0.03}).learning_rate == 0.03
+    assert section("detect", {"batch_size": batch}).learning_rate == 0.02
 
 
 @pytest.mark.parametrize(

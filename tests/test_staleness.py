@@ -127,7 +127,9 @@ def rows(*losses, candidates=257):
 
 def test_a_loss_at_chance_is_a_failure():
     # what m = 0 does on the embedded data: the loss climbs to ln(K + 1) and stays there
-    moco = MoCo(small_encoder(), dim=16, K=32, m=0.9, T=0.2, shuffle_bn=False)  # MoCo's rule: the cross-entropy family's
+    moco = MoCo(
+        small_encoder(), dim=16, K=32, m=0.9, T=0.2, shuffle_bn=False
+    )  # MoCo's rule: the cross-entropy family's
     collapsed = failure(rows(5.16622, 5.54896, 5.54902, 5.54903), moco)
     assert collapsed == "collapsed: loss 5.549 at chance (5.549: every logit alike)"
     assert failure(rows(5.3, float("nan")), moco).startswith("diverged")

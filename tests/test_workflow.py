@@ -265,20 +265,22 @@ def test_every_preset_is_covered():
 
 
 def test_the_transfer_preset_decides_the_transfer_claim_on_the_novel_scenes(tmp_path):
-    """Its cells are the demo's at 5 seeds, the scenes' categories the novel ones, and the claim
-    has everything it needs before any job (no gap)."""
-    from pipeline.claims import transfer_gaps
+    """Its cells are the demo's at 5 seeds, the scenes' categories the novel ones, each fine-tuned
+    under the default protocol and frozen BN beside it, and both transfer claims have everything
+    they need before any job (no gap)."""
+    from pipeline.claims import norm_protocols, transfer_gaps
     from pipeline.dag.config import DEFAULT_CONFIG, load_config, load_yaml, merge
 
     preset = REPO / "workflow" / "config" / "presets" / "transfer.yaml"
     cfg = load_config(merge(load_yaml(DEFAULT_CONFIG), load_yaml(preset)))
     assert cfg.dataset.synthetic.det_shapes == "novel" and cfg.grid.seeds == 5 and cfg.detect.epochs == 12
-    assert transfer_gaps(cfg) == []
+    assert transfer_gaps(cfg) == [] and norm_protocols(cfg.detect) == ("frozen_bn", "main")
     out = run(
         [*snakemake_cli(), "--configfile", str(preset), "--config", f"results={tmp_path / 'r'}", "-n"], timeout=120
     )
     jobs = jobs_planned(out.stdout)
-    assert jobs["detect"] == 10 and pretraining_jobs(jobs) == 15  # base and supervised fine-tuned, 5 seeds each
+    assert jobs["detect"] == jobs["detect_protocol"] == 10  # base and supervised, 5 seeds each, both protocols
+    assert pretraining_jobs(jobs) == 15
 
 
 def test_demo_long_is_the_demo_at_the_longer_schedule(tmp_path):

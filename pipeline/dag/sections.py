@@ -384,8 +384,9 @@ class Detect:
     epochs: int = key(4, **EPOCHS)
     batch_size: int = key(4, **BATCH)
     lr: float | None = key(
-        None,
-        "null = Detectron2's 0.02 for 16 images, linear in batch_size (0.005 at 4); a number sets it",
+        0.02,
+        "Detectron2's base lr, unscaled (the embedded 576-iteration schedule's choice: docs/studies/"
+        "2026-12-07-detection-protocol.md); null = Detectron2's rule, 0.02 for 16 images linear in batch_size",
         **POSITIVE,
     )
     weight_decay: float = key(0.0001, **NON_NEGATIVE)
@@ -402,7 +403,7 @@ class Detect:
         items={"type": "integer", "minimum": 2, "maximum": 4096},
     )
     norm: str = key(
-        "frozen_bn",
+        "bn",
         "the backbone's: frozen_bn = pretrained BN statistics fixed; bn = BN fine-tuned with batch statistics; "
         "gn = GroupNorm (GN-pretrained backbones)",
         enum=list(BACKBONE_NORMS),
