@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.dag.claims_plan import not_trained
+from pipeline.dag.claims_plan import not_trained, one_sided
 from pipeline.dag.config import (
     DEFAULT_CONFIG,
     ConfigError,
@@ -329,12 +329,13 @@ def by_gpu(parts: list[dict]) -> dict[str, float]:
 def make_plan(cfg: Config, profile: dict, throughput=THROUGHPUT, detection=DETECTION, claims: bool = False) -> dict:
     """The plan as numbers (render() prints it); ``claims``: of the claims study's cells (no
     detection), with the claims it does not train because this budget cannot decide them."""
-    skipped = {}
+    skipped, halves = {}, {}
     if claims:
         cfg = dataclasses.replace(cfg, detect=dataclasses.replace(cfg.detect, enabled=False))
         cells = claims_cells(cfg)
         assert cfg.claims is not None  # claims_cells refuses a config without it
         skipped = not_trained(cfg.claims, claims_budget(cfg))
+        halves = one_sided(cfg.claims, claims_budget(cfg))
     else:
         cells = grid_cells(cfg)
     data = training_set(cfg)
@@ -353,6 +354,7 @@ def make_plan(cfg: Config, profile: dict, throughput=THROUGHPUT, detection=DETEC
     return {
         "study": "claims" if claims else "grid",
         "not_trained": skipped,
+        "one_sided": halves,
         "cells": rows,
         "probes": probes,
         "images": images,
@@ -423,6 +425,7 @@ def render(plan: dict, profile_path: str) -> str:
         f"Cost plan{study}: {len(rows)} cells, profile {profile_path} (jobs: {plan['jobs']}, restart-times: {n - 1})",
         f"Training images: {plan['images']:,} ({plan['images_from']})",
         *[f"Not trained, this budget cannot decide it: {key} ({why})" for key, why in plan["not_trained"].items()],
+        *[f"Trained, decidable one way only: {key} ({why})" for key, why in plan["one_sided"].items()],
         "",
         f"{'pretraining':<{w}} " + head.replace("{}", "epochs"),
     ]

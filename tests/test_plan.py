@@ -217,6 +217,10 @@ def test_the_claims_plan_says_what_it_will_not_train(tmp_path):
     text = render(plan, "profiles/slurm")
     assert text.startswith("Cost plan of the claims study: ")
     assert "Not trained, this budget cannot decide it: slow_m (needs ≥ 34,656 steps, has 975" in text
+    # 5 epochs against the BYOL paper's 300: its collapse claims can hold, never be contradicted
+    one_way = "holds if every seed collapses; contradicted only at ≥ 300 epochs, has 5"
+    assert plan["one_sided"] == {k: one_way for k in ("byol_predictor", "byol_predictor_lars", "byol_ema")}
+    assert f"Trained, decidable one way only: byol_ema ({one_way})" in text
 
 
 def test_the_coco_mask_rcnn_presets_are_costed():

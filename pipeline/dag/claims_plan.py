@@ -218,6 +218,18 @@ def not_trained(claims: Claims, b: Budget) -> dict[str, str]:
     return {key: n.why_not for key, n in needs(claims, b).items() if n.why_not and key in chosen}
 
 
+COLLAPSE_CLAIMS = ("byol_predictor", "byol_predictor_lars", "byol_ema")
+
+
+def one_sided(claims: Claims, b: Budget) -> dict[str, str]:
+    """claim key -> why this budget decides it in one direction only: the collapse claims trained
+    shorter than their source (they may hold; a run without collapse contradicts nothing)."""
+    if b.epochs >= COLLAPSE_SOURCE_EPOCHS:
+        return {}
+    why = f"holds if every seed collapses; contradicted only at ≥ {COLLAPSE_SOURCE_EPOCHS} epochs, has {b.epochs}"
+    return {key: why for key in COLLAPSE_CLAIMS if key in selected(claims)}
+
+
 def role_seeds(claims: Claims, b: Budget, roles) -> dict[str, int]:
     """Seeds of each role: ``claims.seeds`` where a claim this budget can decide compares it (the
     pilot roles: ``claims.pilot_seeds``), ``claims.invariant_seeds`` where only an invariant
