@@ -37,6 +37,7 @@ ROOTS = {
     "requirements-test.txt",
     "requirements.lock",
     "requirements.txt",
+    "studies",
     "tests",
     "workflow",
 }
@@ -51,7 +52,7 @@ def run_outputs() -> set[str]:
     the recipe study's default --out folder and the HTML report's file."""
     rules = "\n".join(p.read_text() for p in [REPO / "Snakefile", *(REPO / "workflow" / "rules").glob("*.smk")])
     layout = (REPO / "pipeline" / "dag" / "layout.py").read_text()
-    recipe = (REPO / "pipeline" / "bench" / "recipe.py").read_text()
+    recipe = (REPO / "studies" / "recipe.py").read_text()
     found = set(re.findall(r"\{R\}/(\w+)", rules)) | set(re.findall(r"\{results\}/(\w+)", layout))
     found |= set(re.findall(r'"--out", default="results/(\w+)', recipe))
     return found | {"report.html"}  # snakemake --report results/report.html

@@ -1,4 +1,4 @@
-"""The recipe study (python -m pipeline.bench recipe): its held-out split, its candidates' knobs
+"""The recipe study (python -m studies.recipe): its held-out split, its candidates' knobs
 and its summary (no training here; the study itself is run by hand, see docs/embedded-data.md)."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 
 def test_held_out_split_takes_a_fixed_fifth_of_each_class():
-    from pipeline.bench.recipe import held_out_mask
+    from studies.recipe import held_out_mask
 
     labels = torch.tensor([0] * 10 + [1] * 5 + [2] * 3)
     mask = held_out_mask(labels)
@@ -18,7 +18,7 @@ def test_held_out_split_takes_a_fixed_fifth_of_each_class():
 def test_candidates_vary_no_ablation_knob(repo):
     import yaml
 
-    from pipeline.bench import recipe
+    from studies import recipe
 
     cfg = yaml.safe_load((repo / "workflow/config/config.yaml").read_text())
     ablations = set(cfg["grid"]["one_at_a_time"]) | set(cfg["grid"]["product"]) | {"m", "K", "shuffle_bn", "aug"}
@@ -37,7 +37,7 @@ def test_candidates_vary_no_ablation_knob(repo):
 def test_a_rivals_candidate_trains_by_its_papers_recipe():
     """SimCLR's and BYOL's candidates take their entries' recipes (lr by the rule at batch 64, LARS)
     beneath their own values."""
-    from pipeline.bench import recipe
+    from studies import recipe
 
     simclr = recipe.candidate_config("simclr_bg1", seed=0, threads=1)[0]["pretrain"]
     assert (simclr["method"], simclr["optimizer"], simclr["lr"], simclr["T"]) == ("simclr", "lars", 0.075, 0.1)
@@ -57,9 +57,9 @@ def test_the_workflows_rival_cell_trains_the_studys_choice(method, repo):
     key the chosen candidate trained with to the same value: what the study scored is what the
     grid and the claims train. (Left out: the run's seed and threads, the kNN monitor, and MoCo's
     BN sub-batches, which neither rival reads.)"""
-    from pipeline.bench import recipe
     from pipeline.dag.config import load_config, load_yaml, to_dict
     from pipeline.dag.grid import cell_params
+    from studies import recipe
 
     chosen = recipe.candidate_config(recipe.CHOSEN[method], seed=0, threads=1)[0]["pretrain"]
     cfg = load_config(load_yaml(repo / "workflow/config/config.yaml"))
@@ -76,9 +76,9 @@ def test_the_workflows_v3_cells_train_the_studys_choice(cell, repo):
     """config.yaml's MoCo v3 cells (their recipe: grid.v3_resnet / grid.v3_vit over the paper's
     rule) set every key the chosen candidate trained with to the same value. (Left out as above,
     and the epochs: the study's 13 are the base cell's, which min_steps may raise.)"""
-    from pipeline.bench import recipe
     from pipeline.dag.config import load_config, load_yaml, to_dict
     from pipeline.dag.grid import cell_params
+    from studies import recipe
 
     chosen = recipe.candidate_config(recipe.CHOSEN_V3[cell], seed=0, threads=1)[0]["pretrain"]
     cfg = load_config(load_yaml(repo / "workflow/config/config.yaml"))
@@ -88,7 +88,7 @@ def test_the_workflows_v3_cells_train_the_studys_choice(cell, repo):
 
 
 def test_a_candidate_outside_the_study_knobs_is_refused(monkeypatch):
-    from pipeline.bench import recipe
+    from studies import recipe
 
     monkeypatch.setitem(recipe.CANDIDATES, "bigger_queue", {"K": 1024})
     with pytest.raises(ValueError, match="sets \\['K'\\]"):
@@ -96,7 +96,7 @@ def test_a_candidate_outside_the_study_knobs_is_refused(monkeypatch):
 
 
 def test_summary_reports_mean_spread_failures_and_the_slow_cpu_estimate():
-    from pipeline.bench.recipe import summarise
+    from studies.recipe import summarise
 
     def row(name, linear, knn, seconds, failure="", seed=0):
         return {
@@ -134,7 +134,7 @@ def test_summary_reports_mean_spread_failures_and_the_slow_cpu_estimate():
 
 
 def test_the_choice_takes_the_best_worst_seed_within_the_bar():
-    from pipeline.bench.recipe import choose
+    from studies.recipe import choose
 
     def cand(name, n, worst, mean, slow_s, failed=0):
         return {
@@ -162,7 +162,7 @@ def test_the_choice_takes_the_best_worst_seed_within_the_bar():
 
 
 def test_background_series_groups_the_runs_that_differ_in_the_data_alone():
-    from pipeline.bench.recipe import background_series
+    from studies.recipe import background_series
 
     def row(name, linear):
         return {"candidate": name, "seed": 0, "heldout_linear_top1": linear}
@@ -185,7 +185,7 @@ def _row(name, seed, top1, failure=""):
 def test_v3s_choice_follows_the_preregistered_rule():
     """Per backbone, margins over its own random init by seed: the paper's rule where its worst
     margin is >= 15, else the highest worst margin; a failed run or a missing seed rules one out."""
-    from pipeline.bench import recipe
+    from studies import recipe
 
     floors = [_row("random_init_bg1", s, 30.0) for s in range(3)] + [
         _row("random_init_vit_bg1", s, 45.0) for s in range(3)

@@ -35,7 +35,7 @@ CL = torch.channels_last
 
 MAX_SPLITS = 8  # the official single-GPU demo's bn_splits
 # below this, prefer fewer, larger sub-batches: 2 of 32 learnt more reliably than 4 of 16 on the
-# demo's batch of 64 (python -m pipeline.bench recipe, docs/embedded-data.md)
+# demo's batch of 64 (python -m studies.recipe, docs/embedded-data.md)
 MIN_IMAGES_PER_SPLIT = 32
 
 

@@ -62,7 +62,7 @@ def build(p: Pretrain, backbone: nn.Module, num_classes: int, num_samples: int, 
 SPREAD = Metric("spread", "output spread x 100 (pretext)", scale=100)
 # on the embedded data the paper's rule (LARS at lr 0.05, weight decay 1.5e-6) stays at random init's
 # level: SGD with the base cell's weight decay learns, at lr 0.12 +17 points above random init on
-# average over 5 held-out seeds (+8 to +28; pipeline.bench.recipe's byol_bg1_sgd_lr0.12, chosen
+# average over 5 held-out seeds (+8 to +28; studies.recipe's byol_bg1_sgd_lr0.12, chosen
 # again over lr 0.24, tau 0.996 and SimCLR's colour strength)
 EMBEDDED = {"optimizer": "sgd", "lr": 0.12, "weight_decay": 5e-4}
 ENTRY = register(

@@ -1,6 +1,6 @@
 """Recipe study: which base recipe learns on every seed of the embedded data, and how fast.
 
-    python -m pipeline.bench recipe [--candidates old lr_low ...] [--seeds 3] [--first-seed 0]
+    python -m studies.recipe [--candidates old lr_low ...] [--seeds 3] [--first-seed 0]
                                     [--out results/study/recipe] [--list]
 
 Trains each candidate base recipe (the pretrain section of workflow/config/config.yaml with
@@ -481,7 +481,7 @@ def v3_markdown(rows: list[dict]) -> str:
         lines.append(f"| {name} | {shown} | {min(ms):+.1f} | {statistics.mean(ms):+.1f} |")
     for backbone in dict.fromkeys(backbone_of(n) for n in margins):
         chosen, why = choose_v3(rows, backbone)
-        lines.append(f"\n{backbone}: chosen {chosen} ({why}; rule: pipeline.bench.recipe.choose_v3)")
+        lines.append(f"\n{backbone}: chosen {chosen} ({why}; rule: studies.recipe.choose_v3)")
     return "\n".join(lines) + "\n"
 
 
@@ -511,7 +511,7 @@ def markdown(summary: list[dict]) -> str:
         )
     name, meets = choose(summary)
     verdict = "meets the bar" if meets else "below the bar: the best frontier found"
-    lines.append(f"\nchosen: {name} ({verdict}; rule: pipeline.bench.recipe.choose)" if name else "\nchosen: none")
+    lines.append(f"\nchosen: {name} ({verdict}; rule: studies.recipe.choose)" if name else "\nchosen: none")
     return "\n".join(lines) + "\n"
 
 
