@@ -4,15 +4,16 @@
 Heads (``head``): ``fpn`` (FPN over layer1..layer4, RoIs pooled from the pyramid) or ``c4``
 (the MoCo paper's R50-C4: RPN and 14x14 RoIAlign on layer3, layer4 as the box head, then
 average pooling). Every pretrained tensor comes from the checkpoint, layer4 of a C4 head
-included (verified before fine-tuning). Normalisation (``norm``):
+included (verified before fine-tuning). Normalisation: the backbone's (``norm``) and the new
+layers' (``head_norm``, ``auto``: the backbone's kind, none under frozen BN):
 
+- ``bn`` (the default, the MoCo paper's): the backbone's BatchNorms fine-tuned with batch
+  statistics, BatchNorm in the FPN, a 4conv1fc box head and the mask head; with several ranks on
+  GPUs (``ranks``, under torchrun: DDP) every BatchNorm becomes SyncBatchNorm, the paper's SyncBN;
 - ``frozen_bn``: the backbone's BatchNorms become FrozenBatchNorm2d holding the pretrained
-  statistics; the new layers (FPN, box head) have none (torchvision's default);
-- ``bn``: the backbone's BatchNorms are fine-tuned with batch statistics, and the new layers
-  have BatchNorm too (FPN, a 4conv1fc box head); with several ranks on GPUs (``ranks``, under
-  torchrun: DDP) every BatchNorm becomes SyncBatchNorm, the paper's SyncBN;
-- ``gn``: GroupNorm in the new layers, for a backbone pretrained with GroupNorm
-  (``pretrain.norm: gn``), fine-tuned as is: independent of the (small) detection batch.
+  statistics; the new layers have none (torchvision's default);
+- ``gn``: GroupNorm, for a backbone pretrained with GroupNorm (``pretrain.norm: gn``), fine-tuned
+  as is: independent of the (small) detection batch.
 
 Mask R-CNN adds a mask head beside the box head: with FPN torchvision's (4 convs on 14x14 RoIs
 from the pyramid, the new layers' norm), with C4 Detectron2's C4 one (the box head's res5
