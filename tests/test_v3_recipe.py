@@ -148,3 +148,15 @@ def test_the_methods_preset_runs_every_method_and_each_backbones_random_init_at_
     assert len(cells) == 40 and cfg.grid.seeds == 5 and not cfg.detect.enabled
     assert {group_id(cid) for cid in cells} == groups
     assert cells[f"{VIT_ID},seed=4"].pretrain.lr == pytest.approx(1e-3)  # the ViT's embedded recipe
+
+
+def test_a_symmetric_base_cell_leaves_the_v3_cells_buildable():
+    """pretrain symmetric: true (MoCo v1/v2's two-way loss) on the embedded config: the grid's v3
+    cells take v3's recipe, whose loss is symmetric already, instead of refusing the whole grid;
+    a v3 cell that states symmetric itself is still refused."""
+    grid_cells(load_config(demo(pretrain={"symmetric": True})))  # the demo's DAG builds (it refused before)
+    cells = grid_cells(load_config(demo(pretrain={"symmetric": True}, grid={"only": None})))
+    assert cells["base"].pretrain.symmetric is True
+    assert cells["variant=v3"].pretrain.symmetric is False
+    with pytest.raises(ConfigError, match="symmetric applies to MoCo v1/v2's queue"):
+        load_config(demo(pretrain={"variant": "v3", "symmetric": True}))

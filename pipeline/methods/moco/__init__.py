@@ -96,6 +96,7 @@ def recipe(cell: dict) -> dict:
         "m": 0.99,
         "aug": "v3",
         "mlp_dim": 4096 if cell["backbone"] in PAPER_BACKBONES else 256,
+        "symmetric": False,  # v1/v2's option: v3's loss is symmetric already
     }
 
 
