@@ -23,7 +23,8 @@ CLAIM_KEYS = (
     *("mlp_head", "aug_plus", "patch_projection"),  # the MoCo v2 report's steps, MoCo v3's ViT
     *("large_batch", "queue_vs_batch", "byol_learns", "byol_predictor", "byol_predictor_lars", "byol_ema"),
 )
-# the queue's replacement rules (pipeline.methods.moco.queue implements each; the schema's enum)
+# the queue's replacement rules: pipeline.methods.moco.queue.POLICIES, which building the DAG cannot
+# import (torch); tests/test_dag.py holds the two and the schema's enum equal
 QUEUE_POLICIES = ("fifo", "random")
 BACKBONE_LABELS = {
     "resnet18": "ResNet-18",
