@@ -219,15 +219,16 @@ def test_each_method_is_one_folder_holding_its_entry_check_keys_and_model():
 
 
 def test_a_method_owns_its_keys():
-    """MoCo's and BYOL's own keys are declared in their folders and held by Pretrain beside the
-    shared ones; the shared section holds none of them."""
+    """MoCo's, SimCLR's and BYOL's own keys are declared in their folders and held by Pretrain
+    beside the shared ones; the shared section holds none of them."""
     from pipeline.dag.sections import SharedPretrain
     from pipeline.methods.byol import ByolKeys
     from pipeline.methods.moco import MocoKeys
+    from pipeline.methods.simclr import SimclrKeys
 
-    own = {f.name for cls in (MocoKeys, ByolKeys) for f in dataclasses.fields(cls)}
+    own = {f.name for cls in (MocoKeys, SimclrKeys, ByolKeys) for f in dataclasses.fields(cls)}
     shared = {f.name for f in dataclasses.fields(SharedPretrain)}
-    assert {"K", "queue_policy", "shuffle_bn", "mechanism", "variant"} <= own and "predictor" in own
+    assert {"K", "queue_policy", "shuffle_bn", "mechanism", "variant"} <= own and {"predictor", "negatives"} <= own
     assert not own & shared and {"m", "T", "dim", "mlp_dim", "batch_size"} <= shared
     assert {f.name for f in dataclasses.fields(Pretrain)} == own | shared
     assert Pretrain().predictor is True and Pretrain(K=1024).K == 1024
