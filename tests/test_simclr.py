@@ -55,6 +55,8 @@ def test_masked_negatives_keep_the_positive_and_a_fresh_draw_of_that_many():
     assert float(loss) == pytest.approx(nt_xent_by_definition(z1, z2, 0.1, kept), rel=1e-5)
     _, again, _ = nt_xent(z1, z2, T=0.1, negatives=3)
     assert not torch.equal(torch.isfinite(again), finite)
+    with pytest.raises(ValueError, match="negatives=11: a row has only 10"):
+        nt_xent(z1, z2, T=0.1, negatives=11)
 
 
 class Constant(nn.Module):
