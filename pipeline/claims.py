@@ -150,8 +150,7 @@ class Cells:
         """seed -> why its run failed (pipeline.pretrain.failure: "diverged: ..." or the
         method's "collapsed: ..."), for the failed seeds of ``role``."""
         g = self.group(role)
-        if g is None:
-            return {}
+        assert g is not None  # every caller's gate saw the role run
         rows = g.cells[g.cells["status"] == "fail"]
         return {seed_of(c): str(c["failure"]) for _, c in rows.iterrows()}
 

@@ -615,6 +615,8 @@ def test_the_normalisation_claim_pairs_both_protocols_by_seed(tmp_path):
     assert (
         verdicts(tmp_path)["transfer norm"] == f"{NOT_DECIDABLE} (a priori: needs a detection protocol with frozen BN)"
     )
+    write_claims(tmp_path, NORMALISED)
+    assert verdicts(tmp_path)["transfer norm"] == NOT_RUN  # decidable, no cell has run
     transfer_results(tmp_path, [19.0, 20.5, 22.0], [17.0, 18.0, 19.0])
     write_claims(tmp_path, NORMALISED)
     assert verdicts(tmp_path)["transfer norm"] == NOT_RUN  # the frozen protocol has not run

@@ -260,3 +260,19 @@ def test_a_command_line_value_that_is_not_yaml_stays_a_string():
     # ":" opens a mapping, "[" an unclosed list: not YAML; the schema then names the key
     cfg = read_command_line_values({"pretrain": {"epochs": "[1"}})
     assert cfg == {"pretrain": {"epochs": "[1"}}
+
+
+@pytest.mark.parametrize(
+    "protocol, error",
+    [
+        ({"trials": 3}, r"detect.protocols.more: trials cannot differ between protocols"),
+        ({"norm": "batch"}, r"config key 'detect.protocols.more.norm': 'batch' is not one of"),
+        ({"max_image_size": 64}, r"detect.protocols.more: detect.max_image_size=64 is below detect.image_size=96"),
+    ],
+)
+def test_a_detection_protocol_is_checked_as_the_main_one(protocol, error):
+    """detect.protocols: each protocol's keys over detect's pass the same schema and checks,
+    and may not change what protocols share (the cells, the trials)."""
+    load_config({"detect": {"protocols": {"frozen": {"norm": "frozen_bn"}}}})
+    with pytest.raises(ConfigError, match=error):
+        load_config({"detect": {"protocols": {"more": protocol}}})

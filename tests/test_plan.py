@@ -221,6 +221,10 @@ def test_the_claims_plan_says_what_it_will_not_train(tmp_path):
     one_way = "holds if every seed collapses; contradicted only at ≥ 300 epochs, has 5"
     assert plan["one_sided"] == {k: one_way for k in ("byol_predictor", "byol_predictor_lars", "byol_ema")}
     assert f"Trained, decidable one way only: byol_ema ({one_way})" in text
+    from pipeline.dag.claims_plan import Budget, one_sided
+
+    source_length = Budget(images=50_000, classes=10, batch=256, epochs=300, m=0.99, byol_m=0.99)
+    assert one_sided(load_config(cfg).claims, source_length) == {}  # at the source's length: both ways
 
 
 def test_the_coco_mask_rcnn_presets_are_costed():
