@@ -517,6 +517,9 @@ def memory_bank(c: Cells) -> Claim:
     return accuracy_claim(text, source, pilot_needs(c), [comparison], c.cells("reference", "memory_bank"))
 
 
+TRANSFER_METRICS = DETECTION_METRICS + MASK_METRICS  # what the transfer claims compare
+
+
 def transfer_gaps(cfg: Config) -> list[str]:
     """What the config lacks for the main grid to decide the transfer claim: MoCo's base cell
     and the supervised baseline, each fine-tuned as a Mask R-CNN, at >= 2 seeds."""
@@ -574,7 +577,7 @@ def transfer(c: Cells) -> Claim:
         g is None or value(g.cells, "mask_AP").status == "missing" for g in map(c.grid_gs.get, (BASE_ID, SUPERVISED_ID))
     ):
         return Claim(text, SEED_BLOG, needs, "snakemake (the main grid) computes them", NOT_RUN, cells)
-    comparisons = [transfer_comparison(c, m) for m in DETECTION_METRICS + MASK_METRICS]
+    comparisons = [transfer_comparison(c, m) for m in TRANSFER_METRICS]
     return accuracy_claim(text, SEED_BLOG, needs, comparisons, cells)
 
 
@@ -591,19 +594,20 @@ def norm_protocols(det: Detect) -> tuple[str | None, str | None]:
     return (frozen or [None])[0], (trained or [None])[0]
 
 
-def protocol_by_seed(c: Cells, gid: str, protocol: str, metric: str) -> dict[int, float]:
-    """seed -> a cell group's ``metric`` under a detection protocol (its trials' mean, as
-    detect.json holds it), the seeds whose pretraining failed left out."""
+def protocol_by_seed(c: Cells, gid: str, protocol: str) -> dict[str, dict[int, float]]:
+    """metric -> seed -> a cell group's value under a detection protocol (its trials' mean, as
+    detect.json holds it), the seeds whose pretraining failed left out; each file read once."""
     g = c.grid_gs.get(gid)
     if g is None:
-        return {}
+        return {m: {} for m in TRANSFER_METRICS}
     if protocol == MAIN_PROTOCOL:
-        return dict(value(g.cells, metric).by_seed)
-    found = {}
+        return {m: dict(value(g.cells, m).by_seed) for m in TRANSFER_METRICS}
+    found: dict[str, dict[int, float]] = {m: {} for m in TRANSFER_METRICS}
     for _, cell in g.cells[g.cells["status"] != "fail"].iterrows():
-        record = read_json(Path(cell_file(c.results, cell["cell"], "protocol").format(protocol=protocol)))
-        if record and record.get(metric) is not None:
-            found[seed_of(cell)] = float(record[metric])
+        record = read_json(Path(cell_file(c.results, cell["cell"], "protocol").format(protocol=protocol))) or {}
+        for m in TRANSFER_METRICS:
+            if record.get(m) is not None:
+                found[m][seed_of(cell)] = float(record[m])
     return found
 
 
@@ -626,10 +630,11 @@ def transfer_norm(c: Cells) -> Claim:
         return Claim(text, PAPER_NORM, needs, "", undecidable("a priori: needs " + "; ".join(gaps)), cells)
     assert frozen is not None and trained is not None
     comparisons = []
-    for metric in DETECTION_METRICS + MASK_METRICS:
+    read = {(p, gid): protocol_by_seed(c, gid, p) for p in (trained, frozen) for gid in (BASE_ID, SUPERVISED_ID)}
+    for metric in TRANSFER_METRICS:
         gap = {}
         for protocol in (trained, frozen):
-            moco, sup = (protocol_by_seed(c, gid, protocol, metric) for gid in (BASE_ID, SUPERVISED_ID))
+            moco, sup = (read[protocol, gid][metric] for gid in (BASE_ID, SUPERVISED_ID))
             gap[protocol] = {s: moco[s] - sup[s] for s in moco.keys() & sup.keys()}
         d = stats.paired(gap[trained], gap[frozen])
         label = METRICS[metric]

@@ -33,10 +33,9 @@ def normalisation(dc: Detect, synced: bool, world_size: int) -> str:
     """Which statistics normalise the fine-tuned detector's features, over how many images."""
     per_rank = dc.batch_size // world_size
     ranks = f" on each of {world_size} ranks" if world_size > 1 else ""
-    batch_bn = (
-        f"SyncBN over {dc.batch_size} images ({world_size} ranks x {per_rank})"
-        if synced
-        else (f"BN over {per_rank} images{ranks}")
-    )
+    if synced:
+        batch_bn = f"SyncBN over {dc.batch_size} images ({world_size} ranks x {per_rank})"
+    else:
+        batch_bn = f"BN over {per_rank} images{ranks}"
     said = {"frozen_bn": "frozen BN (pretrained statistics)", "none": "none", "gn": "GroupNorm", "bn": batch_bn}
     return f"backbone {said[dc.norm]}, new layers {said[dc.new_layers_norm]}, batch {dc.batch_size}"

@@ -71,6 +71,21 @@ def detects(cell):
     return cell_detects(CFG.detect, cell, params_of(cell).pretrain)
 
 
+def detect_params(protocol):
+    """A fine-tuning trial's params; ``protocol(wildcards)``: its detect.protocols name, None for
+    the main protocol. How many trials and which cells do not change a trial (raising trials adds
+    jobs only); the resume state is a function of resources: Snakemake does not compare it."""
+    folder = lambda w: "detect" if protocol(w) is None else f"detect-{protocol(w)}"
+    return {
+        **job_config(lambda w: {"detect": trial_detect(protocol(w))}),
+        "py": PY,
+        "root": detection_root(),
+        "seed": lambda w: CFG.detect.seed + int(w.trial),
+        "launch": python_module(CFG.detect.ranks),  # several ranks: DDP, SyncBN with norm bn
+        "state": lambda w, resources: f"{R}/state/{w.cell}/{folder(w)}/trial{w.trial}",
+    }
+
+
 def cell_launch(cell):
     """How a cell's ranks start: the config's launcher; the random-init baseline, which trains
     nothing (its registry entry), always as one direct process (never srun over GPU nodes or a submitit job)."""

@@ -43,12 +43,6 @@ rule probe:
         " --data {params.data:q} --out {output:q} --state {params.state:q} > {log:q} 2>&1"
 
 
-DETECT_SHELL = (
-    "{params.py} {params.launch} pipeline.detect --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
-    " --data {params.root:q} --seed {params.seed} --out {output:q} --state {params.state:q} > {log:q} 2>&1"
-)
-
-
 rule detect:
     """One fine-tuning trial (seed = detect.seed + trial)."""
     input:
@@ -66,15 +60,10 @@ rule detect:
     resources:
         gres=DETECT_GRES,
     params:
-        **job_config(lambda w: {"detect": trial_detect()}),
-        py=PY,
-        # how many trials and which cells do not change a trial: raising trials adds jobs only
-        root=detection_root(),
-        seed=lambda w: CFG.detect.seed + int(w.trial),
-        launch=python_module(CFG.detect.ranks),  # several ranks: DDP, SyncBN with norm bn
-        state=lambda w, resources: f"{R}/state/{w.cell}/detect/trial{w.trial}",  # the resume state (not compared)
+        **detect_params(lambda w: None),
     shell:
-        DETECT_SHELL
+        "{params.py} {params.launch} pipeline.detect --config {params.cfg:q} --checkpoint {input.checkpoint:q}"
+        " --data {params.root:q} --seed {params.seed} --out {output:q} --state {params.state:q} > {log:q} 2>&1"
 
 
 use rule detect as detect_protocol with:
@@ -86,12 +75,7 @@ use rule detect as detect_protocol with:
     benchmark:
         f"{R}/benchmarks/detect-{{protocol}}/{{cell}}/trial{{trial}}.tsv"
     params:
-        **job_config(lambda w: {"detect": trial_detect(w.protocol)}),
-        py=PY,
-        root=detection_root(),
-        seed=lambda w: CFG.detect.seed + int(w.trial),
-        launch=python_module(CFG.detect.ranks),
-        state=lambda w, resources: f"{R}/state/{w.cell}/detect-{w.protocol}/trial{w.trial}",
+        **detect_params(lambda w: w.protocol),
 
 
 localrules:

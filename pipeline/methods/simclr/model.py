@@ -41,12 +41,13 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, T: float, negatives: int | None 
 def kept_negatives(logits: torch.Tensor, target: torch.Tensor, negatives: int) -> torch.Tensor:
     """True at each row's positive and at ``negatives`` of its other views, drawn uniformly at
     random (torch's stream) among the columns still finite."""
+    available = int(torch.isfinite(logits[0]).sum()) - 1  # every view but itself and its positive
+    if negatives > available:
+        raise ValueError(f"negatives={negatives}: a row has only {available}")
     rows = torch.arange(len(logits), device=logits.device)
     score = torch.rand(logits.shape, device=logits.device)
     score[~torch.isfinite(logits)] = -1.0  # itself: never drawn
     score[rows, target] = -1.0  # the positive: kept apart, never counted among the negatives
-    if negatives > int(torch.isfinite(logits[0]).sum()) - 1:
-        raise ValueError(f"negatives={negatives}: a row has only {int(torch.isfinite(logits[0]).sum()) - 1}")
     keep = torch.zeros_like(logits, dtype=torch.bool)
     keep.scatter_(1, score.topk(negatives, dim=1).indices, True)
     keep[rows, target] = True
