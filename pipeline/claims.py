@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline.base.layout import QUEUE_POLICIES, cell_file
 from pipeline.dag.claims_plan import (
     COLLAPSE_SOURCE_EPOCHS,
     LARGE_BATCH,
@@ -52,9 +53,9 @@ from pipeline.dag.grid import (
     grid_cells,
     group_id,
 )
-from pipeline.dag.layout import QUEUE_POLICIES, cell_file
-from pipeline.dag.sections import Claims, Config, Detect, Pretrain
+from pipeline.dag.sections import Claims, Config, Detect
 from pipeline.dag.training_set import training_set
+from pipeline.methods.section import Pretrain
 from pipeline.report import stats
 from pipeline.report.records import QUEUE_METRICS, read_json
 from pipeline.report.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, NOT_DECIDABLE

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.dag.layout import VITS, is_resnet, is_vit
+from pipeline.base.layout import VITS, is_resnet, is_vit
 from pipeline.runtime import checkpoint
 from pipeline.runtime.io import atomic_path, atomic_write_json
 

@@ -40,8 +40,9 @@ from pipeline.dag.config import (
 )
 from pipeline.dag.grid import Cell, cell_resources, claims_budget, claims_cells, detects, grid_cells
 from pipeline.dag.job_gpus import gres_gpus
-from pipeline.dag.sections import Config, Pretrain
+from pipeline.dag.sections import Config
 from pipeline.dag.training_set import IMAGENET_TRAIN, training_set
+from pipeline.methods.section import Pretrain
 
 DEFAULT_PROFILE = "profiles/slurm"
 

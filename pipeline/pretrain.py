@@ -32,7 +32,7 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline.dag.config import ConfigError, load_stage_config, pretrain_warnings, result_config, section
-from pipeline.dag.sections import Data, Pretrain
+from pipeline.dag.sections import Data
 from pipeline.data.augment import view_recipes
 from pipeline.data.loaders import Centre, Reading, Views, data_identity, eval_loader, is_converted, two_view_loader
 from pipeline.eval.features import features_of
@@ -41,6 +41,7 @@ from pipeline.methods import Metric, method_spec
 from pipeline.methods.build import arch_of, bn_guard_text, build_model, check_global_bn
 from pipeline.methods.ema_check import EmaRecord
 from pipeline.methods.momentum_target import MomentumTarget
+from pipeline.methods.section import Pretrain
 from pipeline.nets.fast_path import FastPath
 from pipeline.nets.method import Method, Step
 from pipeline.nets.models import build_backbone

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.base.layout import is_resnet
 from pipeline.dag.config import ConfigError, load_stage_config, result_config, section
-from pipeline.dag.layout import is_resnet
 from pipeline.dag.sections import Data, Probe
 from pipeline.data.augment import normalize
 from pipeline.data.loaders import Reading, Views, batches_from, crop_loader, data_identity

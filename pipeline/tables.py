@@ -19,11 +19,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from pipeline.base.layout import FIGURE_FORMATS, FIGURES, STUDY_NAMES, TABLE_FORMATS
 from pipeline.dag import sweeps
 from pipeline.dag.config import ConfigError, load_config
 from pipeline.dag.grid import grid_cells
-from pipeline.dag.layout import FIGURE_FORMATS, FIGURES, STUDY_NAMES, TABLE_FORMATS
-from pipeline.dag.sections import Pretrain
+from pipeline.methods.section import Pretrain
 from pipeline.report.studies import Table, collect, studies
 from pipeline.report.writers import load_configs, markdown, results_folder, results_parser, write_table
 from pipeline.runtime.io import atomic_write_text

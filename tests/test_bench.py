@@ -199,13 +199,13 @@ def test_bench_startup_times_each_import_in_a_fresh_process_beside_torch(tmp_pat
     from pipeline.bench import startup
 
     monkeypatch.chdir(tmp_path)
-    result = startup.main(["--rounds", "1", "--modules", "pipeline.dag.layout", "--first-step"])
+    result = startup.main(["--rounds", "1", "--modules", "pipeline.base.layout", "--first-step"])
     rows = result["imports"]
     assert rows["torch"]["ratio_to_torch"] == 1.0 and rows["torch"]["median_s"] > 0
-    assert rows["pipeline.dag.layout"]["imports"] == [] and (tmp_path / "bench/out/startup.json").is_file()
+    assert rows["pipeline.base.layout"]["imports"] == [] and (tmp_path / "bench/out/startup.json").is_file()
     # a first step of the stages' SGD leaves torch._dynamo out; torch's own SGD imports it
-    assert rows["pipeline.dag.layout+sgd"]["imports"] == []
-    assert rows["pipeline.dag.layout+torch-sgd"]["imports"] == ["torch._dynamo"]
+    assert rows["pipeline.base.layout+sgd"]["imports"] == []
+    assert rows["pipeline.base.layout+torch-sgd"]["imports"] == ["torch._dynamo"]
 
 
 def test_bench_startup_reports_the_ratio_of_medians_to_import_torch(monkeypatch):

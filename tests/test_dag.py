@@ -79,7 +79,8 @@ def test_command_line_values_are_read_against_the_schema():
 
 # --- one registry per list ----------------------------------------------------------------------
 def test_backbone_names_have_one_source():
-    from pipeline.dag import grid, layout
+    from pipeline.base import layout
+    from pipeline.dag import grid
     from pipeline.dag.config import load_schema
     from pipeline.nets import resnet
 
@@ -182,21 +183,21 @@ def test_a_config_whose_claims_cannot_run_fails_that_target_alone(tmp_path):
 
 
 def test_queue_policies_have_one_source():
+    from pipeline.base.layout import QUEUE_POLICIES
     from pipeline.dag.config import load_schema
-    from pipeline.dag.layout import QUEUE_POLICIES
-    from pipeline.methods.moco.queue import POLICIES
+    from pipeline.methods.moco.queue import KeyQueue
 
-    assert (
-        load_schema()["properties"]["pretrain"]["properties"]["queue_policy"]["enum"]
-        == list(QUEUE_POLICIES)
-        == list(POLICIES)
-    )
+    assert load_schema()["properties"]["pretrain"]["properties"]["queue_policy"]["enum"] == list(QUEUE_POLICIES)
+    for policy in QUEUE_POLICIES:  # every listed policy is one the queue implements
+        KeyQueue(4, 2, policy)
+    with pytest.raises(ValueError, match="queue policy must be one of"):
+        KeyQueue(4, 2, "lifo")
 
 
 def test_grid_axes_and_the_cell_id_pattern_have_one_source():
+    from pipeline.base.layout import CELL_ID
     from pipeline.dag.config import load_schema
     from pipeline.dag.grid import AXES
-    from pipeline.dag.layout import CELL_ID
 
     schema = load_schema()["properties"]
     for sweep in ("one_at_a_time", "product"):  # in the order cell ids list them

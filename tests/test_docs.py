@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from pipeline.dag.layout import CELL_FILES, CLAIMS_TABLES, STUDY_NAMES
+from pipeline.base.layout import CELL_FILES, CLAIMS_TABLES, STUDY_NAMES
 
 README = REPO / "README.md"
 PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
@@ -48,10 +48,10 @@ SKIPPED = ("bench/out/",)
 
 def run_outputs() -> set[str]:
     """What a run writes directly under results/ (a clean checkout has none of it, so a results/
-    path is checked against this instead): the folders the rules and pipeline.dag.layout name,
+    path is checked against this instead): the folders the rules and pipeline.base.layout name,
     the recipe study's default --out folder and the HTML report's file."""
     rules = "\n".join(p.read_text() for p in [REPO / "Snakefile", *(REPO / "workflow" / "rules").glob("*.smk")])
-    layout = (REPO / "pipeline" / "dag" / "layout.py").read_text()
+    layout = (REPO / "pipeline" / "base" / "layout.py").read_text()
     recipe = (REPO / "studies" / "recipe.py").read_text()
     found = set(re.findall(r"\{R\}/(\w+)", rules)) | set(re.findall(r"\{results\}/(\w+)", layout))
     found |= set(re.findall(r'"--out", default="results/(\w+)', recipe))

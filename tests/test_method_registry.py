@@ -11,11 +11,11 @@ import torch
 from torch.nn import functional as F
 
 from pipeline import REPO, pretrain, probe, tables
+from pipeline.base.layout import cell_file
 from pipeline.dag.config import ConfigError, load_config, load_schema, pretrain_cell, section
 from pipeline.dag.grid import grid_cells
-from pipeline.dag.layout import cell_file
-from pipeline.dag.sections import Pretrain
 from pipeline.methods import METHODS, MethodSpec, method_spec, register
+from pipeline.methods.section import Pretrain
 from pipeline.nets.method import Encoder, Method, Step
 from pipeline.nets.models import feature_dim
 
@@ -176,12 +176,13 @@ SHARED_PARTS = {"momentum_target", "ema_check", "info_nce", "cross_entropy", "he
 def test_the_algorithms_import_nothing_above_them():
     """The methods' algorithms (every method folder's torch modules but its entry and its model
     builder) and the parts they share build on torch, each other and what every method is
-    (nets.method): no config, stage, registry or network builder, not even for a type hint."""
+    (nets.method), and the floor's lists (pipeline.base.layout): no config, stage, registry or network
+    builder, not even for a type hint."""
     methods = REPO / "pipeline" / "methods"
     algorithms = [methods / f"{name}.py" for name in SHARED_PARTS]
-    algorithms += [p for p in methods.glob("*/*.py") if p.name not in ("__init__.py", "model.py")]
+    algorithms += [p for p in methods.glob("*/*.py") if p.name not in ("__init__.py", "model.py", "keys.py")]
     algorithms += [methods / name / "model.py" for name in ("simclr", "byol")]  # their algorithms
-    allowed = {f"pipeline.methods.{name}" for name in SHARED_PARTS} | {"pipeline.nets.method"}
+    allowed = {f"pipeline.methods.{name}" for name in SHARED_PARTS} | {"pipeline.nets.method", "pipeline.base.layout"}
     for path in algorithms:
         own = f"pipeline.methods.{path.parent.name}." if path.parent != methods else "-"
         above = {m for m in pipeline_imports(path) if m not in allowed and not m.startswith(own)}
@@ -194,13 +195,17 @@ def test_each_method_is_one_folder_holding_its_entry_check_keys_and_model():
     (or module) under pipeline/methods/, beside the parts methods share; nothing else in the
     package names a method's module: the stages reach a model through the entry."""
     methods = REPO / "pipeline" / "methods"
-    modules = {p.stem for p in methods.iterdir() if p.stem not in ("__init__", "__pycache__", "registry", "build")}
+    not_methods = ("__init__", "__pycache__", "registry", "build", "section")
+    modules = {p.stem for p in methods.iterdir() if p.stem not in not_methods}
     entries = {}
     for stem in modules - SHARED_PARTS:
         module = importlib.import_module(f"pipeline.methods.{stem}")
         entries[module.ENTRY.name] = module.__name__
-        for part in (module.ENTRY.build, module.ENTRY.check, module.ENTRY.keys, module.ENTRY.recipe):
+        for part in (module.ENTRY.build, module.ENTRY.check, module.ENTRY.recipe):
             assert part is None or part.__module__ == module.__name__, (stem, part)
+    for base in Pretrain.__mro__[1:]:  # each method's own keys: its folder's keys.py
+        if base.__name__.endswith("Keys"):
+            assert base.__module__.startswith("pipeline.methods.") and base.__module__.endswith(".keys"), base
     assert entries == {
         "moco": "pipeline.methods.moco",
         "simclr": "pipeline.methods.simclr",
@@ -208,7 +213,8 @@ def test_each_method_is_one_folder_holding_its_entry_check_keys_and_model():
         "supervised": "pipeline.methods.supervised",
         "random": "pipeline.methods.random_init",
     }
-    shared = {"pipeline.methods.build"} | {f"pipeline.methods.{name}" for name in SHARED_PARTS}
+    shared = {"pipeline.methods.build", "pipeline.methods.section"}
+    shared |= {f"pipeline.methods.{name}" for name in SHARED_PARTS}
     for path in (REPO / "pipeline").rglob("*.py"):
         if methods in path.parents or "bench" in path.parts:  # benchmarks may name a method's module
             continue
@@ -221,10 +227,10 @@ def test_each_method_is_one_folder_holding_its_entry_check_keys_and_model():
 def test_a_method_owns_its_keys():
     """MoCo's, SimCLR's and BYOL's own keys are declared in their folders and held by Pretrain
     beside the shared ones; the shared section holds none of them."""
-    from pipeline.dag.sections import SharedPretrain
-    from pipeline.methods.byol import ByolKeys
-    from pipeline.methods.moco import MocoKeys
-    from pipeline.methods.simclr import SimclrKeys
+    from pipeline.methods.byol.keys import ByolKeys
+    from pipeline.methods.moco.keys import MocoKeys
+    from pipeline.methods.section import SharedPretrain
+    from pipeline.methods.simclr.keys import SimclrKeys
 
     own = {f.name for cls in (MocoKeys, SimclrKeys, ByolKeys) for f in dataclasses.fields(cls)}
     shared = {f.name for f in dataclasses.fields(SharedPretrain)}

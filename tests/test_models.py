@@ -103,7 +103,7 @@ def test_the_pretraining_and_probe_stages_leave_torchvision_and_dynamo_unimporte
     (torch.optim's compile wrappers do)."""
     code = """
 import sys, torch, pipeline.pretrain, pipeline.probe
-from pipeline.dag.sections import Pretrain
+from pipeline.methods.section import Pretrain
 from pipeline.nets.optim import build_optimizer
 from pipeline.probe import LinearProbe
 probe = LinearProbe(4, 2, {"lr": 0.1, "weight_decay": 0.0, "epochs": 1, "schedule": "cosine"}, False, 1)

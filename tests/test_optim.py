@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from pipeline.dag.config import section
-from pipeline.dag.sections import Pretrain
+from pipeline.methods.section import Pretrain
 from pipeline.nets.optim import LARS, SGD, STEP_DROPS, AdamW, Schedule, build_optimizer, share_of
 
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from conftest import REPO
 
+from pipeline.base.layout import CLAIMS_TABLES, FIGURES, STUDY_NAMES
 from pipeline.dag.config import merge
-from pipeline.dag.layout import CLAIMS_TABLES, FIGURES, STUDY_NAMES
 from pipeline.methods import METHODS
 from pipeline.report.studies import DETECTORS, HEAD_LABELS, METRICS, collect, studies
 from pipeline.report.writers import FOOTNOTES

@@ -82,8 +82,8 @@ def test_a_key_that_may_be_null_takes_null_among_its_enum_or_its_types():
     """The derivation on a section of its own (no config key is both an enum and nullable yet)."""
     from dataclasses import dataclass
 
+    from pipeline.base.keys import key
     from pipeline.dag.schema import section_schema
-    from pipeline.dag.sections import key
 
     @dataclass(frozen=True, kw_only=True)
     class Toy:

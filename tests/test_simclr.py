@@ -122,7 +122,7 @@ def test_more_negatives_than_a_view_has_are_refused():
 
 def test_simclr_and_byol_take_lars_under_optimizer_auto():
     """A config whose base cell is SimCLR or BYOL (a preset's) trains with its paper's optimiser."""
-    from pipeline.dag.sections import Pretrain
+    from pipeline.methods.section import Pretrain
 
     assert Pretrain(method="simclr").optimizer_name == Pretrain(method="byol").optimizer_name == "lars"
     assert Pretrain().optimizer_name == "sgd"  # MoCo v2's

@@ -23,8 +23,8 @@ from conftest import REPO, run, snakemake_cli
 from test_rerun import TINY, cell_jobs, planned_jobs, snakemake
 from test_resume import CFG, assert_same_run
 
+from pipeline.base.layout import folder_state
 from pipeline.dag.config import result_config
-from pipeline.dag.layout import folder_state
 from pipeline.data.loaders import data_identity
 from pipeline.pretrain import run_fingerprint
 

@@ -5,11 +5,11 @@ import pytest
 import yaml
 from conftest import REPO
 
+from pipeline.base.layout import STUDY_NAMES
 from pipeline.dag.config import load_config, merge
 from pipeline.dag.grid import grid_cells
-from pipeline.dag.layout import STUDY_NAMES
-from pipeline.dag.sections import Pretrain
 from pipeline.dag.sweeps import command, drawn, fine_tuned, swept
+from pipeline.methods.section import Pretrain
 from pipeline.report.studies import collect, studies
 from pipeline.tables import expected_cells
 

@@ -13,9 +13,9 @@ import sys
 import pytest
 from conftest import REPO, require, run
 
+from pipeline.base.layout import STUDY_NAMES
 from pipeline.dag.config import merge
 from pipeline.dag.grid import parse_cell_id
-from pipeline.dag.layout import STUDY_NAMES
 from pipeline.methods import method_spec
 from pipeline.pretrain import LOG_COLUMNS, log_columns, rows_to_csv
 from pipeline.report.writers import latex

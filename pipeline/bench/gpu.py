@@ -19,8 +19,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.bench.timing import sync, write
 from pipeline.dag.config import section
-from pipeline.dag.sections import Pretrain
 from pipeline.methods.build import build_model
+from pipeline.methods.section import Pretrain
 from pipeline.nets.fast_path import FastPath
 from pipeline.nets.optim import build_optimizer
 

@@ -29,8 +29,8 @@ from torch import nn
 from pipeline.bench.step import optimizer_step, step_fn
 from pipeline.bench.timing import cpu, interleaved, write
 from pipeline.dag.config import section
-from pipeline.dag.sections import Pretrain
 from pipeline.methods.build import arch_of, build_model
+from pipeline.methods.section import Pretrain
 from pipeline.nets.models import build_backbone, feature_dim
 from pipeline.nets.optim import build_optimizer
 

@@ -33,9 +33,9 @@ from torch import nn
 
 from pipeline.bench.timing import OUT_DIR, interleaved, write
 from pipeline.dag.config import section
-from pipeline.dag.sections import Pretrain
 from pipeline.methods.build import build_model
 from pipeline.methods.moco.builder import MoCo
+from pipeline.methods.section import Pretrain
 from pipeline.nets.fast_path import FastPath
 from pipeline.nets.optim import build_optimizer
 
@@ -47,8 +47,8 @@ VIT_PAIRS = ("moco_v2", "moco_v3")
 
 def embedded_vit() -> dict:
     """The ViT the demo's grid trains (config.yaml's grid.cells): its backbone, patch and depth."""
+    from pipeline.base.layout import is_vit
     from pipeline.dag.config import DEFAULT_CONFIG, load_yaml
-    from pipeline.dag.layout import is_vit
 
     cells = load_yaml(DEFAULT_CONFIG)["grid"].get("cells") or []
     vit = next(c for c in cells if is_vit(c.get("backbone", "")) and c.get("variant") == "v3")

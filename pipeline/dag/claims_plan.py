@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.dag.layout import CLAIM_KEYS, QUEUE_POLICIES, is_vit
+from pipeline.base.layout import CLAIM_KEYS, QUEUE_POLICIES, is_vit
 from pipeline.dag.sections import Claims
 
 # "several EMA half-lives": after 5 the key encoder keeps 2^-5 = 3 % of its initial weights

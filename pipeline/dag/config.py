@@ -23,26 +23,14 @@ import jsonschema
 import yaml
 
 from pipeline import REPO
+from pipeline.base.errors import ConfigError
+from pipeline.base.keys import INIT, PLAN, RUNTIME
 from pipeline.dag import training_set
-from pipeline.dag.errors import ConfigError
 from pipeline.dag.recipes import base_with_recipe
 from pipeline.dag.schema import load_schema
-from pipeline.dag.sections import (
-    INIT,
-    PLAN,
-    RUNTIME,
-    Claims,
-    Config,
-    Convert,
-    Data,
-    Dataset,
-    Detect,
-    Grid,
-    Launch,
-    Pretrain,
-    Probe,
-)
+from pipeline.dag.sections import Claims, Config, Convert, Data, Dataset, Detect, Grid, Launch, Probe
 from pipeline.methods import method_spec
+from pipeline.methods.section import Pretrain
 
 DEFAULT_CONFIG = REPO / "workflow" / "config" / "config.yaml"
 

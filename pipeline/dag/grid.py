@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import yaml
 
+from pipeline.base.layout import AXES, QUEUE_POLICIES, is_resnet
 from pipeline.dag.claims_plan import LARGE_BATCH, LARGE_LR_FACTOR, Budget, fewer_negatives, role_seeds, vit_cell
 from pipeline.dag.config import ConfigError, merge, pretrain_cell, to_dict
-from pipeline.dag.layout import AXES, QUEUE_POLICIES, is_resnet
 from pipeline.dag.recipes import with_recipe
-from pipeline.dag.sections import Claims, Config, Detect, Grid, Pretrain, Resources
+from pipeline.dag.sections import Claims, Config, Detect, Grid, Resources
 from pipeline.dag.training_set import synthetic_images, training_set
 from pipeline.methods import method_spec
+from pipeline.methods.section import Pretrain
 
 BASE_ID = "base"
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline.dag.sections import Grid, Pretrain
+from pipeline.dag.sections import Grid
 from pipeline.methods import method_spec
+from pipeline.methods.section import Pretrain
 
 # the pretrain keys whose change gives a cell another recipe
 SWITCHES = ("method", "variant", "backbone")

@@ -11,8 +11,9 @@ import types
 import typing
 from typing import Any
 
-from pipeline.dag.sections import Config, Pretrain
+from pipeline.dag.sections import Config
 from pipeline.methods import METHODS
+from pipeline.methods.section import Pretrain
 
 JSON_TYPES = {
     bool: "boolean",

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from pipeline.base.layout import FIGURES, STUDY_NAMES
 from pipeline.dag.grid import BASE_ID, Cell, cell_id, detects, group_id, momentum_reference, parse_cell_id
-from pipeline.dag.layout import FIGURES, STUDY_NAMES
-from pipeline.dag.sections import Detect, Pretrain
+from pipeline.dag.sections import Detect
+from pipeline.methods.section import Pretrain
 
 ALWAYS = ("methods", "grid")  # the main table and every cell: written from the base alone
 # a one-axis study: the cells that differ from the base in these axes alone

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.dag.errors import ConfigError
+from pipeline.base.errors import ConfigError
 from pipeline.dag.sections import SYNTHETIC_CLASSES, Config, Dataset
 from pipeline.data.folders import count_images
 

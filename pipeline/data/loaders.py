@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.dag.sections import Data, Pretrain
+from pipeline.dag.sections import Data
+from pipeline.methods.section import Pretrain
 from pipeline.runtime import lean_torchvision
 
 LOADERS = ("ffcv", "torchvision")

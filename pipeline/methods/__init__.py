@@ -1,8 +1,9 @@
 """The pretraining methods, one folder (or module) each: its algorithm, model, heads, loss, its
 own config keys, its config check, its failure rule and its registry entry together. A method's
 folder registers its entry when imported; the line at the end imports each one. Adding a method:
-its folder here and its name on that line (tests/test_method_registry.py registers a toy method
-from the test file alone).
+its folder here, its name on that line and, if it has keys of its own (its keys.py), their class
+among Pretrain's bases (section.py: the config's pretrain section, which the entries read)
+(tests/test_method_registry.py registers a toy method from the test file alone).
 
 Beside the methods, the parts several of them share, named for what they are: the momentum
 (EMA) target and its check on the run (momentum_target.py, ema_check.py: MoCo and BYOL), InfoNCE

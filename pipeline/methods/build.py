@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipeline.dag.errors import ConfigError
-from pipeline.dag.layout import VITS, is_resnet
-from pipeline.dag.sections import Pretrain
+from pipeline.base.errors import ConfigError
+from pipeline.base.layout import VITS, is_resnet
+from pipeline.methods.section import Pretrain
 from pipeline.methods.split_bn import has_batch_norm, max_splits
 from pipeline.nets.method import Method
 from pipeline.nets.models import build_backbone

@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-    from pipeline.dag.sections import Pretrain
     from pipeline.nets.method import Method
 
+# a pretrain section (pipeline.methods.section.Pretrain), which reads this registry: named here by
+# its role only, so that the two do not import each other
+Pretrain = Any
 # build(p, backbone, num_classes, num_samples, world_size) -> the method's model on that backbone
-Builder = Callable[["Pretrain", "nn.Module", int, int, int], "Method"]
+Builder = Callable[[Pretrain, "nn.Module", int, int, int], "Method"]
 
 
 def no_queue(p: Pretrain) -> bool:
@@ -67,10 +69,6 @@ class MethodSpec:
     # its cross-field rules, ``check(p, where, num_samples)`` raising ConfigError; None: none
     # beyond every cell's
     check: Callable[[Pretrain, str, int | None], None] | None = None
-    # its own pretrain keys: a frozen, kw_only dataclass of pipeline.dag.keys.key fields, which
-    # the Pretrain section holds beside the shared keys (flat: pretrain.K, pretrain.predictor);
-    # read when pipeline.dag.sections is first imported, so registered by pipeline.methods' import line
-    keys: type | None = None
     # its recipe where a cell switches to it from the base cell's method: ``recipe(cell)`` (the
     # cell's pretrain values) -> the keys it sets (e.g. lr by its paper's rule from the batch);
     # grid.<method> and the cell's own values override them. None: the base cell's settings

@@ -13,8 +13,8 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from pipeline.dag.layout import is_resnet
-from pipeline.dag.sections import FAST_PATH_SETTINGS as SETTINGS
+from pipeline.base.layout import FAST_PATH_SETTINGS as SETTINGS
+from pipeline.base.layout import is_resnet
 
 M = TypeVar("M", bound=nn.Module)
 

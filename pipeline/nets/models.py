@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import nn
 
-from pipeline.dag.layout import VITS
+from pipeline.base.layout import VITS
 from pipeline.nets.resnet import ResNetBackbone
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import TypeVar, cast
 
 import torch
 
-from pipeline.dag.sections import Pretrain
+from pipeline.methods.section import Pretrain
 
 # torch.optim wraps these methods for torch.compile (a graph break in step, a compile-excluded
 # zero_grad, add_param_group, state_dict, load_state_dict), and each wrapper imports torch._dynamo

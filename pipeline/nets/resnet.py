@@ -15,7 +15,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from pipeline.dag.layout import VITS
+from pipeline.base.layout import VITS
 
 
 def conv3x3(inplanes: int, planes: int, stride: int = 1) -> nn.Conv2d:

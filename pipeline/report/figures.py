@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline.base.layout import FIGURE_FORMATS, FIGURES, cell_file
 from pipeline.dag.grid import format_value
-from pipeline.dag.layout import FIGURE_FORMATS, FIGURES, cell_file
 from pipeline.methods import reported_metrics
 from pipeline.report.studies import MECHANISMS, groups, mechanism_groups, method_groups, shuffle_bn_groups, value
 from pipeline.runtime.io import atomic_path

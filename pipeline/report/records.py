@@ -1,4 +1,4 @@
-"""A cell's output files as typed records: what the tables read of each (pipeline.dag.layout.cell_file
+"""A cell's output files as typed records: what the tables read of each (pipeline.base.layout.cell_file
 names them). The only place that knows their JSON keys: a record lacking a newer key (written
 before it existed) takes the field's default; keys a record does not declare are ignored.
 """
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pipeline.dag.layout import cell_file
+from pipeline.base.layout import cell_file
 
 # the last epoch's queue diagnostics (pipeline.methods.moco.staleness), read from summary.json "final"
 QUEUE_METRICS = ["queue_age_p99", "queue_age_max", "negative_drift_mean", "negative_drift_max"]

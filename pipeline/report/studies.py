@@ -19,12 +19,13 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.base.layout import BACKBONE_LABELS, is_resnet, is_vit
 from pipeline.dag.claims_plan import half_life
 from pipeline.dag.config import ConfigError, merge, section
 from pipeline.dag.grid import AXES, BASE_ID, format_value, group_id, momentum_reference, parse_cell_id
-from pipeline.dag.layout import BACKBONE_LABELS, is_resnet, is_vit
-from pipeline.dag.sections import SYNTHETIC_CLASSES, Dataset, Detect, Pretrain, Probe
+from pipeline.dag.sections import SYNTHETIC_CLASSES, Dataset, Detect, Probe
 from pipeline.methods import is_moco, method_label, row_order
+from pipeline.methods.section import Pretrain
 from pipeline.report import stats
 from pipeline.report.records import (
     TRANSFER_KEYS,

@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from pipeline.base.layout import TABLE_FORMATS
 from pipeline.dag.config import load_yaml, merge
-from pipeline.dag.layout import TABLE_FORMATS
 from pipeline.report.studies import METRIC_GROUPS, METRICS, Delta, Row, Table, Value
 from pipeline.runtime.io import atomic_write_text
 

@@ -16,8 +16,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from pipeline.base.keys import JOBS, RUNTIME
 from pipeline.dag.config import result_part, to_dict
-from pipeline.dag.sections import JOBS, RUNTIME, Detect
+from pipeline.dag.sections import Detect
 from pipeline.data.detection import DetectionSplit
 from pipeline.nets.fast_path import bf16_autocast
 from pipeline.nets.optim import SGD, Schedule

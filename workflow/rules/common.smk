@@ -10,8 +10,9 @@ from pipeline.dag.claims_plan import not_trained
 from pipeline.dag.config import check_dataset, check_detect_root, detect_protocol, result_config, result_part
 from pipeline.dag.grid import BASE_ID, cell_params, cell_resources as grid_cell_resources, detects as cell_detects
 from pipeline.dag.grid import claims_budget
-from pipeline.dag.sections import JOBS, RUNTIME, SYNTHETIC_PARTS
-from pipeline.dag.layout import (
+from pipeline.dag.sections import SYNTHETIC_PARTS
+from pipeline.base.keys import JOBS, RUNTIME
+from pipeline.base.layout import (
     CELL_ID,
     CLAIMS_TABLES,
     cell_file,

@@ -1,4 +1,4 @@
-"""BYOL as a pretraining method: its registry entry, its own key and its config rules. The
+"""BYOL as a pretraining method: its registry entry and its recipe (its own key: keys.py). The
 model (an online encoder and predictor regressing the momentum target, no negatives) is in
 .model (torch), imported when built.
 
@@ -9,24 +9,15 @@ It shares m (its target decay tau: 0.996 in the paper, raised to 1 by a cosine),
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.dag.keys import key
 from pipeline.methods.registry import MethodSpec, Metric, register
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from pipeline.dag.sections import Pretrain
+    from pipeline.methods.section import Pretrain
     from pipeline.nets.method import Method
-
-
-@dataclass(frozen=True, kw_only=True)
-class ByolKeys:
-    """BYOL's own pretrain keys."""
-
-    predictor: bool = key(True, "byol: the online predictor; false = the ablation without it (BYOL's collapse)")
 
 
 def optimizer(p: Pretrain) -> str:
@@ -74,7 +65,6 @@ ENTRY = register(
         optimizer=optimizer,
         recipe=recipe,
         recipe_slots={"byol": EMBEDDED},
-        keys=ByolKeys,
         metrics=(SPREAD,),
     )
 )

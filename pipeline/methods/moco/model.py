@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from pipeline.dag.errors import ConfigError
-from pipeline.dag.sections import Pretrain
+from pipeline.base.errors import ConfigError
 from pipeline.methods.heads import bn_mlp
 from pipeline.methods.moco.builder import MoCo
 from pipeline.methods.moco.mechanisms import EndToEnd, MemoryBank
 from pipeline.methods.moco.v3 import MoCoV3
+from pipeline.methods.section import Pretrain
 from pipeline.methods.split_bn import default_splits, has_batch_norm, split_batch_norm
 from pipeline.nets.method import Encoder, Method
 from pipeline.nets.models import feature_dim

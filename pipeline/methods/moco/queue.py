@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-POLICIES = ("fifo", "random")  # the replacement rules enqueue implements
+from pipeline.base.layout import QUEUE_POLICIES
 
 
 class KeyQueue(nn.Module):
@@ -28,8 +28,8 @@ class KeyQueue(nn.Module):
 
     def __init__(self, size: int, dim: int, policy: str = "fifo", seed: int = 0):
         super().__init__()
-        if policy not in POLICIES:
-            raise ValueError(f"queue policy must be one of {POLICIES}, not {policy!r}")
+        if policy not in QUEUE_POLICIES:
+            raise ValueError(f"queue policy must be one of {QUEUE_POLICIES}, not {policy!r}")
         self.size, self.policy, self.seed = size, policy, seed
         self.register_buffer("keys", F.normalize(torch.randn(size, dim), dim=1))
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))

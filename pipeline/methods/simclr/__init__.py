@@ -10,31 +10,16 @@ alone does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.dag.errors import ConfigError
-from pipeline.dag.keys import key
+from pipeline.base.errors import ConfigError
 from pipeline.methods.registry import CROSS_ENTROPY_METRICS, MethodSpec, register
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from pipeline.dag.sections import Pretrain
+    from pipeline.methods.section import Pretrain
     from pipeline.nets.method import Method
-
-
-@dataclass(frozen=True, kw_only=True)
-class SimclrKeys:
-    """SimCLR's own pretrain keys."""
-
-    negatives: int | None = key(
-        None,
-        "simclr: in-batch negatives each view keeps, drawn afresh each step (the rest masked out); "
-        "null = all 2 x batch_size - 2 (the paper)",
-        minimum=1,
-        maximum=2**24,
-    )
 
 
 def check(p: Pretrain, where: str, num_samples: int | None) -> None:
@@ -75,7 +60,6 @@ ENTRY = register(
         build,
         optimizer=optimizer,
         check=check,
-        keys=SimclrKeys,
         recipe=recipe,
         metrics=CROSS_ENTROPY_METRICS,
     )

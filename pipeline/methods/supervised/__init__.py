@@ -10,7 +10,7 @@ from pipeline.methods.registry import CROSS_ENTROPY_METRICS, MethodSpec, registe
 if TYPE_CHECKING:
     from torch import nn
 
-    from pipeline.dag.sections import Pretrain
+    from pipeline.methods.section import Pretrain
     from pipeline.nets.method import Method
 
 

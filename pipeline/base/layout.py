@@ -23,9 +23,10 @@ CLAIM_KEYS = (
     *("mlp_head", "aug_plus", "patch_projection"),  # the MoCo v2 report's steps, MoCo v3's ViT
     *("large_batch", "queue_vs_batch", "byol_learns", "byol_predictor", "byol_predictor_lars", "byol_ema"),
 )
-# the queue's replacement rules: pipeline.methods.moco.queue.POLICIES, which building the DAG cannot
-# import (torch); tests/test_dag.py holds the two and the schema's enum equal
+# the queue's replacement rules (pipeline.methods.moco.queue implements each)
 QUEUE_POLICIES = ("fifo", "random")
+# pretrain.fast_path's and detect.fast_path's values (YAML reads a bare on / off as true / false)
+FAST_PATH_SETTINGS = ("auto", "on", "off", True, False)
 BACKBONE_LABELS = {
     "resnet18": "ResNet-18",
     "resnet50": "ResNet-50",
