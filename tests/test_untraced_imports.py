@@ -58,14 +58,13 @@ def test_a_measured_import_is_traced(packages):
     assert str(packages / "measuredpkg" / "core.py") in seen
 
 
+def fresh_python(code: str) -> str:
+    """What ``code`` prints in a new interpreter started as the tests start one."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def test_a_process_a_test_starts_has_the_hook():
-    out = subprocess.run(
-        [sys.executable, "-c", "import builtins; print(hasattr(builtins.__import__, 'original'))"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert out.strip() == "True"
+    assert fresh_python("import builtins; print(hasattr(builtins.__import__, 'original'))") == "True"
 
 
 def test_the_measured_package_is_coverages_source(repo):
@@ -73,3 +72,11 @@ def test_the_measured_package_is_coverages_source(repo):
 
     source = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["coverage"]["run"]["source"]
     assert source == [untraced_imports.MEASURED]
+
+
+def test_coverage_measures_through_the_tracer_the_hook_sets_aside():
+    """The hook's premise, checked loudly: coverage traces through sys.settrace (its C tracer,
+    Python 3.11's only core). Under a core without it (sys.monitoring) setting the tracer aside
+    pauses nothing: the hook would cost a call per import and save nothing, and should go."""
+    started = fresh_python("import coverage, sys; coverage.Coverage().start(); print(sys.gettrace() is not None)")
+    assert started == "True", "coverage no longer traces through sys.settrace: tests/untraced_imports.py is moot"

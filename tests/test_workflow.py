@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import re
 
 import pytest
@@ -183,7 +184,7 @@ def test_workflow_without_ffcv(tmp_path):
     results = tmp_path / "results"
     run(
         [*snakemake_cli(), *TINY, str(overlay), "--config", f"results={results}", "cell=base", "--cores", "2", "cell"],
-        env={"PYTHONPATH": f"{blocked.parent}:{REPO}"},
+        env={"PYTHONPATH": os.pathsep.join([str(blocked.parent), str(REPO), os.environ["PYTHONPATH"]])},
         timeout=900,
     )
     converted = results / "data" / "ffcv"

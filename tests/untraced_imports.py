@@ -9,10 +9,9 @@ are pipeline/'s, so a first import of another library runs with the tracer set a
 a pipeline module, even one a paused import reaches, is traced as before, and so is every call
 after the import (docs/testing.md; measured: docs/studies/2026-12-06-suite-time.md).
 
-A process started by a test loads this file from the `.pth` file that `install_startup_hook()`
-writes into the environment's site-packages; it runs only where the environment names this file
-(`HOOK_VARIABLE`), which tests/conftest.py sets, so other runs of the same environment do not
-change.
+A process started by a test runs this file at start-up from tests/startup/sitecustomize.py, which
+Python finds on the PYTHONPATH that tests/conftest.py sets (install_startup_hook()); other runs of
+the same environment do not change, and nothing is written outside the checkout.
 """
 
 from __future__ import annotations
@@ -20,18 +19,11 @@ from __future__ import annotations
 import builtins
 import os
 import sys
-import sysconfig
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-HOOK_VARIABLE = "MOCO_TESTS_UNTRACED_IMPORTS"
-PTH_NAME = "moco_tests_untraced_imports.pth"
-# one line, as site.py runs a .pth line that starts with "import"
-PTH_LINE = (
-    f"import os; os.environ.get({HOOK_VARIABLE!r}) and "
-    f"__import__('runpy').run_path(os.environ[{HOOK_VARIABLE!r}], run_name='__untraced_imports__')\n"
-)
+STARTUP = Path(__file__).resolve().parent / "startup"  # holds sitecustomize.py
 MEASURED = "pipeline"  # coverage's source (pyproject.toml [tool.coverage.run])
 
 
@@ -72,21 +64,19 @@ def untraced_import(measured: str, original: Callable) -> Callable:
 
 
 def install() -> None:
-    """Route this process's imports through `untraced_import` for pipeline/ (once: the .pth file
+    """Route this process's imports through `untraced_import` for pipeline/ (once: sitecustomize.py
     may have done it at start-up, from another copy of this module)."""
     if not hasattr(builtins.__import__, "original"):
         builtins.__import__ = untraced_import(MEASURED, builtins.__import__)
 
 
 def install_startup_hook() -> None:
-    """Name this file in the environment and write the `.pth` file that loads it at start-up."""
-    os.environ[HOOK_VARIABLE] = str(Path(__file__).resolve())
-    pth = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
-    if not pth.exists() or pth.read_text() != PTH_LINE:
-        partial = pth.with_name(f".{PTH_NAME}.{os.getpid()}")
-        partial.write_text(PTH_LINE)
-        partial.replace(pth)  # atomic: the two workers may write it at once
+    """Put tests/startup first on PYTHONPATH, so that every process started from here runs its
+    sitecustomize.py, which installs the same wrapper."""
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(STARTUP) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP), *filter(None, paths)])
 
 
-if __name__ == "__untraced_imports__":  # loaded by the .pth file at a process's start-up
+if __name__ == "__untraced_imports__":  # run by tests/startup/sitecustomize.py at a process's start-up
     install()
