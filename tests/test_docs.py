@@ -266,3 +266,58 @@ def test_the_length_and_issue_checks_can_fail(tmp_path, monkeypatch):
     assert too_long(page, MAX_PAGE_LINES) is None
     page.write_text("chosen then (Issue 34's bar)\nthe issues/10486 thread, no issue-49 anchor\nissue 7\n")
     assert issue_numbers([page]) == ["page.md:1", "page.md:3"]
+
+
+# --- the README's demo table ----------------------------------------------------------------------
+def table_rows(text: str) -> list[dict[str, str]]:
+    """The first Markdown table in ``text``: its rows, each by its header's names."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    split = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    header, rows = split[0], split[2:]  # split[1]: the |---| line
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+def demo_config_digest() -> str:
+    """What the demo computes from the config: the result keys of its sections (runtime keys,
+    such as threads, left out), hashed."""
+    import hashlib
+    import json
+
+    from pipeline.dag.config import load_config, load_yaml, result_part, to_dict
+
+    cfg = to_dict(load_config(load_yaml(REPO / "workflow" / "config" / "config.yaml")))
+    sections = ("dataset", "convert", "data", "pretrain", "grid", "probe", "detect")
+    parts = {name: result_part(name, cfg[name]) for name in sections}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def demo_record() -> Path:
+    """The demo run the README's table comes from: the study page its "What you get" links."""
+    section = README.read_text().split("## What you get")[1].split("\n## ")[0]
+    (link,) = re.findall(r"\((docs/studies/[\w-]+-demo\.md)\)", section)
+    return REPO / link
+
+
+def test_the_readme_demo_table_is_the_recorded_demo_table_column_for_column():
+    """Each column the README shows is the main table's column of that name, as `make demo`
+    printed it in the recorded run, row for row; and the verdicts under it are that run's."""
+    readme = README.read_text().split("## What you get")[1].split("\n## ")[0]
+    printed = demo_record().read_text().split("## What it printed")[1]
+    shown, main = table_rows(readme), table_rows(printed)
+    assert [r["method"] for r in shown] == [r["method"] for r in main]
+    for ours, theirs in zip(shown, main, strict=True):
+        assert ours == {column: theirs[column] for column in ours}, ours["method"]
+    verdicts = readme.split("| reference |")[-1]  # the lines under the table
+    for number in re.findall(r"[+−-]\d+\.\d ± \d+\.\d|\[[+−-]\d+\.\d, [+−-]\d+\.\d\]", verdicts):
+        assert number.replace("−", "-") in printed, number
+
+
+def test_the_recorded_demo_ran_on_the_current_config():
+    """A change of what the demo computes (a default of config.yaml) fails here until the demo is
+    run again and recorded; a change of code alone is the determinism tests' (test_workflow.py)."""
+    recorded = re.search(r"\*\*Config digest\*\*.*?`([0-9a-f]{16})`", demo_record().read_text(), re.S)
+    assert recorded, f"{demo_record().name} records no config digest"
+    assert recorded[1] == demo_config_digest(), (
+        f"config.yaml's result keys changed since {demo_record().name}: run `make demo`, record its table "
+        f"and the digest {demo_config_digest()} in a new dated page, and update the README's table"
+    )
