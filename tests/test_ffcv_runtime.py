@@ -128,3 +128,29 @@ def test_closures_compiled_in_two_processes_keep_their_own_constants_when_loaded
     both = job("7", "2.5")
     assert both["cache_hits"] == 2 and both["cache_misses"] == 0  # both loaded, not compiled again
     assert both["arrays"] == [["int64", [7, 7, 7]], ["float64", [2.5, 2.5, 2.5]]]
+
+
+def test_the_patches_refuse_a_numba_or_ffcv_without_what_they_replace(monkeypatch):
+    """The guards fail loudly, naming what changed, instead of running FFCV half patched."""
+    import importlib.metadata
+
+    from numba.core.bytecode import FunctionIdentity
+    from numba.core.caching import FunctionCache
+
+    from pipeline.data import ffcv_runtime
+
+    ffcv_runtime.check_numba()  # the locked numba has each internal
+    ffcv = ffcv_runtime.load()
+    ffcv_runtime.check_ffcv(ffcv)
+
+    monkeypatch.delattr(FunctionIdentity, "_unique_ids")
+    with pytest.raises(RuntimeError, match=r"cannot patch numba .*: it lacks FunctionIdentity._unique_ids"):
+        ffcv_runtime.check_numba()
+    monkeypatch.undo()
+    monkeypatch.setattr(FunctionCache, "_index_key", lambda self, sig, codegen, extra: None)
+    with pytest.raises(RuntimeError, match=r"lacks FunctionCache._index_key\(sig, codegen\)"):
+        ffcv_runtime.check_numba()
+    monkeypatch.undo()
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.1.0")
+    with pytest.raises(RuntimeError, match="cannot patch ffcv 1.1.0: it lacks version 1.0.2"):
+        ffcv_runtime.check_ffcv(ffcv)

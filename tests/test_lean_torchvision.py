@@ -59,3 +59,15 @@ def test_the_deferred_disable_takes_the_decorators_arguments():
 
     plus_one = lean_torchvision._disable_on_first_call(recursive=False)(lambda x: x + 1)
     assert plus_one(1) == 2 and plus_one(2) == 3
+
+
+def test_another_torchvision_is_refused_before_its_import():
+    """The version guard fails loudly, before any stand-in is put in place."""
+    import pytest
+
+    from pipeline.runtime import lean_torchvision
+
+    lean_torchvision.check_torchvision("0.29.1")  # the locked one
+    for other in ("0.30.0", "0.2.9", "1.29.0"):
+        with pytest.raises(RuntimeError, match=f"written for torchvision 0.29.x, not {other}"):
+            lean_torchvision.check_torchvision(other)

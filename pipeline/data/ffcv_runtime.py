@@ -32,18 +32,75 @@ COMPILED: list = []  # dispatchers compiled through FFCV's Compiler, for the cac
 KEY_VERSION = 2
 
 
+# the FFCV these patches were written against (requirements.txt pins it); numba is checked by
+# what they touch (check_numba), as requirements.txt allows a range of it
+FFCV_VERSION = "1.0.2"
+
+
 def load():
     """Import ffcv once per process (as above) and return the module."""
     global _LOADED
     if not _LOADED:
+        check_numba()
         if "ffcv" not in sys.modules:
             _import_without_typed_dict()
+        check_ffcv(sys.modules["ffcv"])
         _unique_ids_across_processes()
         _cache_compilations()
         _call_c_by_symbol()
         _fail_when_the_decoding_thread_dies()
         _LOADED = True
     return sys.modules["ffcv"]
+
+
+def check_numba() -> None:
+    """Raise unless numba still has each internal the patches replace or read: a patch that missed
+    would run FFCV unpatched, or (the ids, the cache keys) load one pipeline's code for another."""
+    import numba.typed
+    from numba.core.bytecode import FunctionIdentity
+    from numba.core.caching import FunctionCache
+    from numba.core.dispatcher import Dispatcher
+
+    missing = [
+        name
+        for name, there in (
+            ("numba.typed.Dict", hasattr(numba.typed, "Dict")),
+            ("FunctionIdentity._unique_ids", hasattr(FunctionIdentity, "_unique_ids")),
+            ("FunctionCache._index_key(sig, codegen)", _takes(FunctionCache, "_index_key", ["self", "sig", "codegen"])),
+            ("Dispatcher._set_uuid", hasattr(Dispatcher, "_set_uuid")),
+        )
+        if not there
+    ]
+    _refuse("numba", numba.__version__, missing)
+
+
+def check_ffcv(ffcv) -> None:
+    """Raise unless this is the FFCV the patches were written against, with what they replace."""
+    from importlib.metadata import version
+
+    from ffcv.loader import loader
+    from ffcv.pipeline.compiler import Compiler
+
+    installed = version("ffcv")  # its distribution's: ffcv 1.0.2's __version__ still says 0.0.3rc1
+    missing = [] if installed == FFCV_VERSION else [f"version {FFCV_VERSION}"]
+    missing += [f"ffcv.libffcv.{n}" for n in ("imdecode", "resize_crop", "memcpy") if not hasattr(ffcv.libffcv, n)]
+    missing += [] if hasattr(Compiler, "compile") else ["Compiler.compile"]
+    missing += [] if hasattr(loader, "EpochIterator") else ["ffcv.loader.loader.EpochIterator"]
+    _refuse("ffcv", installed, missing)
+
+
+def _takes(cls, name: str, parameters: list[str]) -> bool:
+    import inspect
+
+    return hasattr(cls, name) and list(inspect.signature(getattr(cls, name)).parameters) == parameters
+
+
+def _refuse(library: str, version: str, missing: list[str]) -> None:
+    if missing:
+        raise RuntimeError(
+            f"pipeline.data.ffcv_runtime cannot patch {library} {version}: it lacks {', '.join(missing)}. "
+            "Install the versions of requirements.lock, or adapt the patches (docs/performance.md lists them)."
+        )
 
 
 def _import_without_typed_dict() -> None:

@@ -17,11 +17,14 @@ import sys
 import types
 
 _DYNAMO_UTILS = "torch._dynamo.utils"
+# the torchvision the stand-ins were written against (requirements.txt pins 0.29.1)
+TORCHVISION = "0.29"
 
 
 def load() -> types.ModuleType:
     """Import torchvision once per process (as above) and return it."""
     if "torchvision" not in sys.modules and _DYNAMO_UTILS not in sys.modules:
+        check_torchvision(_installed("torchvision"))
         stand_in = types.ModuleType(_DYNAMO_UTILS)
         stand_in.is_compile_supported = _is_compile_supported  # type: ignore[attr-defined]
         sys.modules[_DYNAMO_UTILS] = stand_in
@@ -50,6 +53,24 @@ def transforms_v2() -> types.ModuleType:
     from torchvision.transforms import v2
 
     return v2
+
+
+def check_torchvision(version: str) -> None:
+    """Raise unless torchvision is the minor version the stand-ins were written against: another
+    may import more of torch._dynamo at import time (an ImportError from the stand-in), or none
+    (the stand-in unused), or decorate more with torch.compiler.disable."""
+    if not version.startswith(f"{TORCHVISION}."):
+        raise RuntimeError(
+            f"pipeline.runtime.lean_torchvision was written for torchvision {TORCHVISION}.x, not {version}: "
+            "install the versions of requirements.lock, or check its stand-ins against this torchvision "
+            "(docs/performance.md lists them)"
+        )
+
+
+def _installed(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
 
 
 def _disable_on_first_call(fn=None, recursive=True, *, reason=None):
