@@ -8,7 +8,7 @@ were chosen on the embedded training split. scikit-learn is not a dependency of 
 the export runs in a Python of its own (it needs numpy and Pillow, not torch):
 
     python3 -m venv /tmp/sklearn && /tmp/sklearn/bin/pip install scikit-learn pillow
-    PYTHONPATH=. /tmp/sklearn/bin/python -m pipeline.bench digits --out /tmp/digits
+    PYTHONPATH=. /tmp/sklearn/bin/python -m studies.digits --out /tmp/digits
     snakemake --config results=results-digits detect='{enabled: false}' \\
         dataset='{source: imagefolder, root: /tmp/digits}'
 
@@ -60,7 +60,7 @@ def export(images: np.ndarray, labels: np.ndarray, out, size: int = SIZE) -> dic
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.bench digits", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m studies.digits", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the imagefolder root to write (train/ and val/)")
     args = ap.parse_args(argv)
     try:
