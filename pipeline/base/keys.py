@@ -1,7 +1,7 @@
 """How a config key is declared: its default, what it means, its JSON Schema rules and what it
-sets. pipeline.dag.sections declares the sections with these, and a method's folder declares its
-own keys with them (pipeline.methods: a MethodSpec's ``keys``), which the Pretrain section then
-holds as its own.
+sets. pipeline.dag.sections and pipeline.methods.section declare the sections with these, and a
+method's folder its own keys (its keys.py), which the Pretrain section holds beside the shared
+ones.
 
 Standard library only.
 """

@@ -28,7 +28,7 @@ AUGS = ["v1", "v2", "v3", "cifar", "none"]
 @dataclass(frozen=True, kw_only=True)
 class SharedPretrain:
     """The pretrain keys every method reads or may read; each method's own keys are declared in
-    its folder (its entry's ``keys``) and joined to these in Pretrain."""
+    its folder (its keys.py) and joined to these in Pretrain."""
 
     method: str = key(
         "moco",
