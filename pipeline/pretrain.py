@@ -38,14 +38,20 @@ from pipeline.data.loaders import Centre, Reading, Views, data_identity, eval_lo
 from pipeline.eval.features import features_of
 from pipeline.eval.knn import knn_accuracy
 from pipeline.methods import Metric, method_spec
-from pipeline.methods.build import arch_of, bn_guard_text, build_model, check_global_bn
+from pipeline.methods.build import (
+    arch_of,
+    bn_guard_text,
+    build_model,
+    build_optimizer,
+    check_global_bn,
+    pretrain_schedule,
+)
 from pipeline.methods.ema_check import EmaRecord
 from pipeline.methods.momentum_target import MomentumTarget
 from pipeline.methods.section import Pretrain
 from pipeline.nets.fast_path import FastPath
 from pipeline.nets.method import Method, Step
 from pipeline.nets.models import build_backbone
-from pipeline.nets.optim import build_optimizer, pretrain_schedule
 from pipeline.runtime import checkpoint, cpus, distributed, preempt, provenance
 from pipeline.runtime.board import Board, board_dir
 from pipeline.runtime.io import atomic_write_json, atomic_write_text

@@ -9,12 +9,11 @@ from torch import nn
 
 from pipeline import pretrain
 from pipeline.dag.config import section
-from pipeline.methods.build import build_model
+from pipeline.methods.build import build_model, build_optimizer
 from pipeline.methods.byol.model import BYOL, SPREAD_FLOOR, regression_loss, spread
 from pipeline.methods.moco.builder import MoCo
 from pipeline.methods.momentum_target import MomentumTarget
 from pipeline.nets.method import Encoder
-from pipeline.nets.optim import build_optimizer
 
 DATA = {"crop_size": 32, "workers": 1}
 SMALL = {"method": "byol", "width": 8, "dim": 16, "mlp_dim": 32, "batch_size": 16, "knn_every": 0}

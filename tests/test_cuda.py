@@ -9,9 +9,8 @@ from conftest import require
 from test_fast_path import FAMILIES, trainer_for
 
 from pipeline.dag.config import section
-from pipeline.methods.build import build_model
+from pipeline.methods.build import build_model, build_optimizer
 from pipeline.nets.fast_path import FastPath
-from pipeline.nets.optim import build_optimizer
 from pipeline.runtime import checkpoint
 
 pytestmark = pytest.mark.cuda

@@ -11,9 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pipeline.dag.config import section
-from pipeline.methods.build import build_model
+from pipeline.methods.build import build_model, build_optimizer
 from pipeline.methods.gather import shuffle_across_ranks, unshuffle_across_ranks
-from pipeline.nets.optim import build_optimizer
 
 B, STEPS = 4, 3
 P = {

@@ -9,11 +9,10 @@ from torch.nn import functional as F
 from pipeline.dag.config import section
 from pipeline.data.augment import normalize
 from pipeline.data.loaders import Centre, Reading, eval_loader
-from pipeline.methods.build import build_model
+from pipeline.methods.build import build_model, build_optimizer
 from pipeline.methods.moco.v3 import ctr_loss
 from pipeline.methods.momentum_target import cosine_momentum as momentum_at
 from pipeline.nets.models import build_backbone
-from pipeline.nets.optim import build_optimizer
 
 BASE = {
     "method": "moco",

@@ -196,8 +196,8 @@ def trained(model, steps, optimizer, record=None):
 
 
 def test_key_encoder_check_holds_on_a_run():
+    from pipeline.methods.build import build_optimizer
     from pipeline.methods.ema_check import EmaRecord
-    from pipeline.nets.optim import build_optimizer
 
     torch.manual_seed(0)
     model = MoCo(tiny_encoder(), dim=16, K=32, m=0.9, T=0.2, shuffle_bn=False)

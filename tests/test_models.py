@@ -104,7 +104,7 @@ def test_the_pretraining_and_probe_stages_leave_torchvision_and_dynamo_unimporte
     code = """
 import sys, torch, pipeline.pretrain, pipeline.probe
 from pipeline.methods.section import Pretrain
-from pipeline.nets.optim import build_optimizer
+from pipeline.methods.build import build_optimizer
 from pipeline.probe import LinearProbe
 probe = LinearProbe(4, 2, {"lr": 0.1, "weight_decay": 0.0, "epochs": 1, "schedule": "cosine"}, False, 1)
 probe.train_batch(torch.randn(8, 4), torch.randint(0, 2, (8,)))

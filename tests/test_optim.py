@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from pipeline.dag.config import section
+from pipeline.methods.build import build_optimizer
 from pipeline.methods.section import Pretrain
-from pipeline.nets.optim import LARS, SGD, STEP_DROPS, AdamW, Schedule, build_optimizer, share_of
+from pipeline.nets.optim import LARS, SGD, STEP_DROPS, AdamW, Schedule, share_of
 
 
 def steps(params_and_grads, n, **hyper):
@@ -139,7 +140,7 @@ def test_lars_leaves_a_parameter_without_gradient_untouched():
 
 
 def test_unknown_optimizer_is_named():
-    from pipeline.nets.optim import build_optimizer
+    from pipeline.methods.build import build_optimizer
 
     with pytest.raises(ValueError, match=r"unknown optimizer 'rmsprop' \(sgd, lars, adamw\)"):
         build_optimizer(section("pretrain", {"optimizer": "rmsprop"}), [torch.nn.Parameter(torch.ones(1))])
@@ -156,7 +157,7 @@ def test_unknown_optimizer_is_named():
     ],
 )
 def test_learning_rate_warmup_and_steps(schedule, step, expected):
-    from pipeline.nets.optim import pretrain_schedule
+    from pipeline.methods.build import pretrain_schedule
 
     p = section("pretrain", {"lr": 1.0, "epochs": 100, **schedule})
     assert pretrain_schedule(p, steps_per_epoch=10).factor(step) == pytest.approx(expected)

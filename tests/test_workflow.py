@@ -618,7 +618,7 @@ def test_supervised_baseline_trains_with_its_own_recipe():
     the base cell's recipe (MoCo's views)."""
     from pipeline.dag.config import DEFAULT_CONFIG, load_config, load_yaml
     from pipeline.dag.grid import cell_params, cell_resources, grid_cells
-    from pipeline.nets.optim import pretrain_schedule
+    from pipeline.methods.build import pretrain_schedule
 
     cfg = load_config(preset_config("imagenet-mocov2"))
     cell = grid_cells(cfg)["method=supervised"]

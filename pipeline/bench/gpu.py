@@ -19,10 +19,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.bench.timing import sync, write
 from pipeline.dag.config import section
-from pipeline.methods.build import build_model
+from pipeline.methods.build import build_model, build_optimizer
 from pipeline.methods.section import Pretrain
 from pipeline.nets.fast_path import FastPath
-from pipeline.nets.optim import build_optimizer
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
 

@@ -29,10 +29,9 @@ from torch import nn
 from pipeline.bench.step import optimizer_step, step_fn
 from pipeline.bench.timing import cpu, interleaved, write
 from pipeline.dag.config import section
-from pipeline.methods.build import arch_of, build_model
+from pipeline.methods.build import arch_of, build_model, build_optimizer
 from pipeline.methods.section import Pretrain
 from pipeline.nets.models import build_backbone, feature_dim
-from pipeline.nets.optim import build_optimizer
 
 
 def load_official(path: str):

@@ -33,11 +33,10 @@ from torch import nn
 
 from pipeline.bench.timing import OUT_DIR, interleaved, write
 from pipeline.dag.config import section
-from pipeline.methods.build import build_model
+from pipeline.methods.build import build_model, build_optimizer
 from pipeline.methods.moco.builder import MoCo
 from pipeline.methods.section import Pretrain
 from pipeline.nets.fast_path import FastPath
-from pipeline.nets.optim import build_optimizer
 
 FLOORS = {"moco_v2": 4 / 3, "moco_v3": 8 / 3}
 RIVALS = {"simclr": "end_to_end", "byol": "moco_v3"}  # each rival's step over its nearest MoCo step's

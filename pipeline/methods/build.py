@@ -1,5 +1,6 @@
 """The model a pretraining cell trains: a new backbone (the checkpoint's arch record) and its
-method's ``build`` (pipeline.methods: each method's entry).
+method's ``build`` (pipeline.methods: each method's entry); and the optimiser and learning-rate
+schedule it trains with (from pipeline.nets.optim's parts).
 
 Every model has ``encoder_q.backbone`` (what transfers) and
 ``forward(x1, x2, index, labels) -> (loss, logits, target)``.
@@ -16,6 +17,7 @@ from pipeline.methods.section import Pretrain
 from pipeline.methods.split_bn import has_batch_norm, max_splits
 from pipeline.nets.method import Method
 from pipeline.nets.models import build_backbone
+from pipeline.nets.optim import LARS, SGD, STEP_DROPS, AdamW, Schedule, share_of
 
 
 def arch_of(p: Pretrain, image_size: int | None = None) -> dict:
@@ -66,3 +68,26 @@ def build_model(p: Pretrain, image_size: int, num_classes: int, num_samples: int
     frozen_patches = p.is_moco if p.freeze_patch_embed is None else p.freeze_patch_embed
     backbone = build_backbone(arch_of(p, image_size), zero_init_residual=v3_resnet, freeze_patch_embed=frozen_patches)
     return p.spec.builder()(p, backbone, num_classes, num_samples, world_size)
+
+
+def build_optimizer(p: Pretrain, params) -> torch.optim.Optimizer:
+    params = [t for t in params if t.requires_grad]  # never the key encoder nor frozen parts
+    name, wd = p.optimizer_name, p.weight_decay
+    if name == "sgd":
+        return SGD(params, lr=p.lr, momentum=p.sgd_momentum, weight_decay=wd)
+    if name == "lars":
+        return LARS(params, lr=p.lr, weight_decay=wd, momentum=p.sgd_momentum, trust_coefficient=p.lars_trust)
+    if name == "adamw":
+        return AdamW(params, lr=p.lr, weight_decay=wd)
+    raise ValueError(f"unknown optimizer '{name}' (sgd, lars, adamw)")
+
+
+def pretrain_schedule(p: Pretrain, steps_per_epoch: int) -> Schedule:
+    """Pretraining's schedule: ``warmup_epochs``, then cosine, or x0.1 at each of
+    ``lr_step_epochs`` (torchvision's 30/60 of 90), else at STEP_DROPS."""
+    total = steps_per_epoch * p.epochs
+    if p.lr_step_epochs:
+        drops = tuple(float(e * steps_per_epoch) for e in p.lr_step_epochs)
+    else:
+        drops = share_of(total, STEP_DROPS)
+    return Schedule(total, p.schedule, p.warmup_epochs * steps_per_epoch, drops)

@@ -11,8 +11,6 @@ from typing import TypeVar, cast
 
 import torch
 
-from pipeline.methods.section import Pretrain
-
 # torch.optim wraps these methods for torch.compile (a graph break in step, a compile-excluded
 # zero_grad, add_param_group, state_dict, load_state_dict), and each wrapper imports torch._dynamo
 # on its first call: ~1.5 s of a stage's CPU before its first step, for a compiler the stages never
@@ -83,18 +81,6 @@ class LARS(eager(torch.optim.Optimizer)):  # type: ignore[misc]  # a class made 
             torch._foreach_add_(params, buffers, alpha=-group["lr"])
 
 
-def build_optimizer(p: Pretrain, params) -> torch.optim.Optimizer:
-    params = [t for t in params if t.requires_grad]  # never the key encoder nor frozen parts
-    name, wd = p.optimizer_name, p.weight_decay
-    if name == "sgd":
-        return SGD(params, lr=p.lr, momentum=p.sgd_momentum, weight_decay=wd)
-    if name == "lars":
-        return LARS(params, lr=p.lr, weight_decay=wd, momentum=p.sgd_momentum, trust_coefficient=p.lars_trust)
-    if name == "adamw":
-        return AdamW(params, lr=p.lr, weight_decay=wd)
-    raise ValueError(f"unknown optimizer '{name}' (sgd, lars, adamw)")
-
-
 STEP_DROPS = (0.6, 0.8)  # fractions of training where the step schedule drops x0.1 (MoCo's 120/160 of 200)
 
 
@@ -122,14 +108,3 @@ class Schedule:
 def share_of(total: int, fractions: Sequence[float]) -> tuple[float, ...]:
     """Fractions of training as steps of a ``total``-step run."""
     return tuple(f * total for f in fractions)
-
-
-def pretrain_schedule(p: Pretrain, steps_per_epoch: int) -> Schedule:
-    """Pretraining's schedule: ``warmup_epochs``, then cosine, or x0.1 at each of
-    ``lr_step_epochs`` (torchvision's 30/60 of 90), else at STEP_DROPS."""
-    total = steps_per_epoch * p.epochs
-    if p.lr_step_epochs:
-        drops = tuple(float(e * steps_per_epoch) for e in p.lr_step_epochs)
-    else:
-        drops = share_of(total, STEP_DROPS)
-    return Schedule(total, p.schedule, p.warmup_epochs * steps_per_epoch, drops)
