@@ -1,4 +1,4 @@
-"""pipeline.data.folders: the DAG counts the images that conversion reads, on a tree with every odd
+"""pipeline.base.folders: the DAG counts the images that conversion reads, on a tree with every odd
 case."""
 
 
@@ -23,8 +23,8 @@ def odd_tree(train):
 
 def test_the_dag_counts_the_images_conversion_reads(tmp_path):
     """The epochs planned before conversion are those of the images it converts: one set of
-    rules (pipeline.data.folders) for both, checked here on a tree with every odd case."""
-    from pipeline.data.folders import count_images
+    rules (pipeline.base.folders) for both, checked here on a tree with every odd case."""
+    from pipeline.base.folders import count_images
     from pipeline.data.sources import scan_imagefolder, scan_unlabeled
 
     train = odd_tree(tmp_path / "train")

@@ -79,7 +79,7 @@ def test_off_large_or_unknown_leaves_epochs_as_set(tmp_path):
 
 
 def test_a_large_folder_is_not_walked_to_the_end(tmp_path, monkeypatch):
-    from pipeline.data import folders
+    from pipeline.base import folders
 
     walked = []
     real_walk = folders.os.walk

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.base.errors import ConfigError
+from pipeline.base.folders import count_images
 from pipeline.dag.sections import SYNTHETIC_CLASSES, Config, Dataset
-from pipeline.data.folders import count_images
 
 IMAGENET_TRAIN = 1_281_167  # ImageNet-1k (ILSVRC-2012) training images
 # torchvision's datasets: (training images, classes, what)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.folders import FolderWalk, split_images
+from pipeline.base.folders import FolderWalk, split_images
 from pipeline.runtime import lean_torchvision
 
 FILE_KINDS = ("imagefolder", "unlabeled")
