@@ -119,7 +119,7 @@ class SharedPretrain:
 
 
 # Each method's own keys, after the shared ones (a dataclass lists its fields from the last base
-# to the first): a method with keys of its own adds its class here, first (docs/methods.md)
+# to the first): a method with keys of its own adds its class here, first (the README's "Extending")
 @dataclass(frozen=True, kw_only=True)
 class Pretrain(ByolKeys, SimclrKeys, MocoKeys, SharedPretrain):
     """One pretraining cell (the base cell of the grid): the shared keys, then each method's own."""

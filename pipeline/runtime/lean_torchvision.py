@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import sys
 import types
+from importlib.metadata import version
 
 _DYNAMO_UTILS = "torch._dynamo.utils"
 # the torchvision the stand-ins were written against (requirements.txt pins 0.29.1)
@@ -24,7 +25,7 @@ TORCHVISION = "0.29"
 def load() -> types.ModuleType:
     """Import torchvision once per process (as above) and return it."""
     if "torchvision" not in sys.modules and _DYNAMO_UTILS not in sys.modules:
-        check_torchvision(_installed("torchvision"))
+        check_torchvision(version("torchvision"))
         stand_in = types.ModuleType(_DYNAMO_UTILS)
         stand_in.is_compile_supported = _is_compile_supported  # type: ignore[attr-defined]
         sys.modules[_DYNAMO_UTILS] = stand_in
@@ -65,12 +66,6 @@ def check_torchvision(version: str) -> None:
             "install the versions of requirements.lock, or check its stand-ins against this torchvision "
             "(docs/performance.md lists them)"
         )
-
-
-def _installed(package: str) -> str:
-    from importlib.metadata import version
-
-    return version(package)
 
 
 def _disable_on_first_call(fn=None, recursive=True, *, reason=None):
