@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.base.layout import QUEUE_POLICIES, cell_file
+from pipeline.base.layout import MAIN_PROTOCOL, QUEUE_POLICIES, cell_file
 from pipeline.dag.claims_plan import (
     COLLAPSE_SOURCE_EPOCHS,
     LARGE_BATCH,
@@ -580,9 +580,6 @@ def transfer(c: Cells) -> Claim:
         return Claim(text, SEED_BLOG, needs, "snakemake (the main grid) computes them", NOT_RUN, cells)
     comparisons = [transfer_comparison(c, m) for m in TRANSFER_METRICS]
     return accuracy_claim(text, SEED_BLOG, needs, comparisons, cells)
-
-
-MAIN_PROTOCOL = "main"  # detect's own settings, beside detect.protocols' names
 
 
 def norm_protocols(det: Detect) -> tuple[str | None, str | None]:

@@ -1,5 +1,6 @@
 """python -m pipeline.report.compare: two results folders of the same grid, paired by seed."""
 
+import json
 import subprocess
 import sys
 
@@ -62,3 +63,21 @@ def test_groups_without_a_common_seed_are_left_out_and_the_command_says_so(tmp_p
         check=True,
     ).stdout
     assert out.strip() == "No cell group has a seed in both folders."
+
+
+def test_two_detection_protocols_of_one_folder_are_paired_and_a_missing_trial_counted(tmp_path, capsys):
+    """The same checkpoints fine-tuned under detect's own protocol (A) and detect.protocols' bf16
+    (B): B's metrics are read from detect-bf16.json; seed 2's bf16 trial diverged (no file), so
+    seeds 0 and 1 are paired and seed 2 is counted as having a value on one side only."""
+    r = tmp_path / "r"
+    for seed, (own, bf16) in enumerate([(20.0, 21.0), (22.0, 22.5), (24.0, None)]):
+        cell = "base" if seed == 0 else f"seed={seed}"
+        fake_cell(r, cell, 60.0, ap=own)  # detect.json: box AP50 = 2 x AP
+        if bf16 is not None:
+            (r / "cells" / cell / "detect-bf16.json").write_text(json.dumps({"AP": bf16, "AP50": 2 * bf16}))
+    rows = compare.main([str(r), str(r), "--protocol-b", "bf16", "--metric", "AP50"])
+    (row,) = [x for x in rows if x["group"] == "base"]
+    # AP50: A 40, 44; B 42, 45: Δ +2, +1, mean +1.5 over n = 2
+    assert (row["A"], row["B"], row["one_side"], row["failed"]) == (42.0, 43.5, 1, 0)
+    assert row["delta"].startswith("+1.5 ± ") and row["delta"].endswith("(n=2)")
+    assert "(detection: bf16)" in capsys.readouterr().out

@@ -276,3 +276,10 @@ def test_a_detection_protocol_is_checked_as_the_main_one(protocol, error):
     load_config({"detect": {"protocols": {"frozen": {"norm": "frozen_bn"}}}})
     with pytest.raises(ConfigError, match=error):
         load_config({"detect": {"protocols": {"more": protocol}}})
+
+
+def test_a_detection_protocol_may_not_take_the_main_protocols_name():
+    """The tables and claims call detect's own protocol "main": a protocol of that name would be
+    read as the other one."""
+    with pytest.raises(ConfigError, match="detect.protocols.main: 'main' names detect's own protocol"):
+        load_config({"detect": {"protocols": {"main": {"norm": "frozen_bn"}}}})

@@ -114,6 +114,16 @@ def cell_file(results, cell: str, what: str) -> str:
     return f"{results}/cells/{cell}/{CELL_FILES[what]}"
 
 
+MAIN_PROTOCOL = "main"  # detect's own settings, named beside detect.protocols' names
+
+
+def trial_log(results, protocol: str | None = None) -> str:
+    """Path of a detection trial's log ({cell}, {trial} left as wildcards): detect's own protocol's,
+    or that of detect.protocols' ``protocol`` (a name, or "{protocol}")."""
+    folder = "detect" if protocol is None else f"detect-{protocol}"
+    return f"{results}/logs/{folder}/{{cell}}/trial{{trial}}.log"
+
+
 def table_files(results, names=tuple(STUDY_NAMES)) -> dict[tuple[str, str], str]:
     """(study, format) -> path of every per-study table the tables stage always writes (or of
     the tables ``names``, e.g. CLAIMS_TABLES)."""

@@ -25,6 +25,7 @@ import yaml
 from pipeline import REPO
 from pipeline.base.errors import ConfigError
 from pipeline.base.keys import INIT, PLAN, RUNTIME
+from pipeline.base.layout import MAIN_PROTOCOL
 from pipeline.dag import training_set
 from pipeline.dag.recipes import base_with_recipe
 from pipeline.dag.schema import load_schema
@@ -278,6 +279,8 @@ def check_protocols(det: Detect) -> None:
     """Each of detect.protocols: valid detect keys, none of those it shares with the main protocol."""
     for name, keys in det.protocols.items():
         where = f"detect.protocols.{name}"
+        if name == MAIN_PROTOCOL:
+            raise ConfigError(f"{where}: {MAIN_PROTOCOL!r} names detect's own protocol in the tables; choose another")
         shared = sorted(set(keys) & set(PROTOCOL_SHARED))
         if shared:
             raise ConfigError(f"{where}: {', '.join(shared)} cannot differ between protocols (the main one's apply)")

@@ -1,6 +1,7 @@
 """Two results folders of the same grid, cell group by cell group, paired by seed.
 
     python -m pipeline.report.compare RESULTS_A RESULTS_B [--metric top1 ...] [--margin 5]
+        [--protocol-a NAME] [--protocol-b NAME]
 
 For each seed-less group that both folders ran (base, method=supervised, ...) and each metric:
 B − A on every seed both have, its mean with the 95 % CI, and whether its 90 % CI lies inside
@@ -9,14 +10,16 @@ judge. Whether a table's directions moved is read from the two folders' own tabl
 
 What it is for: the same grid run two ways, the same seeds; e.g. fp32 against the fast path
 (pretrain.fast_path: on: the evidence ``auto`` needs before it may turn it on for a CPU,
-docs/performance.md), one CPU against another, or one commit against another. Failed seeds are
-left out of the pairing and counted. Writes nothing; prints a Markdown table.
+docs/performance.md), one CPU against another, or one commit against another; or one folder's
+checkpoints fine-tuned two ways (``--protocol-b bf16``: B's detection metrics from detect.protocols'
+``bf16`` entry, ``detect-bf16.json``, A's from detect's own). Failed seeds are left out of the
+pairing and counted, and so are seeds with the metric on one side only (e.g. a fine-tuning that
+diverged: it writes no metrics). Writes nothing; prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pandas as pd
 
@@ -44,6 +47,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, metrics=DEFAULT_METRICS, margin: f
             delta = stats.paired(vb, va)
             if delta is None:
                 continue
+            one_side = len(va.keys() ^ vb.keys())
             interval = stats.equivalence_interval(delta)
             verdict, _ = stats.equivalent(delta, margin)
             rows.append(
@@ -56,20 +60,22 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, metrics=DEFAULT_METRICS, margin: f
                     "ci90": None if interval is None else f"[{interval[0]:+.1f}, {interval[1]:+.1f}]",
                     "within_margin": verdict,
                     "failed": fa + fb,
+                    "one_side": one_side,
                 }
             )
     return rows
 
 
-def to_markdown(rows: list[dict], a: Path, b: Path, margin: float) -> str:
+def to_markdown(rows: list[dict], a: str, b: str, margin: float) -> str:
     head = (
         f"B − A, paired by seed (A: {a}, B: {b}); within ±{margin:g}: holds when the 90 % CI lies inside it\n\n"
-        "| group | metric | A | B | Δ B − A (95 % CI) | 90 % CI | within ±margin | failed seeds |\n"
-        "|---|---|---:|---:|---:|---:|---|---:|\n"
+        "| group | metric | A | B | Δ B − A (95 % CI) | 90 % CI | within ±margin | failed seeds | "
+        "seeds with a value on one side |\n"
+        "|---|---|---:|---:|---:|---:|---|---:|---:|\n"
     )
     lines = [
         f"| {r['group']} | {r['metric']} | {r['A']} | {r['B']} | {r['delta']} | {r['ci90'] or '—'} | "
-        f"{r['within_margin']} | {r['failed']} |"
+        f"{r['within_margin']} | {r['failed']} | {r['one_side']} |"
         for r in rows
     ]
     return head + "\n".join(lines) if lines else "No cell group has a seed in both folders."
@@ -81,14 +87,22 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("b", help="results folder B")
     ap.add_argument("--metric", nargs="+", default=list(DEFAULT_METRICS), help="columns of the tables' cells")
     ap.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
+    for side in ("a", "b"):
+        ap.add_argument(
+            f"--protocol-{side}",
+            metavar="NAME",
+            help=f"{side.upper()}'s detection metrics from this detect.protocols entry (default: detect's own)",
+        )
     args = ap.parse_args(argv)
     a, b = results_folder(args.a, "compare"), results_folder(args.b, "compare")
-    df_a, df_b = collect(a), collect(b)
+    df_a, df_b = collect(a, protocol=args.protocol_a), collect(b, protocol=args.protocol_b)
     unknown = [m for m in args.metric if m not in df_a.columns or m not in df_b.columns]
     if unknown:
         raise SystemExit(f"[compare] no column {unknown} in the cells (e.g. {', '.join(DEFAULT_METRICS)}, AP50)")
     rows = compare(df_a, df_b, args.metric, args.margin)
-    print(to_markdown(rows, a, b, args.margin))
+    sides = ((a, args.protocol_a), (b, args.protocol_b))
+    label_a, label_b = (f"{folder} (detection: {p})" if p else str(folder) for folder, p in sides)
+    print(to_markdown(rows, label_a, label_b, args.margin))
     return rows
 
 

@@ -174,13 +174,15 @@ class CellOutputs:
         return self.config.pretrain if self.config else None
 
     @classmethod
-    def read(cls, results: Path, cell: str) -> CellOutputs:
+    def read(cls, results: Path, cell: str, protocol: str | None = None) -> CellOutputs:
+        """``protocol``: the detection metrics of that detect.protocols entry instead of detect's own."""
+
         def record(kind: type[R], what: str) -> R | None:
-            return from_json(kind, read_json(Path(cell_file(results, cell, what))))
+            return from_json(kind, read_json(Path(cell_file(results, cell, what).format(protocol=protocol))))
 
         return cls(
             record(CellConfig, "config"),
             record(Summary, "summary"),
             record(ProbeRecord, "probe"),
-            record(DetectRecord, "detect"),
+            record(DetectRecord, "protocol" if protocol else "detect"),
         )

@@ -90,13 +90,14 @@ def _params(cell: str, on_disk: dict | None, expected: dict, base: dict | None) 
     return merge(base, diff) if base else diff
 
 
-def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dict | None:
-    """One cell's parameters, status (ok | fail | missing) and every metric found."""
+def cell_row(results: Path, cell: str, expected: dict, base: dict | None, protocol: str | None = None) -> dict | None:
+    """One cell's parameters, status (ok | fail | missing) and every metric found (its detection
+    metrics under detect.protocols' ``protocol`` when one is named)."""
     try:
         parse_cell_id(cell)
     except ConfigError:
         return None  # not a cell folder
-    out = CellOutputs.read(results, cell)
+    out = CellOutputs.read(results, cell, protocol)
     params = _params(cell, out.stated_pretrain, expected, base)
     summary, probe, det = out.summary or Summary(), out.probe or ProbeRecord(), out.detect
     final = summary.last_epoch
@@ -132,12 +133,13 @@ def cell_row(results: Path, cell: str, expected: dict, base: dict | None) -> dic
     return row
 
 
-def collect(results: Path, expected: dict[str, dict] | None = None) -> pd.DataFrame:
-    """One row per cell: those found under results/cells and those the grid expects."""
+def collect(results: Path, expected: dict[str, dict] | None = None, protocol: str | None = None) -> pd.DataFrame:
+    """One row per cell: those found under results/cells and those the grid expects (``protocol``:
+    as cell_row)."""
     expected = expected or {}
     found = sorted(p.name for p in (results / "cells").glob("*") if p.is_dir())
     base = expected[BASE_ID] if BASE_ID in expected else CellOutputs.read(results, BASE_ID).stated_pretrain
-    rows = [cell_row(results, c, expected, base) for c in dict.fromkeys([*expected, *found])]
+    rows = [cell_row(results, c, expected, base, protocol) for c in dict.fromkeys([*expected, *found])]
     df = pd.DataFrame([r for r in rows if r is not None])
     if df.empty:
         return pd.DataFrame(columns=["cell", "group", "status", *AXES, "params", *METRICS])

@@ -21,6 +21,7 @@ from pipeline.base.layout import (
     folder_state,
     stage_config,
     table_files,
+    trial_log,
 )
 
 from pipeline.dag.sweeps import drawn, fine_tuned, swept

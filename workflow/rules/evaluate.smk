@@ -51,7 +51,7 @@ rule detect:
     output:
         cell_file(R, "{cell}", "detect_trial"),
     log:
-        f"{R}/logs/detect/{{cell}}/trial{{trial}}.log",
+        trial_log(R),
     benchmark:
         f"{R}/benchmarks/detect/{{cell}}/trial{{trial}}.tsv"
     conda:
@@ -71,7 +71,7 @@ use rule detect as detect_protocol with:
     output:
         cell_file(R, "{cell}", "protocol_trial"),
     log:
-        f"{R}/logs/detect-{{protocol}}/{{cell}}/trial{{trial}}.log",
+        trial_log(R, "{protocol}"),
     benchmark:
         f"{R}/benchmarks/detect-{{protocol}}/{{cell}}/trial{{trial}}.tsv"
     params:
