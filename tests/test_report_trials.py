@@ -76,4 +76,12 @@ def test_a_trial_stopped_by_another_error_shows_it(tmp_path):
     log.parent.mkdir(parents=True)
     log.write_text("[detect] error: checkpoint not found: x.pt\n")
     assert "| base | 0 | 0 | error: checkpoint not found: x.pt |" in trials.table(tmp_path, [MAIN])
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.report.trials", str(tmp_path), "--protocol"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "| base | 0 | 0 | error: checkpoint not found: x.pt |" in out
     assert trials.table(tmp_path, ["bf16"]) == f"No detection trial under {tmp_path}/cells."

@@ -37,10 +37,6 @@ class Trial:
     mask: float | None = None  # mask AP50 (a Mask R-CNN's)
     why: str = ""
 
-    @property
-    def failed(self) -> bool:
-        return self.status in ("collapsed", "diverged")
-
     def text(self) -> str:
         aps = " / ".join("—" if v is None else f"{v:.1f}" for v in (self.box, self.mask))
         return {
