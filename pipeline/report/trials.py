@@ -78,11 +78,10 @@ def read_trial(results: Path, cell: str, protocol: str, trial: int, failed_below
 
 
 def table(results: Path, protocols: list[str], failed_below: float = FAILED_BELOW_AP50) -> str:
-    cells = collect(results).sort_values(["group", "cell"])
     head = "| group | seed | trial | " + " | ".join(f"{p}: box / mask AP50" for p in protocols) + " |"
     rows = [head, "|---|---:|---:|" + "---|" * len(protocols)]
     counts: dict[tuple[str, str], list[Trial]] = {}
-    ordered = sorted(cells.iterrows(), key=lambda r: (r[1]["group"], seed_of(r[1])))
+    ordered = sorted(collect(results).iterrows(), key=lambda r: (r[1]["group"], seed_of(r[1])))
     for _, cell in ordered:
         started = {p: trial_numbers(results, cell["cell"], p) for p in protocols}
         for t in sorted(set().union(*started.values())):
