@@ -100,6 +100,7 @@ def test_a_collapsed_byol_is_flagged_by_its_own_rule():
 
     model = Byol(Encoder(ConstantBackbone(), nn.Identity()), predictor=None, m=0.99)
     loss, metrics, _ = model(torch.zeros(8, 3, 4, 4), torch.ones(8, 3, 4, 4))
+    loss = loss.detach()
     assert float(loss) == pytest.approx(0.0, abs=1e-6)  # collapsed: the loss at its minimum
     row = {"epoch": 1, "loss": float(loss), "spread": round(float(metrics["spread"]), 5)}
     assert pretrain.failure([row], model).startswith("collapsed: spread")
