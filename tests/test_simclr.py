@@ -76,7 +76,8 @@ def test_a_constant_encoder_sits_at_its_chance_loss_and_is_flagged(negatives, ca
     model = SimCLR(Constant(), T=0.1, negatives=negatives)
     x = torch.zeros(8, 3, 4, 4)
     loss, metrics, _ = model(x, x)
-    assert float(loss.detach()) == pytest.approx(2 * math.log(candidates), rel=1e-5)
+    loss = loss.detach()
+    assert float(loss) == pytest.approx(2 * math.log(candidates), rel=1e-5)
     assert metrics["chance_loss"] == pytest.approx(2 * math.log(candidates)) and float(metrics["inst_acc"]) == 0.0
     row = {"epoch": 1, "loss": float(loss), "chance_loss": metrics["chance_loss"]}
     assert model.failure(row).startswith("collapsed")
